@@ -1,0 +1,5 @@
+import sys
+
+from elmokit.cli import main
+
+sys.exit(main())

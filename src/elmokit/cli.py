@@ -1,0 +1,46 @@
+"""The `elmo` command line: each subcommand is a plain function in `elmokit.commands`.
+
+Every command module exposes `register(subcommands)`, which adds its parser and sets
+`func` to the typed function that does the work. Errors a user can fix (a missing file, a bad
+option) are printed as one line and exit with status 2; nothing is half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from elmokit import __version__
+from elmokit.commands import COMMAND_MODULES
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="elmo",
+        description="Train ELMo biLMs on your own corpus and embed text with them.",
+    )
+    parser.add_argument("--version", action="version", version=f"elmokit {__version__}")
+    subcommands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in COMMAND_MODULES:
+        module.register(subcommands)
+    return parser
+
+
+class UserError(Exception):
+    """An error in what the user asked for; printed without a traceback."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except (UserError, FileNotFoundError, IsADirectoryError, ValueError) as error:
+        print(f"elmo {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"elmo {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,418 @@
+"""The ELMo biLM, in the order text flows through it (spec §4-§8).
+
+    char ids -> CharCNN -> Highway -> projection  = TokenEncoder (context-free, one vector a token)
+             -> forward and backward LSTM stacks   = BiLstm (packed, both directions at once)
+             -> L+1 layer outputs                  = BiLM
+             -> gamma * sum_k softmax(s)_k * h_k   = ScalarMix (in a task)
+
+Shape notation:
+    B  batch size                  T  tokens of the longest sentence
+    S  T + 2 (with <S> and </S>)   N  real positions in a batch (all rows, boundaries included)
+    W  50 character ids a token    E  char embedding dim
+    F  total CNN filters           P  projection dim (one direction's output)
+    C  LSTM cell dim               L  LSTM layers
+    D  2 directions (0 = forward, 1 = backward)
+
+Stateless by default: every call starts from a zero state unless a state is passed in, and the
+final state is returned, so carrying it (spec §9) is the caller's explicit choice.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from elmokit.chars import MAX_CHARS, N_CHAR_IDS, add_boundaries
+from elmokit.config import ElmoConfig
+
+_ACTIVATIONS = {"relu": torch.relu, "tanh": torch.tanh}
+
+
+# ---------------------------------------------------------------------------------------------
+# Token encoder: char embedding -> convolutions with max-pool -> highway -> projection
+# ---------------------------------------------------------------------------------------------
+class CharCNN(nn.Module):
+    """Character embedding, one "valid" convolution per filter bank, max over positions.
+
+    Input (N, W) char ids, output (N, F) pooled features after the activation.
+    """
+
+    def __init__(self, embedding_dim: int, filters: tuple[tuple[int, int], ...], activation: str):
+        super().__init__()
+        self.char_embedding = nn.Embedding(N_CHAR_IDS, embedding_dim, padding_idx=0)
+        self.convolutions = nn.ModuleList(
+            nn.Conv1d(embedding_dim, count, width) for width, count in filters
+        )
+        self.activation = _ACTIVATIONS[activation]
+
+    def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
+        chars = self.char_embedding(char_ids).transpose(1, 2)  # (N, E, W)
+        pooled = [conv(chars).amax(dim=-1) for conv in self.convolutions]  # each (N, n_i)
+        return self.activation(torch.cat(pooled, dim=-1))  # (N, F)
+
+
+class Highway(nn.Module):
+    """Highway layers: with carry gate c = sigmoid(x W_c + b_c) and transform t = relu(x W_t + b_t),
+    x <- c * t + (1 - c) * x. One Linear per layer computes [transform | carry]."""
+
+    def __init__(self, dim: int, n_layers: int):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(dim, 2 * dim) for _ in range(n_layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            transform, carry = layer(x).chunk(2, dim=-1)  # (N, F) each
+            carry = torch.sigmoid(carry)
+            x = carry * torch.relu(transform) + (1 - carry) * x
+        return x
+
+
+class TokenEncoder(nn.Module):
+    """The context-free token representation: CharCNN -> Highway -> projection to P.
+
+    Input (N, W) char ids of real tokens, output (N, P).
+    """
+
+    def __init__(self, config: ElmoConfig):
+        super().__init__()
+        cnn = config.char_cnn
+        self.char_cnn = CharCNN(cnn.embedding_dim, cnn.filters, cnn.activation)
+        self.highway = Highway(cnn.n_filters, cnn.n_highway)
+        self.projection = nn.Linear(cnn.n_filters, config.lstm.projection_dim)
+
+    def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
+        return self.projection(self.highway(self.char_cnn(char_ids)))  # (N, P)
+
+
+# ---------------------------------------------------------------------------------------------
+# Forward and backward LSTM stacks with projection, clipping and residuals
+# ---------------------------------------------------------------------------------------------
+class LstmState(NamedTuple):
+    """Recurrent state of every layer and direction: hidden (L, D, B, P), cell (L, D, B, C)."""
+
+    hidden: torch.Tensor
+    cell: torch.Tensor
+
+
+class _PackedOrder(NamedTuple):
+    """Where each step's rows live in the flattened (B*S) positions, for both directions.
+
+    Rows are sorted by length (longest first) so that the rows still running at step t are a
+    prefix; the backward direction reads each row from its last real position to its first.
+    """
+
+    order: torch.Tensor  # (B,) sorted row -> original row
+    forward_index: torch.Tensor  # (N,) packed position -> flat position, forward direction
+    backward_index: torch.Tensor  # (N,) likewise, backward direction
+    batch_sizes: list[int]  # rows still running at each step
+
+
+def _packed_order(lengths: torch.Tensor, n_positions: int) -> _PackedOrder:
+    lengths, order = torch.sort(lengths, descending=True, stable=True)
+    steps = torch.arange(n_positions)
+    running = steps < lengths.unsqueeze(1)  # (B, S) in sorted order
+    step, row = running.t().nonzero(as_tuple=True)  # time-major: step 0's rows, then step 1's …
+    base = order[row] * n_positions
+    return _PackedOrder(
+        order=order,
+        forward_index=base + step,
+        backward_index=base + lengths[row] - 1 - step,
+        batch_sizes=running.sum(dim=0).tolist(),
+    )
+
+
+class BiLstmLayer(nn.Module):
+    """One LSTM layer with projection for both directions, weights stacked on a leading D axis.
+
+    Gates are kept in the order (i, f, o, j): the three sigmoid gates, then the candidate j.
+    As in the original, the stored bias excludes the forget-gate offset: +1 is added to the forget
+    gate at run time (`FORGET_BIAS`), so the original files round-trip bit for bit.
+    """
+
+    FORGET_BIAS = 1.0
+
+    def __init__(self, input_dim: int, cell_dim: int, projection_dim: int):
+        super().__init__()
+        self.cell_dim = cell_dim
+        self.input_weight = nn.Parameter(torch.empty(2, input_dim, 4 * cell_dim))  # (D, P, 4C)
+        self.recurrent_weight = nn.Parameter(torch.empty(2, projection_dim, 4 * cell_dim))
+        self.bias = nn.Parameter(torch.empty(2, 1, 4 * cell_dim))  # (D, 1, 4C)
+        self.projection = nn.Parameter(torch.empty(2, cell_dim, projection_dim))  # (D, C, P)
+        offset = torch.zeros(4 * cell_dim)
+        offset[cell_dim:2 * cell_dim] = self.FORGET_BIAS
+        self.register_buffer("forget_offset", offset, persistent=False)  # (4C,)
+
+    def forward(
+        self,
+        inputs: torch.Tensor,  # (D, N, P) packed
+        batch_sizes: list[int],
+        hidden: torch.Tensor,  # (D, B, P) initial, sorted rows
+        cell: torch.Tensor,  # (D, B, C)
+        cell_clip: float,
+        proj_clip: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Returns the packed outputs (D, N, P) and the final hidden (D, B, P) and cell (D, B, C)."""
+        gate_inputs = torch.baddbmm(self.bias + self.forget_offset, inputs, self.input_weight)  # (D, N, 4C)
+        sigmoid_dim = 3 * self.cell_dim
+        outputs, finished = [], []
+        offset = 0
+        for batch_size in batch_sizes:
+            if batch_size < hidden.shape[1]:  # the shortest rows have ended: keep their state
+                finished.append((hidden[:, batch_size:], cell[:, batch_size:]))
+                hidden, cell = hidden[:, :batch_size], cell[:, :batch_size]
+            gates = torch.baddbmm(
+                gate_inputs[:, offset:offset + batch_size], hidden, self.recurrent_weight
+            )  # (D, b, 4C)
+            offset += batch_size
+            input_gate, forget_gate, output_gate = torch.sigmoid(gates[..., :sigmoid_dim]).chunk(3, -1)
+            candidate = torch.tanh(gates[..., sigmoid_dim:])
+            cell = forget_gate * cell + input_gate * candidate  # (D, b, C)
+            if cell_clip:
+                cell = cell.clamp(-cell_clip, cell_clip)
+            hidden = torch.bmm(output_gate * torch.tanh(cell), self.projection)  # (D, b, P)
+            if proj_clip:
+                hidden = hidden.clamp(-proj_clip, proj_clip)
+            outputs.append(hidden)
+        finished.append((hidden, cell))
+        final_hidden = torch.cat([h for h, _ in reversed(finished)], dim=1)  # (D, B, P)
+        final_cell = torch.cat([c for _, c in reversed(finished)], dim=1)  # (D, B, C)
+        return torch.cat(outputs, dim=1), final_hidden, final_cell
+
+
+class BiLstm(nn.Module):
+    """The forward and the backward LSTM stacks, run together but never mixing (spec §6).
+
+    Layer l >= 1 adds its input to its output (residual); the recurrent state is the clipped
+    projection before the residual. `dropout` is applied to every layer's input in training.
+    """
+
+    def __init__(self, config: ElmoConfig, dropout: float = 0.0):
+        super().__init__()
+        lstm = config.lstm
+        self.cell_dim, self.projection_dim = lstm.cell_dim, lstm.projection_dim
+        self.cell_clip, self.proj_clip = lstm.cell_clip, lstm.proj_clip
+        self.dropout = dropout
+        self.layers = nn.ModuleList(
+            BiLstmLayer(lstm.projection_dim, lstm.cell_dim, lstm.projection_dim)
+            for _ in range(lstm.n_layers)
+        )
+
+    def zero_state(self, batch_size: int, reference: torch.Tensor) -> LstmState:
+        shape = (len(self.layers), 2, batch_size)
+        return LstmState(reference.new_zeros(*shape, self.projection_dim),
+                         reference.new_zeros(*shape, self.cell_dim))
+
+    def forward(
+        self, inputs: torch.Tensor, lengths: torch.Tensor, state: LstmState | None = None
+    ) -> tuple[list[torch.Tensor], LstmState]:
+        """Run both directions over right-padded sequences.
+
+        Args:
+            inputs: (B, S, P) token representations; positions >= lengths are ignored.
+            lengths: (B,) number of real positions of each row (>= 1).
+            state: initial state (hidden (L, D, B, P), cell (L, D, B, C)); zeros if None.
+
+        Returns:
+            one (B, S, 2P) tensor per layer, [forward | backward], zero at padding; and the final
+            state: forward after each row's last position, backward after its first.
+        """
+        batch_size, n_positions, _ = inputs.shape
+        packing = _packed_order(lengths.cpu(), n_positions)
+        forward_index = packing.forward_index.to(inputs.device)
+        backward_index = packing.backward_index.to(inputs.device)
+        order = packing.order.to(inputs.device)
+        if state is None:
+            state = self.zero_state(batch_size, inputs)
+
+        flat = inputs.reshape(batch_size * n_positions, -1)  # (B*S, P)
+        packed = torch.stack([flat[forward_index], flat[backward_index]])  # (D, N, P)
+        sorted_state = LstmState(state.hidden[:, :, order], state.cell[:, :, order])
+        packed_outputs, final = self._run_layers(packed, packing.batch_sizes, sorted_state)
+        layer_outputs = [self._unpack(output, forward_index, backward_index, inputs.shape)
+                         for output in packed_outputs]
+        unsort = torch.empty_like(order)
+        unsort[order] = torch.arange(batch_size, device=order.device)
+        return layer_outputs, LstmState(final.hidden[:, :, unsort], final.cell[:, :, unsort])
+
+    def forward_streams(self, inputs: torch.Tensor, state: LstmState | None = None
+                        ) -> tuple[list[torch.Tensor], LstmState]:
+        """Run each direction left to right over its own full-length streams (LM training).
+
+        Args:
+            inputs: (D, B, U, P): direction 0's and direction 1's token representations, each
+                read from position 0 to U-1 (the caller lays out the backward stream reversed).
+            state: the state carried from the previous window; zeros if None.
+
+        Returns:
+            one (D, B, U, P) tensor per layer, and the state after the last position.
+        """
+        _, batch_size, n_steps, dim = inputs.shape
+        if state is None:
+            state = self.zero_state(batch_size, inputs)
+        packed = inputs.transpose(1, 2).reshape(2, n_steps * batch_size, dim)  # (D, U*B, P) time-major
+        packed_outputs, final = self._run_layers(packed, [batch_size] * n_steps, state)
+        return [output.view(2, n_steps, batch_size, -1).transpose(1, 2) for output in packed_outputs], final
+
+    def _run_layers(self, layer_input: torch.Tensor, batch_sizes: list[int], state: LstmState
+                    ) -> tuple[list[torch.Tensor], LstmState]:
+        """All layers over packed time-major inputs (D, N, P); state rows in packed order."""
+        outputs, final_hidden, final_cell = [], [], []
+        for index, layer in enumerate(self.layers):
+            dropped = F.dropout(layer_input, self.dropout, self.training) if self.dropout else layer_input
+            output, hidden, cell = layer(dropped, batch_sizes, state.hidden[index], state.cell[index],
+                                         self.cell_clip, self.proj_clip)
+            if index > 0:
+                output = output + layer_input  # residual from layer 2 on
+            outputs.append(output)
+            final_hidden.append(hidden)
+            final_cell.append(cell)
+            layer_input = output
+        return outputs, LstmState(torch.stack(final_hidden), torch.stack(final_cell))
+
+    @staticmethod
+    def _unpack(packed: torch.Tensor, forward_index: torch.Tensor, backward_index: torch.Tensor,
+                shape: torch.Size) -> torch.Tensor:
+        batch_size, n_positions, dim = shape
+        blank = packed.new_zeros(batch_size * n_positions, dim)
+        forward = blank.index_copy(0, forward_index, packed[0])  # (B*S, P)
+        backward = blank.index_copy(0, backward_index, packed[1])
+        return torch.cat([forward, backward], dim=-1).view(batch_size, n_positions, 2 * dim)
+
+
+# ---------------------------------------------------------------------------------------------
+# The biLM: token layer + LSTM layers, with sentence boundaries
+# ---------------------------------------------------------------------------------------------
+class BiLMOutput(NamedTuple):
+    """layers: L+1 tensors (B, S, 2P), boundaries included, zero at padding (layer 0 is the
+    token representation twice); mask: (B, S) bool, true on <S>, the tokens and </S>;
+    state: the final LSTM state, to pass to the next call for the original stateful behaviour."""
+
+    layers: list[torch.Tensor]
+    mask: torch.Tensor
+    state: LstmState
+
+
+class BiLM(nn.Module):
+    """The ELMo bidirectional language model, built fresh from a config (no loading here).
+
+    Use `elmokit.load_model` / `elmokit.weights` to fill it from the original HDF5 files or from
+    the native `config.json` + `model.safetensors`.
+    """
+
+    def __init__(self, config: ElmoConfig, dropout: float = 0.0):
+        super().__init__()
+        self.config = config
+        self.token_encoder = TokenEncoder(config)
+        self.lstm = BiLstm(config, dropout)
+        self.reset_parameters()
+
+    @property
+    def output_dim(self) -> int:
+        return self.config.output_dim
+
+    def reset_parameters(self) -> None:
+        """Initialise as the original training code did (spec §13): uniform char embeddings,
+        scaled normal convolutions and highway weights, carry-gate bias -2, Glorot LSTMs."""
+        cnn, lstm = self.config.char_cnn, self.config.lstm
+        encoder = self.token_encoder
+        with torch.no_grad():
+            nn.init.uniform_(encoder.char_cnn.char_embedding.weight, -1.0, 1.0)
+            encoder.char_cnn.char_embedding.weight[0].zero_()
+            for conv, (width, _) in zip(encoder.char_cnn.convolutions, cnn.filters):
+                nn.init.normal_(conv.weight, 0.0, math.sqrt(1.0 / (width * cnn.embedding_dim)))
+                nn.init.zeros_(conv.bias)
+            n_filters = cnn.n_filters
+            for layer in encoder.highway.layers:
+                nn.init.normal_(layer.weight, 0.0, math.sqrt(1.0 / n_filters))
+                nn.init.zeros_(layer.bias)
+                layer.bias[n_filters:] = -2.0  # carry gate starts mostly closed
+            nn.init.normal_(encoder.projection.weight, 0.0, math.sqrt(1.0 / n_filters))
+            nn.init.zeros_(encoder.projection.bias)
+            for layer in self.lstm.layers:
+                for weight in (layer.input_weight, layer.recurrent_weight):
+                    bound = math.sqrt(6.0 / (2 * lstm.projection_dim + 4 * lstm.cell_dim))
+                    nn.init.uniform_(weight, -bound, bound)
+                bound = math.sqrt(6.0 / (lstm.cell_dim + lstm.projection_dim))
+                nn.init.uniform_(layer.projection, -bound, bound)
+                layer.bias.zero_()  # the forget gate gets +1 at run time
+
+    def encode_tokens(self, char_ids: torch.Tensor) -> torch.Tensor:
+        """Context-free token representations: (..., W) char ids -> (..., P)."""
+        flat = char_ids.reshape(-1, MAX_CHARS)
+        return self.token_encoder(flat).view(*char_ids.shape[:-1], -1)
+
+    def forward(self, char_ids: torch.Tensor, state: LstmState | None = None) -> BiLMOutput:
+        """Args:
+            char_ids: (B, T, W) from `batch_to_ids`, right-padded with all-zero rows.
+            state: initial LSTM state for these B rows (spec §9); zeros if None.
+        """
+        boundary_ids, mask = add_boundaries(char_ids)  # (B, S, W), (B, S)
+        flat_mask = mask.flatten()
+        real_positions = flat_mask.nonzero().squeeze(1)  # (N,)
+        token_embeddings = self.token_encoder(boundary_ids.flatten(0, 1)[real_positions])  # (N, P)
+        return self.contextualize(token_embeddings, mask, state)
+
+    def contextualize(self, token_embeddings: torch.Tensor, mask: torch.Tensor,
+                      state: LstmState | None = None) -> BiLMOutput:
+        """Run the LSTMs on token representations of the real positions.
+
+        Args:
+            token_embeddings: (N, P), one row per true entry of `mask`, in row-major order.
+            mask: (B, S) bool with boundaries, true on each row's first n+2 positions.
+        """
+        batch_size, n_positions = mask.shape
+        real_positions = mask.flatten().nonzero().squeeze(1)
+        tokens = token_embeddings.new_zeros(batch_size * n_positions, token_embeddings.shape[-1])
+        tokens = tokens.index_copy(0, real_positions, token_embeddings).view(batch_size, n_positions, -1)
+        lstm_layers, state = self.lstm(tokens, mask.sum(dim=1), state)
+        return BiLMOutput([torch.cat([tokens, tokens], dim=-1), *lstm_layers], mask, state)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scalar mix: what a task learns on top of the layers
+# ---------------------------------------------------------------------------------------------
+class ScalarMix(nn.Module):
+    """mix = gamma * sum_k softmax(w)_k * h_k over the L+1 layers (spec §8).
+
+    With `do_layer_norm`, each layer is first normalised with one mean and one variance over all
+    unmasked elements of the batch. `initial_scalar_parameters` given with `trainable=False`
+    freezes w and gamma (= 1), as AllenNLP's `scalar_mix_parameters` does.
+    """
+
+    def __init__(self, n_layers: int, do_layer_norm: bool = False,
+                 initial_scalar_parameters: list[float] | None = None, trainable: bool = True):
+        super().__init__()
+        initial = initial_scalar_parameters or [0.0] * n_layers
+        if len(initial) != n_layers:
+            raise ValueError(f"scalar_mix_parameters must have {n_layers} values "
+                             f"(one per layer), got {len(initial)}: {initial}")
+        self.do_layer_norm = do_layer_norm
+        self.scalar_parameters = nn.Parameter(torch.tensor(initial, dtype=torch.float32),
+                                              requires_grad=trainable)
+        self.gamma = nn.Parameter(torch.tensor(1.0), requires_grad=trainable)
+
+    def forward(self, layers: list[torch.Tensor], mask: torch.Tensor | None = None) -> torch.Tensor:
+        """layers: L+1 tensors (B, S, D); mask (B, S) bool, needed for the layer norm."""
+        if len(layers) != self.scalar_parameters.numel():
+            raise ValueError(f"ScalarMix expects {self.scalar_parameters.numel()} layers, got {len(layers)}")
+        weights = torch.softmax(self.scalar_parameters, dim=0)
+        if self.do_layer_norm:
+            if mask is None:
+                raise ValueError("ScalarMix(do_layer_norm=True) needs the mask")
+            layers = [_masked_layer_norm(layer, mask) for layer in layers]
+        mixed = sum(weight * layer for weight, layer in zip(weights, layers))
+        return self.gamma * mixed
+
+
+def _masked_layer_norm(layer: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """One scalar mean and variance over every unmasked element of the batch."""
+    mask = mask.unsqueeze(-1).to(layer.dtype)  # (B, S, 1)
+    count = mask.sum() * layer.shape[-1]
+    masked = layer * mask
+    mean = masked.sum() / count
+    variance = (((masked - mean) * mask) ** 2).sum() / count
+    return (layer - mean) / torch.sqrt(variance + 1e-13)
