@@ -242,7 +242,7 @@ def load_model(options_or_directory: str | Path | None = None, weight_file: str 
     * nothing: the built-in English model shipped with elmokit.
     """
     if options_or_directory is None:
-        from elmokit.pretrained import builtin_model_dir
+        from elmokit.builtin import builtin_model_dir
 
         return load_pretrained(builtin_model_dir())
     path = Path(options_or_directory)

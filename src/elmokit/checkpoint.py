@@ -1,0 +1,149 @@
+"""Training checkpoints and trained-model directories.
+
+    checkpoint.pt   everything `elmo train --resume` needs: model, optimizer, schedule, counters,
+                    every RNG, and per rank the carried LSTM state and the exact data position.
+                    Written by torch.save, read with `torch.load(weights_only=True)`: only tensors
+                    and plain Python values, never arbitrary pickled objects.
+    a model dir     config.json + model.safetensors (the biLM and `softmax.*`) + vocab.txt
+                    (+ provenance.json): what `elmo perplexity`, `elmo export`, `--init-from`
+                    and every embedding command read.
+
+Every file is written to a temporary name and renamed into place (`elmokit.io.atomic_path`).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from elmokit.config import ElmoConfig
+from elmokit.io import atomic_path, atomic_write_text
+from elmokit.lm import LanguageModel
+from elmokit.weights import CONFIG_NAME, WEIGHTS_NAME, WeightFileError, load_pretrained, read_safetensors, save_pretrained
+
+CHECKPOINT_NAME = "checkpoint.pt"
+VOCAB_NAME = "vocab.txt"
+PROVENANCE_NAME = "provenance.json"
+_NDARRAY = "__ndarray__"
+
+
+# ---------------------------------------------------------------------------------------------
+# Plain values only: numpy arrays travel as tensors tagged with their dtype
+# ---------------------------------------------------------------------------------------------
+def to_plain(value: Any) -> Any:
+    """Turn numpy arrays and scalars (e.g. in a batcher's or an RNG's state) into tensors and
+    Python numbers, so that `torch.load(weights_only=True)` can read them back."""
+    if isinstance(value, np.ndarray):
+        return {_NDARRAY: torch.from_numpy(np.ascontiguousarray(value).copy()), "dtype": str(value.dtype)}
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {key: to_plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_plain(item) for item in value)
+    return value
+
+
+def from_plain(value: Any) -> Any:
+    """The inverse of `to_plain`."""
+    if isinstance(value, dict):
+        if _NDARRAY in value:
+            return value[_NDARRAY].numpy().astype(value["dtype"], copy=False)
+        return {key: from_plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(from_plain(item) for item in value)
+    return value
+
+
+def rng_state() -> dict[str, Any]:
+    """The state of every random generator training uses (Python, NumPy, torch CPU and CUDA)."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return to_plain(state)
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    state = from_plain(state)
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    np.random.set_state(tuple(state["numpy"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---------------------------------------------------------------------------------------------
+# checkpoint.pt
+# ---------------------------------------------------------------------------------------------
+def save_checkpoint(path: str | Path, checkpoint: dict[str, Any]) -> None:
+    """Atomically write a checkpoint dictionary of tensors and plain values."""
+    with atomic_path(path) as tmp:
+        torch.save(to_plain(checkpoint), tmp)
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Read a checkpoint written by `save_checkpoint` (no arbitrary unpickling)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # a truncated or foreign file
+        raise WeightFileError(f"{path}: not a readable elmokit checkpoint ({error})") from error
+    for key in ("model", "elmo_config", "vocab_size"):
+        if key not in checkpoint:
+            raise WeightFileError(f"{path}: not an elmokit training checkpoint (no {key!r})")
+    return checkpoint
+
+
+def model_from_checkpoint(checkpoint: dict[str, Any]) -> LanguageModel:
+    """The LanguageModel stored in a checkpoint dictionary (in eval mode)."""
+    model = LanguageModel(ElmoConfig.from_dict(checkpoint["elmo_config"]), checkpoint["vocab_size"])
+    model.load_state_dict(checkpoint["model"])
+    return model.eval()
+
+
+# ---------------------------------------------------------------------------------------------
+# Model directories: the biLM with its softmax and vocabulary
+# ---------------------------------------------------------------------------------------------
+def save_model_dir(model: LanguageModel, directory: str | Path, vocab_path: str | Path,
+                   provenance: dict[str, Any] | None = None) -> Path:
+    """Write a native model directory that keeps the softmax (`softmax.weight` (V, P),
+    `softmax.bias` (V)) and its vocabulary; `load_pretrained` reads the biLM part of it."""
+    directory = Path(directory)
+    save_pretrained(model.bilm, directory, extra_tensors=model.softmax_tensors())
+    with atomic_path(directory / VOCAB_NAME) as tmp:
+        shutil.copyfile(vocab_path, tmp)
+    if provenance is not None:
+        atomic_write_text(directory / PROVENANCE_NAME, json.dumps(provenance, indent=2) + "\n")
+    return directory
+
+
+def load_model_dir(directory: str | Path) -> tuple[LanguageModel, Path]:
+    """A LanguageModel (eval mode) from a native directory with its softmax, and its vocab path."""
+    directory = Path(directory)
+    bilm = load_pretrained(directory)
+    vocab_path = directory / VOCAB_NAME
+    if not vocab_path.is_file():
+        raise FileNotFoundError(f"{directory}: no {VOCAB_NAME}; a language model directory needs the "
+                                "vocabulary of its softmax (write one with `elmo train` or `elmo export`)")
+    softmax = read_safetensors(directory / WEIGHTS_NAME, prefix="softmax.")
+    if set(softmax) != {"weight", "bias"}:
+        raise WeightFileError(f"{directory / WEIGHTS_NAME}: no softmax (softmax.weight, softmax.bias); "
+                              "it holds only a biLM, which cannot score text")
+    model = LanguageModel(bilm.config, softmax["weight"].shape[0])
+    model.bilm.load_state_dict(bilm.state_dict())
+    model.softmax.load_state_dict({name: tensor.float() for name, tensor in softmax.items()})
+    return model.eval(), vocab_path
+
+
+def is_model_dir(path: str | Path) -> bool:
+    path = Path(path)
+    return (path / CONFIG_NAME).is_file() and (path / WEIGHTS_NAME).is_file()

@@ -1,0 +1,42 @@
+"""`elmo convert`: original options JSON + HDF5 <-> native directory (config.json + safetensors)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from elmokit.weights import load_model, save_original, save_pretrained
+
+
+def register(subcommands: argparse._SubParsersAction) -> None:
+    parser = subcommands.add_parser(
+        "convert", help="convert between the original HDF5 files and the native format",
+        description="Convert a model. Original -> native: `elmo convert --options-file O "
+                    "--weight-file W --to-native DIR`. Native -> original: `elmo convert --model DIR "
+                    "--to-original OPTIONS.json WEIGHTS.hdf5`.")
+    parser.add_argument("--model", type=Path, help="native model directory to read")
+    parser.add_argument("--options-file", type=Path, help="original options JSON to read")
+    parser.add_argument("--weight-file", type=Path, help="original HDF5 weights to read")
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--to-native", type=Path, metavar="DIR", help="write a native model directory")
+    target.add_argument("--to-original", type=Path, nargs=2, metavar=("OPTIONS", "WEIGHTS"),
+                        help="write an original options JSON and HDF5 weight file")
+    parser.add_argument("--overwrite", action="store_true", help="replace existing outputs")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.model is None and (args.options_file is None or args.weight_file is None):
+        raise ValueError("give the model to read: --model DIR, or --options-file and --weight-file")
+    model = load_model(args.options_file, args.weight_file) if args.model is None else load_model(args.model)
+    outputs = [args.to_native / "model.safetensors"] if args.to_native else list(args.to_original)
+    existing = [str(path) for path in outputs if path.exists()]
+    if existing and not args.overwrite:
+        raise ValueError(f"output exists: {', '.join(existing)} (use --overwrite to replace)")
+    if args.to_native:
+        save_pretrained(model, args.to_native)
+        print(f"wrote {args.to_native}/config.json and model.safetensors")
+    else:
+        save_original(model, *args.to_original)
+        print(f"wrote {args.to_original[0]} and {args.to_original[1]}")
+    return 0

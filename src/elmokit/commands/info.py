@@ -1,0 +1,54 @@
+"""`elmo info`: what a model is: shape, parameters, vocabulary, where it came from."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from elmokit.commands.common import add_model_arguments, model_from_args
+
+
+def register(subcommands: argparse._SubParsersAction) -> None:
+    parser = subcommands.add_parser(
+        "info", help="describe a model: shape, parameters, vocabulary, provenance",
+        description="Print a model's configuration, parameter count and, for native directories, "
+                    "its vocabulary size and training provenance.")
+    add_model_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    model = model_from_args(args)
+    config = model.config
+    facts = {
+        "char_cnn": config.char_cnn.__dict__ | {"n_filters": config.char_cnn.n_filters},
+        "lstm": config.lstm.__dict__,
+        "output_dim": config.output_dim,
+        "n_output_layers": config.n_output_layers,
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
+    directory = args.model
+    if directory is not None:
+        vocab = directory / "vocab.txt"
+        if vocab.is_file():
+            with open(vocab, encoding="utf-8") as handle:
+                facts["vocabulary_size"] = sum(1 for _ in handle)
+        provenance = directory / "provenance.json"
+        if provenance.is_file():
+            facts["provenance"] = json.loads(provenance.read_text(encoding="utf-8"))
+    if args.json:
+        print(json.dumps(facts, indent=2, default=list))
+        return 0
+    cnn, lstm = config.char_cnn, config.lstm
+    print(f"ELMo biLM: {lstm.n_layers} layers x {lstm.cell_dim} cells, projection {lstm.projection_dim}, "
+          f"{cnn.n_filters} char filters, {cnn.n_highway} highway")
+    print(f"  output: {config.n_output_layers} layers x {config.output_dim} dims")
+    print(f"  parameters: {facts['parameters']:,}")
+    print(f"  char CNN: embedding {cnn.embedding_dim}, filters {[list(f) for f in cnn.filters]}, {cnn.activation}")
+    print(f"  clipping: cell {lstm.cell_clip}, projection {lstm.proj_clip}")
+    if "vocabulary_size" in facts:
+        print(f"  softmax vocabulary: {facts['vocabulary_size']:,} tokens")
+    for key, value in facts.get("provenance", {}).items():
+        print(f"  {key}: {value}")
+    return 0

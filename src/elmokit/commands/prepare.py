@@ -1,0 +1,53 @@
+"""`elmo prepare`: raw text -> tokenized shards, one sentence per line (see elmokit.corpus)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from elmokit.corpus import prepare_corpus
+
+
+def register(subcommands: argparse._SubParsersAction) -> None:
+    parser = subcommands.add_parser(
+        "prepare", help="split raw text into sentences and Moses tokens, written as shards",
+        description="Read raw text (plain or .gz, one document or paragraph per line; files or "
+                    "globs), split it into sentences (sentencex) and Moses tokens (sacremoses), "
+                    "and write OUT/shard-00000.txt.gz, ... with one sentence per line, tokens "
+                    "separated by single spaces, plus OUT/prepare.json with the counts. "
+                    "Already tokenized input (PTB-like) is detected and only has its whitespace "
+                    "normalised. A line that is not valid UTF-8 stops the run with its file and "
+                    "line number, unless --skip-bad-lines.")
+    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="raw text files or globs (quote globs)")
+    parser.add_argument("-o", "--out", type=Path, required=True, help="output directory for the shards")
+    parser.add_argument("--shard-size", type=int, default=100_000, help="sentences per shard (default: 100000)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                        help="processes for splitting and tokenizing (default: all cores)")
+    form = parser.add_mutually_exclusive_group()
+    form.add_argument("--pretokenized", dest="pretokenized", action="store_true", default=None,
+                      help="input is already one tokenized sentence per line: pass it through")
+    form.add_argument("--raw", dest="pretokenized", action="store_false",
+                      help="input is raw text: always split and tokenize (default: detect)")
+    parser.add_argument("--lang", default="en", help="language for sentence splitting and Moses (default: en)")
+    parser.add_argument("--plain", action="store_true", help="write plain .txt shards instead of .txt.gz")
+    parser.add_argument("--skip-bad-lines", action="store_true",
+                        help="skip lines that are not valid UTF-8 (counted, the first few reported) "
+                             "instead of stopping at the first one")
+    parser.add_argument("--overwrite", action="store_true", help="replace shard files already in OUT")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.workers < 1:
+        raise ValueError(f"--workers must be at least 1, got {args.workers}")
+    stats = prepare_corpus(
+        args.inputs, args.out, shard_size=args.shard_size, workers=args.workers,
+        pretokenized=args.pretokenized, lang=args.lang, compress=not args.plain,
+        skip_bad_lines=args.skip_bad_lines, overwrite=args.overwrite, progress=not args.quiet)
+    form = "pre-tokenized (passed through)" if stats.pretokenized else "raw (split and tokenized)"
+    print(f"{len(stats.input_files)} input files, {form}: {stats.sentences:,} sentences, "
+          f"{stats.tokens:,} tokens in {len(stats.shards)} shards under {args.out}"
+          + (f"; {stats.bad_lines:,} undecodable lines skipped" if stats.bad_lines else ""))
+    return 0

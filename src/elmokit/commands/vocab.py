@@ -1,0 +1,32 @@
+"""`elmo vocab`: count a tokenized corpus and write the softmax vocabulary (see elmokit.vocab)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from elmokit.vocab import make_vocab, stats_path
+
+
+def register(subcommands: argparse._SubParsersAction) -> None:
+    parser = subcommands.add_parser(
+        "vocab", help="count tokens and write vocab.txt (+ vocab.json with the corpus counts)",
+        description="Count the tokens of tokenized files (one sentence per line, plain or .gz, "
+                    "files or globs) and write the bilm-tf vocabulary: <S>, </S>, <UNK>, then "
+                    "tokens by descending count (ties by token). Beside it, a .json file records "
+                    "n_tokens (words + one </S> per sentence, as bilm-tf's n_train_tokens), "
+                    "n_sentences, n_types and the options, for the trainer.")
+    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="tokenized files or globs (quote globs)")
+    parser.add_argument("-o", "--out", type=Path, required=True, help="vocabulary file to write, e.g. vocab.txt")
+    parser.add_argument("--min-count", type=int, default=1, help="keep tokens seen at least this often (default: 1)")
+    parser.add_argument("--max-size", type=int, default=None,
+                        help="keep at most this many entries, the 3 special tokens included")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    stats = make_vocab(args.inputs, args.out, min_count=args.min_count, max_size=args.max_size)
+    print(f"{stats['vocab_size']:,} entries written to {args.out} (of {stats['n_types']:,} types); "
+          f"{stats['n_sentences']:,} sentences, {stats['n_tokens']:,} tokens with </S>, "
+          f"{stats['n_unk_words']:,} words out of vocabulary; counts in {stats_path(args.out)}")
+    return 0

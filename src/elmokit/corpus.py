@@ -1,0 +1,352 @@
+"""Raw text -> tokenized shards, one sentence per line (`elmo prepare`), and the file helpers
+every corpus reader in elmokit shares (globs, gzip or plain, UTF-8 errors with file:line).
+
+The pipeline, in the order text travels:
+
+    input files (plain or .gz, one document or paragraph per line)
+      -> lines, decoded as strict UTF-8            (`read_raw_lines`; bad bytes: error or skip)
+      -> chunks of lines, on all cores              (`multiprocessing.Pool`, order kept)
+      -> sentences                                  (sentencex, rule-based, no model download)
+      -> Moses tokens                               (sacremoses, `escape=False`)
+      -> "tok tok tok" lines in OUT/shard-00000.txt.gz, ...   (`ShardWriter`, atomic per shard)
+
+Pre-tokenized input (e.g. PTB: one sentence per line, tokens split by spaces) only has its
+whitespace normalised; it is detected automatically when neither `raw` nor `pretokenized` is
+forced (see `looks_pretokenized`).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import glob
+import gzip
+import io
+import itertools
+import json
+import os
+import re
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from multiprocessing import Pool
+from pathlib import Path
+from typing import IO
+
+from elmokit.io import atomic_path, atomic_write_text
+
+CHUNK_LINES = 256  # raw lines per task sent to a worker
+
+
+class CorpusError(ValueError):
+    """A corpus file that cannot be read as asked; the message names the file and line."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Files: globs, gzip or plain, UTF-8 errors located to a line
+# ---------------------------------------------------------------------------------------------
+
+def expand_paths(patterns: Iterable[str | Path]) -> list[Path]:
+    """Files named by `patterns` (paths or globs), each pattern's matches sorted, duplicates dropped.
+
+    Raises FileNotFoundError naming the pattern that matched nothing or the directory given.
+    """
+    paths: list[Path] = []
+    for pattern in map(str, patterns):
+        matches = sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]
+        if not matches:
+            raise FileNotFoundError(f"no file matches {pattern!r}")
+        for match in matches:
+            path = Path(match)
+            if path.is_dir():
+                raise IsADirectoryError(f"{path} is a directory; give files or a glob such as '{path}/*.gz'")
+            if not path.is_file():
+                raise FileNotFoundError(f"no such file: {path}")
+            paths.append(path)
+    return list(dict.fromkeys(paths))
+
+
+def is_gzip(path: Path) -> bool:
+    return path.suffix == ".gz"
+
+
+def open_binary(path: Path) -> IO[bytes]:
+    return gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")
+
+
+def open_text(path: Path) -> IO[str]:
+    """Open a plain or gzip file as strict UTF-8 text (universal newlines)."""
+    return io.TextIOWrapper(open_binary(path), encoding="utf-8", errors="strict")
+
+
+def locate_decode_error(path: Path) -> str:
+    """'path:LINE: invalid UTF-8 ...' for the first undecodable line of `path` (a re-scan)."""
+    with open_binary(path) as handle:
+        for line_number, raw in enumerate(handle, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                return (f"{path}:{line_number}: invalid UTF-8 byte 0x{raw[error.start]:02x} at byte "
+                        f"{error.start} of the line")
+    return f"{path}: invalid UTF-8 (the file ends inside a multi-byte character)"
+
+
+def read_raw_lines(path: Path, skip_bad_lines: bool, stats: PrepareStats) -> Iterator[str]:
+    """Non-blank lines of one raw input file, stripped, as str.
+
+    A line that is not valid UTF-8 raises CorpusError naming file:line, or, with
+    `skip_bad_lines`, is dropped and counted in `stats.bad_lines`.
+    """
+    try:
+        with open_binary(path) as handle:
+            for line_number, raw in enumerate(handle, start=1):
+                try:
+                    line = raw.decode("utf-8").strip()
+                except UnicodeDecodeError as error:
+                    where = f"{path}:{line_number}: invalid UTF-8 byte 0x{raw[error.start]:02x}"
+                    if not skip_bad_lines:
+                        raise CorpusError(f"{where}; fix the file or pass --skip-bad-lines") from None
+                    stats.bad_lines += 1
+                    if stats.bad_lines <= 5:
+                        print(f"skipping {where}", file=sys.stderr)
+                    continue
+                stats.input_lines += 1
+                if line:
+                    yield line
+    except (EOFError, gzip.BadGzipFile, OSError) as error:
+        if isinstance(error, FileNotFoundError):
+            raise
+        raise CorpusError(f"{path}: cannot read as {'gzip' if is_gzip(path) else 'text'}: {error}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Sentence splitting and Moses tokenization (run inside the worker processes)
+# ---------------------------------------------------------------------------------------------
+
+_worker_lang: str = "en"
+_worker_moses = None  # sacremoses.MosesTokenizer, one per process
+
+
+def _init_worker(lang: str) -> None:
+    global _worker_lang, _worker_moses
+    from sacremoses import MosesTokenizer
+
+    _worker_lang = lang
+    _worker_moses = MosesTokenizer(lang=lang)
+
+
+def tokenize_paragraphs(paragraphs: Sequence[str]) -> list[str]:
+    """Raw paragraphs -> tokenized sentences, each "tok tok tok" (single spaces, never empty)."""
+    import sentencex
+
+    if _worker_moses is None:
+        _init_worker(_worker_lang)
+    sentences = []
+    for paragraph in paragraphs:
+        for sentence in sentencex.segment(_worker_lang, paragraph):
+            tokens = _worker_moses.tokenize(sentence, escape=False)
+            line = " ".join(" ".join(tokens).split())  # tokens never hold Unicode spaces
+            if line:
+                sentences.append(line)
+    return sentences
+
+
+def normalise_pretokenized(lines: Sequence[str]) -> list[str]:
+    """Already tokenized sentences: only whitespace runs become single spaces."""
+    return [" ".join(line.split()) for line in lines]
+
+
+_ATTACHED_PUNCTUATION = re.compile(r"\w[,;:!?\"”’)\]]$|^[\"“‘(\[]\w")
+
+
+def looks_pretokenized(lines: Sequence[str]) -> bool:
+    """True when a sample of lines reads like tokenized text (PTB, 1B Word Benchmark).
+
+    Raw prose has punctuation glued to words ("world," "(see"); tokenized text has it split off.
+    The sample is taken as pre-tokenized when under 0.5 % of its tokens carry glued punctuation
+    (a trailing "." is ignored: "mr." and "u.s." stay whole in tokenized text).
+    """
+    tokens = list(itertools.chain.from_iterable(map(str.split, lines)))
+    if not tokens:
+        return False
+    glued = sum(map(bool, map(_ATTACHED_PUNCTUATION.search, tokens)))
+    return glued < 0.005 * len(tokens)
+
+
+# ---------------------------------------------------------------------------------------------
+# Output: numbered shards, each written atomically
+# ---------------------------------------------------------------------------------------------
+
+SHARD_PATTERN = "shard-{index:05d}.txt{suffix}"
+
+
+class ShardWriter:
+    """Writes sentences to OUT/shard-00000.txt[.gz], OUT/shard-00001..., `shard_size` per shard.
+
+    Each shard goes to a temporary file renamed into place when the shard is complete, so a
+    killed run leaves only whole shards.
+    """
+
+    def __init__(self, out_dir: Path, shard_size: int, compress: bool):
+        if shard_size < 1:
+            raise ValueError(f"--shard-size must be at least 1, got {shard_size}")
+        self.out_dir, self.shard_size, self.compress = out_dir, shard_size, compress
+        self.paths: list[Path] = []
+        self._context = None  # the atomic_path context of the open shard
+        self._handle: IO[str] | None = None
+        self._lines_in_shard = 0
+
+    def write(self, sentences: Iterable[str]) -> None:
+        for sentence in sentences:
+            if self._handle is None:
+                self._open_next()
+            self._handle.write(sentence + "\n")
+            self._lines_in_shard += 1
+            if self._lines_in_shard == self.shard_size:
+                self._commit()
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._commit()
+
+    def abort(self) -> None:
+        """Drop the shard being written (its temporary file is removed)."""
+        if self._handle is not None:
+            self._handle.close()
+            self._context.__exit__(CorpusError, CorpusError("aborted"), None)
+            self._handle = self._context = None
+
+    def _open_next(self) -> None:
+        suffix = ".gz" if self.compress else ""
+        path = self.out_dir / SHARD_PATTERN.format(index=len(self.paths), suffix=suffix)
+        self._context = atomic_path(path)
+        tmp = self._context.__enter__()
+        self._handle = (gzip.open(tmp, "wt", encoding="utf-8", compresslevel=6) if self.compress
+                        else open(tmp, "w", encoding="utf-8"))
+        self.paths.append(path)
+        self._lines_in_shard = 0
+
+    def _commit(self) -> None:
+        self._handle.close()
+        self._context.__exit__(None, None, None)
+        self._handle = self._context = None
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole pipeline
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class PrepareStats:
+    """What `prepare_corpus` read and wrote (saved as OUT/prepare.json)."""
+
+    input_files: list[str] = field(default_factory=list)
+    pretokenized: bool = False
+    input_lines: int = 0  # decoded lines, blank ones included
+    bad_lines: int = 0  # undecodable lines skipped (only with skip_bad_lines)
+    sentences: int = 0
+    tokens: int = 0  # words, without sentence boundaries
+    shards: list[str] = field(default_factory=list)
+
+
+def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
+    iterator = iter(lines)
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk
+
+
+def _all_lines(paths: Sequence[Path], skip_bad_lines: bool, stats: PrepareStats) -> Iterator[str]:
+    for path in paths:
+        yield from read_raw_lines(path, skip_bad_lines, stats)
+
+
+def prepare_corpus(
+    inputs: Sequence[str | Path],
+    out_dir: str | Path,
+    shard_size: int = 100_000,
+    workers: int | None = None,
+    pretokenized: bool | None = None,
+    lang: str = "en",
+    compress: bool = True,
+    skip_bad_lines: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> PrepareStats:
+    """Tokenize raw text files into one-sentence-per-line shards in `out_dir`.
+
+    Args:
+        inputs: files or globs, plain or .gz, one document or paragraph per line.
+        shard_size: sentences per output shard.
+        workers: processes for sentence splitting and tokenization (default: all cores).
+        pretokenized: True passes lines through (whitespace normalised), False splits and
+            tokenizes, None decides from the first lines (`looks_pretokenized`).
+        skip_bad_lines: skip and count undecodable lines instead of stopping at the first.
+        overwrite: remove existing shard files in `out_dir` first (else they are an error).
+
+    Returns:
+        the counts, also written to `out_dir/prepare.json`.
+    """
+    from tqdm import tqdm
+
+    paths = expand_paths(inputs)
+    out_dir = Path(out_dir)
+    _clear_old_shards(out_dir, overwrite)
+    stats = PrepareStats(input_files=list(map(str, paths)))
+    if pretokenized is None:
+        pretokenized = looks_pretokenized(list(itertools.islice(
+            _all_lines(paths, True, PrepareStats()), 200)))
+    stats.pretokenized = pretokenized
+    workers = max(1, workers or os.cpu_count() or 1)
+
+    writer = ShardWriter(out_dir, shard_size, compress)
+    chunks = _chunks(_all_lines(paths, skip_bad_lines, stats), CHUNK_LINES)
+    bar = tqdm(unit=" sentences", unit_scale=True, disable=not progress, desc="prepare")
+    try:
+        with contextlib.closing(_sentence_chunks(chunks, pretokenized, workers, lang)) as results:
+            for sentences in results:
+                writer.write(sentences)
+                stats.sentences += len(sentences)
+                stats.tokens += sum(map(len, map(str.split, sentences)))
+                bar.update(len(sentences))
+        writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        bar.close()
+    stats.shards = [path.name for path in writer.paths]
+    atomic_write_text(out_dir / "prepare.json", json.dumps(asdict(stats), indent=2) + "\n")
+    return stats
+
+
+def _sentence_chunks(chunks: Iterator[list[str]], pretokenized: bool, workers: int,
+                     lang: str) -> Iterator[list[str]]:
+    """Lists of tokenized sentences, one list per chunk of lines, in input order.
+
+    With several workers, at most 4 chunks per worker are in flight (`Pool.imap` would read
+    the whole input ahead into its task queue); results are taken in submission order.
+    """
+    if pretokenized:
+        yield from map(normalise_pretokenized, chunks)
+        return
+    if workers == 1:
+        _init_worker(lang)
+        yield from map(tokenize_paragraphs, chunks)
+        return
+    with Pool(workers, initializer=_init_worker, initargs=(lang,)) as pool:
+        in_flight: collections.deque = collections.deque()
+        for chunk in chunks:
+            in_flight.append(pool.apply_async(tokenize_paragraphs, (chunk,)))
+            if len(in_flight) >= 4 * workers:
+                yield in_flight.popleft().get()
+        while in_flight:
+            yield in_flight.popleft().get()
+
+
+def _clear_old_shards(out_dir: Path, overwrite: bool) -> None:
+    old = sorted(out_dir.glob("shard-*.txt*")) if out_dir.is_dir() else []
+    if old and not overwrite:
+        raise CorpusError(f"{out_dir} already holds {len(old)} shard files ({old[0].name}, ...); "
+                          "pass --overwrite to replace them or choose another output directory")
+    for path in old:
+        path.unlink()

@@ -1,0 +1,378 @@
+"""What users call: `Elmo` (scalar mixes for a task), `ElmoEmbedder` (arrays for sentences, batches
+and files) and `HubElmo` (the TF-Hub output names). Drop-in for AllenNLP's classes of the same names.
+
+Stateless by default: the same sentence gives the same vectors whatever else is in the batch and
+whatever came before. `stateful=True` reproduces the original carried LSTM state (spec §9).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from elmokit.chars import BOS_TOKEN, EOS_TOKEN, batch_to_ids, token_mask, tokens_to_char_ids
+from elmokit.io import atomic_path
+from elmokit.model import BiLM, BiLMOutput, LstmState, ScalarMix
+from elmokit.weights import load_model
+
+OUTPUT_FORMATS = ("all", "top", "average")
+
+
+# ---------------------------------------------------------------------------------------------
+# Carried state (spec §9), only when asked for
+# ---------------------------------------------------------------------------------------------
+class CarriedState:
+    """The original stateful behaviour: row b of a call starts from the final state of row b of
+    the previous calls. Rows beyond the current batch keep their values for a later, larger batch.
+    """
+
+    def __init__(self) -> None:
+        self.state: LstmState | None = None  # hidden (L, D, S, P), cell (L, D, S, C)
+
+    def reset(self) -> None:
+        self.state = None
+
+    def take(self, batch_size: int) -> LstmState | None:
+        if self.state is None:
+            return None
+        stored = self.state.hidden.shape[2]
+        if stored < batch_size:  # extend permanently with zero rows
+            self.state = LstmState(*(torch.cat([t, t.new_zeros(*t.shape[:2], batch_size - stored, t.shape[3])], 2)
+                                     for t in self.state))
+        return LstmState(*(t[:, :, :batch_size] for t in self.state))
+
+    def store(self, final: LstmState) -> None:
+        final = LstmState(*(t.detach() for t in final))
+        batch_size = final.hidden.shape[2]
+        if self.state is None or self.state.hidden.shape[2] <= batch_size:
+            self.state = final
+        else:
+            self.state = LstmState(*(torch.cat([new, old[:, :, batch_size:]], 2)
+                                     for new, old in zip(final, self.state)))
+
+
+def _run_bilm(bilm: BiLM, char_ids: torch.Tensor, carried: CarriedState | None) -> BiLMOutput:
+    state = carried.take(char_ids.shape[0]) if carried is not None else None
+    output = bilm(char_ids, state)
+    if carried is not None:
+        carried.store(output.state)
+    return output
+
+
+def remove_boundaries(layer: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop <S> and </S>: (B, S, D) with mask (B, S) -> (B, T, D) with mask (B, T); positions past
+    each sentence are zero."""
+    lengths = mask.sum(dim=1) - 2  # (B,)
+    token_mask_ = torch.arange(mask.shape[1] - 2, device=mask.device) < lengths.unsqueeze(1)  # (B, T)
+    return layer[:, 1:-1] * token_mask_.unsqueeze(-1).to(layer.dtype), token_mask_
+
+
+# ---------------------------------------------------------------------------------------------
+# Elmo: the module a task model holds
+# ---------------------------------------------------------------------------------------------
+class Elmo(nn.Module):
+    """The biLM plus `num_output_representations` scalar mixes (AllenNLP's `Elmo`).
+
+    Args:
+        options_file: original options JSON, or a native model directory (then `weight_file` is
+            None), or None for the built-in English model.
+        weight_file: original HDF5 weights.
+        num_output_representations: how many independent mixes (e.g. one for the input and one
+            for the output of a task's RNN).
+        requires_grad: fine-tune the biLM.
+        do_layer_norm: normalise each layer before mixing (one mean/variance per batch).
+        dropout: applied to each representation (AllenNLP's default 0.5).
+        vocab_to_cache: precompute the token layer for these words; then call with `word_inputs`.
+        keep_sentence_boundaries: keep <S> and </S> in the outputs.
+        scalar_mix_parameters: fixed raw (pre-softmax) layer weights; frozen, gamma = 1.
+        stateful: carry the LSTM state from call to call as the original did (spec §9).
+        module: an already loaded `BiLM` to use instead of loading one.
+
+    Forward: `inputs` (B, T, 50) char ids (any leading dims), or `word_inputs` (B, T) ids into
+    `vocab_to_cache` (0 = padding). Returns {"elmo_representations": [(B, T, 2P)] * n,
+    "mask": (B, T) bool}.
+    """
+
+    def __init__(self, options_file: str | Path | None = None, weight_file: str | Path | None = None,
+                 num_output_representations: int = 1, requires_grad: bool = False,
+                 do_layer_norm: bool = False, dropout: float = 0.5,
+                 vocab_to_cache: list[str] | None = None, keep_sentence_boundaries: bool = False,
+                 scalar_mix_parameters: list[float] | None = None, stateful: bool = False,
+                 module: BiLM | None = None):
+        super().__init__()
+        self.bilm = module if module is not None else load_model(options_file, weight_file)
+        self.bilm.requires_grad_(requires_grad)
+        self.keep_sentence_boundaries = keep_sentence_boundaries
+        self.dropout = nn.Dropout(dropout)
+        n_layers = self.bilm.config.n_output_layers
+        self.scalar_mixes = nn.ModuleList(
+            ScalarMix(n_layers, do_layer_norm, scalar_mix_parameters, trainable=scalar_mix_parameters is None)
+            for _ in range(num_output_representations)
+        )
+        self.carried = CarriedState() if stateful else None
+        vectors = None
+        if vocab_to_cache is not None:
+            with torch.no_grad():
+                words = tokens_to_char_ids([BOS_TOKEN, EOS_TOKEN, *vocab_to_cache])
+                vectors = self.bilm.encode_tokens(torch.from_numpy(words))  # (2 + V, P)
+        self.register_buffer("word_embedding", vectors, persistent=False)
+
+    def get_output_dim(self) -> int:
+        return self.bilm.output_dim
+
+    def reset_states(self) -> None:
+        """Forget the carried state (stateful mode)."""
+        if self.carried is not None:
+            self.carried.reset()
+
+    def forward(self, inputs: torch.Tensor | None = None, word_inputs: torch.Tensor | None = None
+                ) -> dict[str, torch.Tensor | list[torch.Tensor]]:
+        if word_inputs is not None and self.word_embedding is not None:
+            leading = word_inputs.shape[:-1]
+            output = self._run_cached(word_inputs.reshape(-1, word_inputs.shape[-1]))
+        else:
+            if inputs is None:
+                raise ValueError("Elmo needs `inputs` (char ids), or `word_inputs` with vocab_to_cache")
+            leading = inputs.shape[:-2]
+            output = _run_bilm(self.bilm, inputs.reshape(-1, *inputs.shape[-2:]), self.carried)
+
+        representations = []
+        for mix in self.scalar_mixes:
+            mixed = mix(output.layers, output.mask)  # (B, S, 2P)
+            mask = output.mask
+            if not self.keep_sentence_boundaries:
+                mixed, mask = remove_boundaries(mixed, output.mask)
+            representations.append(self.dropout(mixed).view(*leading, *mixed.shape[1:]))
+        return {"elmo_representations": representations, "mask": mask.view(*leading, mask.shape[-1])}
+
+    def _run_cached(self, word_ids: torch.Tensor) -> BiLMOutput:
+        """word_ids (B, T): indices into vocab_to_cache, whose entry 0 is padding (as in AllenNLP)."""
+        lengths = (word_ids > 0).sum(dim=1)
+        # table rows: 0 = <S>, 1 = </S>, 2 + i = vocab_to_cache[i]
+        rows = _boundary_rows(lengths.cpu().numpy(), word_ids[word_ids > 0].cpu().numpy() + 2)
+        token_embeddings = self.word_embedding[torch.from_numpy(rows).to(self.word_embedding.device)]
+        state = self.carried.take(len(lengths)) if self.carried is not None else None
+        output = self.bilm.contextualize(token_embeddings, _boundary_mask(lengths), state)
+        if self.carried is not None:
+            self.carried.store(output.state)
+        return output
+
+
+def _boundary_rows(lengths: np.ndarray, token_rows: np.ndarray, bos_row: int = 0, eos_row: int = 1) -> np.ndarray:
+    """Rows of an embedding table for every real position with boundaries, row-major:
+    [bos, tokens of sentence 0, eos, bos, tokens of sentence 1, eos, ...]. (N,) int64."""
+    sizes = lengths + 2
+    rows = np.full(int(sizes.sum()), eos_row, dtype=np.int64)
+    starts = np.cumsum(sizes) - sizes
+    rows[starts] = bos_row
+    inner = np.ones(rows.size, dtype=bool)
+    inner[starts] = False
+    inner[starts + sizes - 1] = False
+    rows[inner] = token_rows
+    return rows
+
+
+def _boundary_mask(lengths: torch.Tensor) -> torch.Tensor:
+    n_positions = int(lengths.max()) + 2 if len(lengths) else 2
+    return torch.arange(n_positions, device=lengths.device) < (lengths + 2).unsqueeze(1)  # (B, S)
+
+
+# ---------------------------------------------------------------------------------------------
+# A cache of token representations for an inference-only biLM
+# ---------------------------------------------------------------------------------------------
+class TokenCache:
+    """Token string -> its context-free representation (P floats), computed once per word.
+
+    The char CNN and highway are most of a small model's FLOPs; in running text most tokens are
+    words already seen. Unseen words go through the encoder in one batch. Bounded: when full it
+    starts over.
+    """
+
+    def __init__(self, bilm: BiLM, max_size: int = 500_000):
+        self.bilm = bilm
+        self.max_size = max_size
+        self.clear()
+
+    def clear(self) -> None:
+        self.index: dict[str, int] = {}
+        self.vectors = torch.empty(1024, self.bilm.config.lstm.projection_dim)
+
+    def rows(self, tokens: list[str]) -> np.ndarray:
+        rows = np.fromiter(map(self.index.get, tokens, itertools.repeat(-1)), np.int64, len(tokens))
+        missing = rows < 0
+        if missing.any():
+            new_tokens = list(dict.fromkeys(itertools.compress(tokens, missing)))
+            if len(self.index) + len(new_tokens) > self.max_size:
+                self.clear()
+                new_tokens = list(dict.fromkeys(tokens))
+            self._add(new_tokens)
+            rows = np.fromiter(map(self.index.__getitem__, tokens), np.int64, len(tokens))
+        return rows
+
+    def _add(self, tokens: list[str]) -> None:
+        start = len(self.index)
+        with torch.no_grad():
+            vectors = self.bilm.encode_tokens(torch.from_numpy(tokens_to_char_ids(tokens)))  # (n, P)
+        if start + len(tokens) > len(self.vectors):
+            grown = self.vectors.new_empty(max(2 * len(self.vectors), start + len(tokens)), self.vectors.shape[1])
+            grown[:start] = self.vectors[:start]
+            self.vectors = grown
+        self.vectors[start:start + len(tokens)] = vectors
+        self.index.update(zip(tokens, range(start, start + len(tokens))))
+
+
+# ---------------------------------------------------------------------------------------------
+# ElmoEmbedder: numpy arrays for sentences, batches and files
+# ---------------------------------------------------------------------------------------------
+class ElmoEmbedder:
+    """All L+1 layers of every token, as float32 arrays (L+1, n, 2P) (AllenNLP's `ElmoEmbedder`).
+
+    Args:
+        options_file, weight_file: original files, or a native directory, or None (built-in model).
+        cuda_device: -1 for the CPU (AllenNLP's argument), else a CUDA device index.
+        stateful: carry the state between calls as the original did; by default every sentence is
+            embedded from a fresh state, so results never depend on batching or order.
+        cache_tokens: reuse the representation of words already seen (exact: the token layer is
+            context-free); on by default.
+    """
+
+    def __init__(self, options_file: str | Path | None = None, weight_file: str | Path | None = None,
+                 cuda_device: int = -1, *, stateful: bool = False, cache_tokens: bool = True,
+                 module: BiLM | None = None):
+        self.bilm = (module if module is not None else load_model(options_file, weight_file)).eval()
+        self.bilm.requires_grad_(False)
+        self.device = torch.device("cpu" if cuda_device < 0 else f"cuda:{cuda_device}")
+        self.bilm.to(self.device)
+        self.carried = CarriedState() if stateful else None
+        self.cache = TokenCache(self.bilm) if cache_tokens and self.device.type == "cpu" else None
+
+    @property
+    def output_dim(self) -> int:
+        return self.bilm.output_dim
+
+    def reset_states(self) -> None:
+        if self.carried is not None:
+            self.carried.reset()
+
+    @torch.no_grad()
+    def batch_layers(self, batch: Sequence[Sequence[str]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run a batch: layers (B, L+1, T, 2P) without boundaries, and lengths (B,)."""
+        if self.cache is not None:
+            output = self._run_cached(batch)
+        else:
+            output = _run_bilm(self.bilm, batch_to_ids(batch).to(self.device), self.carried)
+        layers = torch.stack([remove_boundaries(layer, output.mask)[0] for layer in output.layers], dim=1)
+        return layers, output.mask.sum(dim=1) - 2
+
+    def _run_cached(self, batch: Sequence[Sequence[str]]) -> BiLMOutput:
+        lengths = np.fromiter(map(len, batch), np.int64, len(batch))
+        tokens = [BOS_TOKEN, EOS_TOKEN, *itertools.chain.from_iterable(batch)]
+        rows = self.cache.rows(tokens)
+        table_rows = _boundary_rows(lengths, rows[2:], bos_row=rows[0], eos_row=rows[1])
+        token_embeddings = self.cache.vectors[torch.from_numpy(table_rows)]  # (N, P)
+        state = self.carried.take(len(batch)) if self.carried is not None else None
+        output = self.bilm.contextualize(token_embeddings, _boundary_mask(torch.from_numpy(lengths)), state)
+        if self.carried is not None:
+            self.carried.store(output.state)
+        return output
+
+    def embed_batch(self, batch: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """One float32 array (L+1, n_i, 2P) per sentence; an empty sentence gives (L+1, 0, 2P)."""
+        if len(batch) == 0:
+            return []
+        if self.carried is not None and len(batch) == 1 and len(batch[0]) == 0:
+            # the original does not run the model for [[]]: the carried state stays untouched
+            return [np.zeros((self.bilm.config.n_output_layers, 0, self.output_dim), np.float32)]
+        layers, lengths = self.batch_layers(batch)
+        layers = layers.float().cpu().numpy()
+        return [layers[i, :, :n] for i, n in enumerate(lengths.tolist())]
+
+    def embed_sentence(self, sentence: Sequence[str]) -> np.ndarray:
+        return self.embed_batch([sentence])[0]
+
+    def embed_sentences(self, sentences: Iterable[Sequence[str]], batch_size: int = 64) -> Iterator[np.ndarray]:
+        """A generator: the sentences in order, embedded `batch_size` at a time."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        iterator = iter(sentences)
+        while batch := list(itertools.islice(iterator, batch_size)):
+            yield from self.embed_batch(batch)
+
+    def embed_file(self, input_file: str | Path, output_file_path: str | Path, output_format: str = "all",
+                   batch_size: int = 64, forget_sentences: bool = False, use_sentence_keys: bool = False) -> None:
+        """Embed a file of whitespace-tokenized sentences, one per line, into HDF5 (spec §10).
+
+        One dataset per line, keyed by the line number ("0", "1", ...) or by the sentence text
+        with `use_sentence_keys`; shape (L+1, n, 2P) for "all", (n, 2P) for "top" and "average";
+        plus `sentence_to_index` (JSON) unless `forget_sentences`. A blank line is an empty
+        sentence. The file is written to a temporary name and renamed when complete.
+        """
+        if output_format not in OUTPUT_FORMATS:
+            raise ValueError(f"output_format must be one of {OUTPUT_FORMATS}, got {output_format!r}")
+        input_file = Path(input_file)
+        if not input_file.is_file():
+            raise FileNotFoundError(f"input file not found: {input_file}")
+        with open(input_file, encoding="utf-8") as handle:
+            lines = [line.strip() for line in handle]
+        sentences = [line.split() for line in lines]
+        keys = lines if use_sentence_keys else [str(i) for i in range(len(lines))]
+        with atomic_path(output_file_path) as tmp, h5py.File(tmp, "w") as out:
+            embeddings = self.embed_sentences(sentences, batch_size)
+            progress = tqdm(zip(keys, embeddings), total=len(keys), unit="sent", desc="embedding")
+            for key, layers in progress:
+                if key in out:  # a repeated sentence under --use-sentence-keys
+                    continue
+                out.create_dataset(key, data=select_layers(layers, output_format))
+            if not forget_sentences:
+                index = {line: key for line, key in zip(lines, keys)}
+                out.create_dataset("sentence_to_index", data=[json.dumps(index)])
+
+
+def select_layers(layers: np.ndarray, output_format: str) -> np.ndarray:
+    """(L+1, n, 2P) -> itself ("all"), the top layer ("top") or the layer mean ("average")."""
+    if output_format == "all":
+        return layers
+    if output_format == "top":
+        return layers[-1]
+    return layers.mean(axis=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The TF-Hub signature, for users coming from there
+# ---------------------------------------------------------------------------------------------
+class HubElmo(nn.Module):
+    """TF-Hub ELMo's outputs in one call: `word_emb` (B, T, P) token layer, `lstm_outputs1` and
+    `lstm_outputs2` (B, T, 2P), `elmo` (B, T, 2P) a trainable mix of the three layers, `default`
+    (B, 2P) the mean of `elmo` over real tokens, and `sequence_len` (B,). Padding is zero.
+
+    Call with a list of token lists or with char ids (B, T, 50).
+    """
+
+    def __init__(self, options_file: str | Path | None = None, weight_file: str | Path | None = None,
+                 module: BiLM | None = None, trainable: bool = False):
+        super().__init__()
+        self.bilm = module if module is not None else load_model(options_file, weight_file)
+        self.bilm.requires_grad_(trainable)
+        self.mix = ScalarMix(self.bilm.config.n_output_layers)
+
+    def forward(self, sentences: Sequence[Sequence[str]] | torch.Tensor) -> dict[str, torch.Tensor]:
+        char_ids = sentences if isinstance(sentences, torch.Tensor) else batch_to_ids(sentences)
+        output = self.bilm(char_ids)
+        layers = [remove_boundaries(layer, output.mask)[0] for layer in output.layers]
+        mask = token_mask(char_ids)  # (B, T)
+        elmo = remove_boundaries(self.mix(output.layers, output.mask), output.mask)[0]
+        lengths = mask.sum(dim=1)
+        outputs = {"word_emb": layers[0][..., :self.bilm.config.lstm.projection_dim]}
+        outputs.update({f"lstm_outputs{k}": layer for k, layer in enumerate(layers[1:], start=1)})
+        outputs["elmo"] = elmo
+        outputs["default"] = elmo.sum(dim=1) / lengths.clamp(min=1).unsqueeze(1).to(elmo.dtype)
+        outputs["sequence_len"] = lengths
+        return outputs

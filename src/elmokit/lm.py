@@ -1,0 +1,250 @@
+"""The biLM training objective: a BiLM with one softmax shared by both directions (spec §13).
+
+    forward / backward char ids -> unique tokens -> TokenEncoder (once a window)
+        -> forward and backward LSTM stacks over their streams, state carried between windows
+        -> dropout -> ONE softmax (V, P) shared by both directions
+        -> forward NLL, backward NLL; loss = their mean
+
+Shape notation (as in model.py): B rows of the batch, U unroll steps, W 50 char ids a token,
+P projection dim, V vocabulary size, D 2 directions, K sampled negatives, N counted targets.
+
+Training uses the full softmax or a sampled softmax (log-uniform negatives shared by the whole
+batch, as TensorFlow's `sampled_softmax_loss`); evaluation always uses the full softmax.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+from elmokit.chars import MAX_CHARS
+from elmokit.config import ElmoConfig
+from elmokit.model import BiLM, BiLstm, LstmState
+
+
+class LMOutput(NamedTuple):
+    """loss: mean of the two directions' mean NLL over this batch's counted targets (sampled
+    softmax in training when configured, else full); forward_nll / backward_nll: the summed NLL
+    of each direction (scalars with grad, so a caller can normalise by a global count);
+    forward_count / backward_count: how many targets were counted; state: the LSTM state after
+    the window, detached."""
+
+    loss: torch.Tensor
+    forward_nll: torch.Tensor
+    backward_nll: torch.Tensor
+    forward_count: int
+    backward_count: int
+    state: LstmState
+
+
+# ---------------------------------------------------------------------------------------------
+# Log-uniform (Zipfian) negative sampler, as TensorFlow's `log_uniform_candidate_sampler`
+# ---------------------------------------------------------------------------------------------
+class LogUniformSampler:
+    """P(k) = log((k + 2) / (k + 1)) / log(V + 1) over a vocabulary sorted by descending frequency.
+
+    `sample(K)` draws until K distinct ids are found (TF's `unique=True`) and returns them with the
+    expected count of every id in those draws, 1 - (1 - P(k))^tries, whose log the sampled softmax
+    subtracts from the logits. Uses the global torch RNG, so a checkpoint's RNG state replays it.
+    """
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+        self.log_range = math.log(vocab_size + 1)
+
+    def probability(self, ids: torch.Tensor) -> torch.Tensor:
+        ids = ids.double()
+        return (torch.log1p(1.0 / (ids + 1.0)) / self.log_range)
+
+    def expected_count(self, ids: torch.Tensor, n_tries: int) -> torch.Tensor:
+        return -torch.expm1(n_tries * torch.log1p(-self.probability(ids)))
+
+    def sample(self, n_samples: int) -> tuple[torch.Tensor, int]:
+        """K distinct ids in order of first draw, and how many draws it took."""
+        if not 0 < n_samples < self.vocab_size:
+            raise ValueError(f"n_samples must be in 1..{self.vocab_size - 1} (vocabulary size "
+                             f"{self.vocab_size}), got {n_samples}")
+        draws = self._draw(2 * n_samples)
+        while True:
+            ids, inverse = torch.unique(draws, return_inverse=True)
+            if ids.numel() >= n_samples:
+                break
+            draws = torch.cat([draws, self._draw(n_samples)])
+        positions = torch.arange(draws.numel())
+        first = torch.full((ids.numel(),), draws.numel()).scatter_reduce(0, inverse, positions, "amin")
+        first = first.sort().values[:n_samples]  # the first draw of each of the first K ids
+        return draws[first], int(first[-1]) + 1
+
+    def _draw(self, n: int) -> torch.Tensor:
+        uniform = torch.rand(n, dtype=torch.float64)
+        ids = torch.exp(uniform * self.log_range).long() - 1
+        return ids.clamp_(0, self.vocab_size - 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The fused path: when nothing is clipped, each direction's layer is exactly torch.nn.LSTM
+# ---------------------------------------------------------------------------------------------
+warnings.filterwarnings("ignore", message="LSTM with projections is not supported with oneDNN")
+_NATIVE_TO_TORCH_GATES = (0, 1, 3, 2)  # elmokit computes (i, f, o, j); nn.LSTM wants (i, f, j, o)
+
+
+def _torch_gates(weight: torch.Tensor) -> torch.Tensor:
+    """(..., 4C) in elmokit's gate order -> (4C, ...) in nn.LSTM's order (transposed)."""
+    blocks = weight.chunk(4, dim=-1)
+    return torch.cat([blocks[k] for k in _NATIVE_TO_TORCH_GATES], dim=-1).transpose(-1, -2)
+
+
+class FusedStreams:
+    """`BiLstm.forward_streams` computed by the fused `torch.nn.LSTM(proj_size=P)` kernel.
+
+    Valid only without clipping (nn.LSTM cannot clip). The weights stay BiLstm's parameters and
+    are re-laid out on every call (a few (4C, P) copies), so gradients reach them and the
+    checkpoint format does not change; the nn.LSTM is an empty template on the meta device.
+    """
+
+    def __init__(self, lstm: BiLstm):
+        if lstm.cell_clip or lstm.proj_clip:
+            raise ValueError("the fused LSTM path needs cell_clip = proj_clip = 0, got "
+                             f"{lstm.cell_clip} and {lstm.proj_clip}")
+        self.kernel = nn.LSTM(lstm.projection_dim, lstm.cell_dim, proj_size=lstm.projection_dim,
+                              device="meta")
+
+    def __call__(self, lstm: BiLstm, inputs: torch.Tensor, state: LstmState | None
+                 ) -> tuple[list[torch.Tensor], LstmState]:
+        _, batch_size, _, _ = inputs.shape  # (D, B, U, P)
+        if state is None:
+            state = lstm.zero_state(batch_size, inputs)
+        layer_input = inputs.transpose(1, 2)  # (D, U, B, P) time-major
+        outputs, final_hidden, final_cell = [], [], []
+        for index, layer in enumerate(lstm.layers):
+            dropped = F.dropout(layer_input, lstm.dropout, lstm.training) if lstm.dropout else layer_input
+            per_direction = [self._run(layer, direction, dropped[direction], state, index)
+                             for direction in range(2)]
+            output = torch.stack([out for out, _, _ in per_direction])  # (D, U, B, P)
+            if index > 0:
+                output = output + layer_input  # residual from layer 2 on
+            outputs.append(output.transpose(1, 2))  # (D, B, U, P)
+            final_hidden.append(torch.stack([h for _, h, _ in per_direction]))  # (D, B, P)
+            final_cell.append(torch.stack([c for _, _, c in per_direction]))  # (D, B, C)
+            layer_input = output
+        return outputs, LstmState(torch.stack(final_hidden), torch.stack(final_cell))
+
+    def _run(self, layer, direction: int, inputs: torch.Tensor, state: LstmState, index: int):
+        weights = {
+            "weight_ih_l0": _torch_gates(layer.input_weight[direction]),  # (4C, P)
+            "weight_hh_l0": _torch_gates(layer.recurrent_weight[direction]),  # (4C, P)
+            "bias_ih_l0": _torch_gates(layer.bias[direction] + layer.forget_offset)[:, 0],  # (4C,)
+            "bias_hh_l0": torch.zeros_like(layer.forget_offset),
+            "weight_hr_l0": layer.projection[direction].t(),  # (P, C)
+        }
+        initial = (state.hidden[index, direction].unsqueeze(0), state.cell[index, direction].unsqueeze(0))
+        output, (hidden, cell) = functional_call(self.kernel, weights, (inputs, initial))
+        return output, hidden[0], cell[0]  # (U, B, P), (B, P), (B, C)
+
+
+# ---------------------------------------------------------------------------------------------
+# The language model
+# ---------------------------------------------------------------------------------------------
+class LanguageModel(nn.Module):
+    """BiLM + one softmax (weight (V, P), bias (V)) shared by the forward and backward LMs.
+
+    Args:
+        config: the biLM shape.
+        vocab_size: V, the softmax size (the vocabulary of targets, sorted by frequency).
+        dropout: on every LSTM layer input and on the top layer's output (before the softmax).
+        n_samples: K negatives of the sampled softmax in training; 0 (or K >= V) = full softmax.
+        ignore_ids: target ids never counted in the loss, as (forward_ignored, backward_ignored):
+            a forward stream's `<S>` after `</S>` (and the backward mirror) is a packing artefact.
+    """
+
+    def __init__(self, config: ElmoConfig, vocab_size: int, dropout: float = 0.1, n_samples: int = 0,
+                 ignore_ids: tuple[int | None, int | None] = (None, None)):
+        super().__init__()
+        self.bilm = BiLM(config, dropout=dropout)
+        projection_dim = config.lstm.projection_dim
+        self.softmax = nn.Linear(projection_dim, vocab_size)  # weight (V, P), bias (V)
+        self.dropout = dropout
+        self.n_samples = n_samples if 0 < n_samples < vocab_size else 0
+        self.sampler = LogUniformSampler(vocab_size) if self.n_samples else None
+        self.ignore_ids = ignore_ids
+        self.fused = FusedStreams(self.bilm.lstm) if not (config.lstm.cell_clip or config.lstm.proj_clip) else None
+        with torch.no_grad():  # as bilm-tf: normal(0, 1/sqrt(P)) weights, zero bias
+            nn.init.normal_(self.softmax.weight, 0.0, 1.0 / math.sqrt(projection_dim))
+            nn.init.zeros_(self.softmax.bias)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.softmax.out_features
+
+    def forward(self, batch, state: LstmState | None = None) -> LMOutput:
+        """One window of an `LMBatch`.
+
+        Args:
+            batch: forward_char_ids / backward_char_ids (B, U, W), forward_targets /
+                backward_targets (B, U) vocab ids, mask (B, U) bool (False: the row has no data).
+            state: the state returned for the previous window of the same rows; zeros if None.
+
+        Returns:
+            an `LMOutput`; its state is detached (truncated backpropagation through time) and
+            zero for rows whose last position is masked (their stream has ended).
+        """
+        hidden, state = self.contextualize(batch.forward_char_ids, batch.backward_char_ids, state)
+        hidden = F.dropout(hidden, self.dropout, self.training)  # (D, B, U, P)
+        mask = batch.mask.to(hidden.device)
+        counted = [mask & (targets != ignored) if ignored is not None else mask
+                   for targets, ignored in zip((batch.forward_targets, batch.backward_targets), self.ignore_ids)]
+        nll = [self.target_nll(hidden[d][counted[d]], targets[counted[d]], sampled=self.training)
+               for d, targets in enumerate((batch.forward_targets.to(hidden.device),
+                                            batch.backward_targets.to(hidden.device)))]
+        counts = [int(c.sum()) for c in counted]
+        loss = 0.5 * sum(n.sum() / max(count, 1) for n, count in zip(nll, counts))
+        alive = mask[:, -1].to(state.hidden.dtype)  # (B,)
+        state = LstmState((state.hidden * alive[:, None]).detach(), (state.cell * alive[:, None]).detach())
+        return LMOutput(loss, nll[0].sum(), nll[1].sum(), counts[0], counts[1], state)
+
+    def contextualize(self, forward_char_ids: torch.Tensor, backward_char_ids: torch.Tensor,
+                      state: LstmState | None) -> tuple[torch.Tensor, LstmState]:
+        """Top-layer outputs of both directions over their streams: (D, B, U, P) and the state."""
+        char_ids = torch.stack([forward_char_ids, backward_char_ids])  # (D, B, U, W)
+        flat = char_ids.reshape(-1, MAX_CHARS)
+        unique_ids, inverse = torch.unique(flat, dim=0, return_inverse=True)  # each token type once
+        token_embeddings = self.bilm.token_encoder(unique_ids)[inverse]  # (D*B*U, P)
+        tokens = token_embeddings.view(*char_ids.shape[:-1], -1)  # (D, B, U, P)
+        if self.fused is not None:
+            layers, state = self.fused(self.bilm.lstm, tokens, state)
+        else:
+            layers, state = self.bilm.lstm.forward_streams(tokens, state)
+        return layers[-1], state
+
+    def target_nll(self, hidden: torch.Tensor, targets: torch.Tensor, sampled: bool = False) -> torch.Tensor:
+        """Negative log-likelihood of each target: hidden (N, P), targets (N,) -> (N,) float32.
+
+        With `sampled` (and n_samples > 0) the normaliser is the sampled-softmax estimate.
+        """
+        if sampled and self.sampler is not None:
+            return self._sampled_nll(hidden, targets)
+        logits = self.softmax(hidden).float()  # (N, V)
+        return F.cross_entropy(logits, targets, reduction="none")
+
+    def _sampled_nll(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        negatives, n_tries = self.sampler.sample(self.n_samples)  # (K,)
+        negatives = negatives.to(hidden.device)
+        weight, bias = self.softmax.weight, self.softmax.bias
+        true_logits = (hidden * weight[targets]).sum(-1) + bias[targets]  # (N,)
+        sampled_logits = hidden @ weight[negatives].t() + bias[negatives]  # (N, K)
+        true_logits = true_logits.float() - torch.log(self.sampler.expected_count(targets, n_tries)).float()
+        sampled_logits = sampled_logits.float() - torch.log(self.sampler.expected_count(negatives, n_tries)).float()
+        hits = targets.unsqueeze(1) == negatives.unsqueeze(0)  # accidental hits are removed
+        sampled_logits = sampled_logits.masked_fill(hits, float("-inf"))
+        logits = torch.cat([true_logits.unsqueeze(1), sampled_logits], dim=1)  # (N, 1+K)
+        return -torch.log_softmax(logits, dim=1)[:, 0]
+
+    def softmax_tensors(self) -> dict[str, torch.Tensor]:
+        """The softmax under the names a native model directory stores it (`softmax.`)."""
+        return {"softmax.weight": self.softmax.weight.detach(), "softmax.bias": self.softmax.bias.detach()}

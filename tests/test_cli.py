@@ -1,0 +1,72 @@
+"""Smoke runs of the command line on a tiny model: every subcommand, its help, and bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import h5py
+import pytest
+
+from elmokit import save_pretrained
+from elmokit.cli import build_parser, main
+
+
+@pytest.fixture
+def model_dir(tiny_model, tmp_path):
+    save_pretrained(tiny_model, tmp_path / "model")
+    return tmp_path / "model"
+
+
+def test_every_subcommand_has_complete_help(capsys):
+    parser = build_parser()
+    subcommands = parser._subparsers._group_actions[0].choices
+    assert {"embed", "info", "convert"} <= set(subcommands)
+    for name, sub in subcommands.items():
+        text = sub.format_help()
+        assert sub.description, f"{name} has no description"
+        for action in sub._actions:
+            if action.dest != "help" and action.option_strings:
+                assert action.help, f"{name} {action.option_strings} has no help"
+        assert "usage" in text
+
+
+def test_python_dash_m_runs():
+    result = subprocess.run([sys.executable, "-m", "elmokit", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "embed" in result.stdout
+
+
+def test_embed_writes_hdf5(model_dir, tmp_path, capsys):
+    source = tmp_path / "in.txt"
+    source.write_text("a b c\n\nd\n", encoding="utf-8")
+    assert main(["embed", str(source), str(tmp_path / "o.hdf5"), "--top", "--model", str(model_dir)]) == 0
+    with h5py.File(tmp_path / "o.hdf5") as file:
+        assert file["0"].shape == (3, 12) and file["1"].shape == (0, 12)
+
+
+def test_embed_bad_input(model_dir, tmp_path, capsys):
+    out = tmp_path / "o.hdf5"
+    assert main(["embed", str(tmp_path / "missing.txt"), str(out), "--model", str(model_dir)]) == 2
+    assert "missing.txt" in capsys.readouterr().err
+    assert main(["embed", str(tmp_path), str(out), "--model", str(model_dir)]) == 2
+    assert "directory" in capsys.readouterr().err
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("caf\xe9\n".encode("latin-1"))
+    assert main(["embed", str(bad), str(out), "--model", str(model_dir)]) == 2
+    assert not out.exists()
+    good = tmp_path / "good.txt"
+    good.write_text("x\n", encoding="utf-8")
+    out.write_text("keep me")
+    assert main(["embed", str(good), str(out), "--model", str(model_dir)]) == 2
+    assert "--overwrite" in capsys.readouterr().err and out.read_text() == "keep me"
+
+
+def test_info_and_convert_round_trip(model_dir, tmp_path, capsys):
+    assert main(["info", "--model", str(model_dir)]) == 0
+    assert "parameters" in capsys.readouterr().out
+    options, weights = tmp_path / "o.json", tmp_path / "w.hdf5"
+    assert main(["convert", "--model", str(model_dir), "--to-original", str(options), str(weights)]) == 0
+    assert main(["convert", "--options-file", str(options), "--weight-file", str(weights),
+                 "--to-native", str(tmp_path / "back")]) == 0
+    assert (tmp_path / "back" / "model.safetensors").read_bytes() == (model_dir / "model.safetensors").read_bytes()
+    assert main(["convert", "--model", str(model_dir), "--to-native", str(tmp_path / "back")]) == 2

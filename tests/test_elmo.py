@@ -1,0 +1,154 @@
+"""Elmo, ElmoEmbedder and HubElmo on a tiny model: shapes, semantics, statelessness, files."""
+
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from elmokit import Elmo, ElmoEmbedder, HubElmo, batch_to_ids
+from tests.conftest import SENTENCES
+
+
+def _elmo(model, **kwargs):
+    return Elmo(module=model, **{"num_output_representations": 1, "dropout": 0.0, **kwargs}).eval()
+
+
+def test_elmo_shapes_and_mask(tiny_model):
+    out = _elmo(tiny_model, num_output_representations=2)(batch_to_ids(SENTENCES))
+    assert len(out["elmo_representations"]) == 2
+    for rep in out["elmo_representations"]:
+        assert rep.shape == (5, 7, 12)
+        assert (rep[~out["mask"]] == 0).all()
+    assert out["mask"].sum(1).tolist() == [len(s) for s in SENTENCES]
+
+
+def test_fixed_mix_is_the_layer_mean_without_boundaries(tiny_model):
+    rep = _elmo(tiny_model, scalar_mix_parameters=[1.0, 1.0, 1.0])(batch_to_ids(SENTENCES))["elmo_representations"][0]
+    with torch.no_grad():
+        layers = ElmoEmbedder(module=tiny_model).embed_batch(SENTENCES)
+    for row, sentence in enumerate(SENTENCES):
+        np.testing.assert_allclose(rep[row, :len(sentence)].detach().numpy(), layers[row].mean(0), atol=1e-6)
+
+
+def test_keep_boundaries_and_rank_four_inputs(tiny_model):
+    elmo = _elmo(tiny_model, keep_sentence_boundaries=True)
+    ids = batch_to_ids(SENTENCES)
+    out = elmo(ids)
+    assert out["elmo_representations"][0].shape == (5, 9, 12) and out["mask"].shape == (5, 9)
+    stacked = _elmo(tiny_model)(torch.stack([ids, ids]))
+    assert stacked["elmo_representations"][0].shape == (2, 5, 7, 12) and stacked["mask"].shape == (2, 5, 7)
+
+
+def test_trainable_mix_and_frozen_bilm(tiny_model):
+    elmo = Elmo(module=tiny_model, num_output_representations=1, dropout=0.5)
+    trainable = {name for name, p in elmo.named_parameters() if p.requires_grad}
+    assert trainable == {"scalar_mixes.0.scalar_parameters", "scalar_mixes.0.gamma"}
+    elmo(batch_to_ids(SENTENCES))["elmo_representations"][0].sum().backward()
+    assert elmo.scalar_mixes[0].gamma.grad is not None
+    assert elmo.training  # as in AllenNLP: dropout is active until .eval()
+
+
+def test_layer_norm_variant_runs_and_differs(tiny_model):
+    ids = batch_to_ids(SENTENCES)
+    plain = _elmo(tiny_model)(ids)["elmo_representations"][0]
+    normed = _elmo(tiny_model, do_layer_norm=True)(ids)["elmo_representations"][0]
+    assert normed.shape == plain.shape and not torch.allclose(normed, plain)
+
+
+def test_vocab_to_cache_equals_char_inputs(tiny_model):
+    vocab = ["@@PADDING@@", *sorted({t for s in SENTENCES for t in s})]
+    index = {word: i for i, word in enumerate(vocab)}
+    word_ids = torch.tensor([[index[t] for t in s] + [0] * (7 - len(s)) for s in SENTENCES])
+    elmo = _elmo(tiny_model, vocab_to_cache=vocab)
+    cached = elmo(word_inputs=word_ids)["elmo_representations"][0]
+    direct = elmo(batch_to_ids(SENTENCES))["elmo_representations"][0]
+    assert torch.allclose(cached, direct, atol=1e-6)
+
+
+def test_stateful_elmo_carries_and_resets(tiny_model):
+    elmo = _elmo(tiny_model, stateful=True)
+    ids = batch_to_ids(SENTENCES)
+    first = elmo(ids)["elmo_representations"][0]
+    second = elmo(ids)["elmo_representations"][0]
+    assert not torch.allclose(first, second, atol=1e-4)
+    elmo.reset_states()
+    assert torch.equal(elmo(ids)["elmo_representations"][0], first)
+
+
+def test_embedder_arrays_and_empty_sentences(tiny_model):
+    embedder = ElmoEmbedder(module=tiny_model)
+    arrays = embedder.embed_batch(SENTENCES)
+    for array, sentence in zip(arrays, SENTENCES):
+        assert array.shape == (3, len(sentence), 12) and array.dtype == np.float32
+    assert embedder.embed_sentence([]).shape == (3, 0, 12)
+    assert [a.shape for a in embedder.embed_batch([[], []])] == [(3, 0, 12)] * 2
+
+
+def test_embedder_is_batch_and_order_invariant(tiny_model):
+    embedder = ElmoEmbedder(module=tiny_model)
+    together = embedder.embed_batch(SENTENCES)
+    for sentence, array in zip(SENTENCES, together):
+        np.testing.assert_allclose(embedder.embed_sentence(sentence), array, atol=1e-5)
+    streamed = list(embedder.embed_sentences(iter(SENTENCES[::-1]), batch_size=2))
+    for a, b in zip(streamed, together[::-1]):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_token_cache_is_exact(tiny_model):
+    cached, plain = ElmoEmbedder(module=tiny_model), ElmoEmbedder(module=tiny_model, cache_tokens=False)
+    for _ in range(2):  # the second pass is served from the cache
+        for a, b in zip(cached.embed_batch(SENTENCES), plain.embed_batch(SENTENCES)):
+            np.testing.assert_allclose(a, b, atol=1e-6)
+    assert len(cached.cache.index) == len({t for s in SENTENCES for t in s}) + 2
+
+
+def test_stateful_embedder_depends_on_history(tiny_model):
+    embedder = ElmoEmbedder(module=tiny_model, stateful=True)
+    first = embedder.embed_batch(SENTENCES)
+    second = embedder.embed_batch(SENTENCES)
+    assert not np.allclose(first[0][2], second[0][2], atol=1e-4)
+    np.testing.assert_array_equal(first[0][0], second[0][0])
+    embedder.reset_states()
+    np.testing.assert_allclose(embedder.embed_batch(SENTENCES)[0], first[0], atol=1e-6)
+
+
+@pytest.mark.parametrize("output_format, shape", [("all", (3, 2, 12)), ("top", (2, 12)), ("average", (2, 12))])
+def test_embed_file_layout(tiny_model, tmp_path, output_format, shape):
+    source = tmp_path / "in.txt"
+    source.write_text("hello world\n\nthe end\n", encoding="utf-8")
+    embedder = ElmoEmbedder(module=tiny_model)
+    embedder.embed_file(source, tmp_path / "out.hdf5", output_format)
+    with h5py.File(tmp_path / "out.hdf5") as file:
+        assert set(file) == {"0", "1", "2", "sentence_to_index"}
+        assert file["0"].shape == shape and file["0"].dtype == np.float32
+        assert file["1"].shape[-2] == 0  # a blank line is an empty sentence, its key kept
+        index = json.loads(file["sentence_to_index"][0])
+    assert index == {"hello world": "0", "": "1", "the end": "2"}
+    full = embedder.embed_sentence(["hello", "world"])
+    expected = {"all": full, "top": full[-1], "average": full.mean(0)}[output_format]
+    with h5py.File(tmp_path / "out.hdf5") as file:
+        np.testing.assert_allclose(file["0"][...], expected, atol=1e-6)
+
+
+def test_embed_file_sentence_keys(tiny_model, tmp_path):
+    source = tmp_path / "in.txt"
+    source.write_text("a b\nc\n", encoding="utf-8")
+    ElmoEmbedder(module=tiny_model).embed_file(source, tmp_path / "o.hdf5", "top",
+                                               use_sentence_keys=True, forget_sentences=True)
+    with h5py.File(tmp_path / "o.hdf5") as file:
+        assert set(file) == {"a b", "c"}
+
+
+def test_hub_outputs(tiny_model):
+    hub = HubElmo(module=tiny_model)
+    out = hub([["a", "b", "c"], ["d"]])
+    assert out["word_emb"].shape == (2, 3, 6)
+    assert out["lstm_outputs1"].shape == out["lstm_outputs2"].shape == out["elmo"].shape == (2, 3, 12)
+    assert out["sequence_len"].tolist() == [3, 1]
+    assert torch.allclose(out["default"][1], out["elmo"][1, 0])
+    assert torch.allclose(out["default"][0], out["elmo"][0].mean(0))
+    assert out["elmo"].requires_grad  # the mix is trainable

@@ -1,0 +1,154 @@
+"""BiLM: shapes, masking, batch invariance, determinism, gradients, and a float64 reference
+written from the formulas of spec §5-§7 (independent of elmokit's packed layout)."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from elmokit import BiLM, ScalarMix, batch_to_ids, save_original
+from elmokit.chars import tokens_to_char_ids
+from tests.conftest import SENTENCES, tiny_config
+
+
+def test_output_shapes_and_padding(tiny_model):
+    char_ids = batch_to_ids(SENTENCES)
+    output = tiny_model(char_ids)
+    batch, n_tokens = len(SENTENCES), max(map(len, SENTENCES))
+    assert len(output.layers) == 3
+    for layer in output.layers:
+        assert layer.shape == (batch, n_tokens + 2, 12)
+    lengths = torch.tensor([len(s) for s in SENTENCES])
+    assert output.mask.tolist() == (torch.arange(n_tokens + 2) < (lengths + 2)[:, None]).tolist()
+    for layer in output.layers:
+        assert (layer[~output.mask] == 0).all()
+        assert (layer[output.mask].abs().sum(-1) > 0).all()
+    first = output.layers[0]
+    assert torch.equal(first[..., :6], first[..., 6:])  # the token layer, twice
+    assert output.state.hidden.shape == (2, 2, batch, 6) and output.state.cell.shape == (2, 2, batch, 12)
+
+
+def test_same_sentence_same_vectors_whatever_the_batch(tiny_model):
+    with torch.no_grad():
+        mixed = tiny_model(batch_to_ids(SENTENCES))
+        for row, sentence in enumerate(SENTENCES):
+            alone = tiny_model(batch_to_ids([sentence]))
+            n = len(sentence) + 2
+            for a, b in zip(alone.layers, mixed.layers):
+                assert torch.allclose(a[0, :n], b[row, :n], atol=1e-5)
+
+
+def test_deterministic_and_stateless(tiny_model):
+    char_ids = batch_to_ids(SENTENCES)
+    with torch.no_grad():
+        first = tiny_model(char_ids)
+        second = tiny_model(char_ids)
+        carried = tiny_model(char_ids, first.state)
+    for a, b, c in zip(first.layers, second.layers, carried.layers):
+        assert torch.equal(a, b)
+    assert torch.equal(first.layers[0], carried.layers[0])  # the token layer never sees state
+    assert not torch.allclose(first.layers[2], carried.layers[2], atol=1e-3)
+
+
+def test_gradients_reach_every_parameter():
+    torch.manual_seed(0)
+    model = BiLM(tiny_config(), dropout=0.1).train()
+    output = model(batch_to_ids(SENTENCES))
+    sum(layer.sum() for layer in output.layers).backward()
+    for name, parameter in model.named_parameters():
+        assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
+
+
+def test_streams_match_sentences(tiny_model):
+    """forward_streams on full rows equals the packed forward of the same sentences."""
+    sentences = [["a", "b", "c"], ["d", "e", "f"]]
+    with torch.no_grad():
+        output = tiny_model(batch_to_ids(sentences))
+        tokens = output.layers[0][..., :6]  # (B, S, P)
+        streams, _ = tiny_model.lstm.forward_streams(torch.stack([tokens, tokens.flip(1)]))
+    for k, layer in enumerate(streams, start=1):
+        assert torch.allclose(layer[0], output.layers[k][..., :6], atol=1e-6)
+        assert torch.allclose(layer[1].flip(1), output.layers[k][..., 6:], atol=1e-6)
+
+
+def _reference_bilm(weights: dict[str, np.ndarray], config, tokens: list[str]) -> list[np.ndarray]:
+    """Spec §5-§7 in float64, one position at a time, from the TF-layout arrays."""
+    sig = lambda x: 1 / (1 + np.exp(-x))  # noqa: E731
+    ids = tokens_to_char_ids(["<S>", *tokens, "</S>"])
+    table = np.concatenate([np.zeros((1, weights["char_embed"].shape[1])), weights["char_embed"]])
+    reps = []
+    for word in ids:
+        chars = table[word]  # (50, E)
+        pooled = []
+        for i, (width, _) in enumerate(config.char_cnn.filters):
+            kernel, bias = weights[f"CNN/W_cnn_{i}"][0], weights[f"CNN/b_cnn_{i}"]  # (w, E, n)
+            conv = np.stack([np.einsum("we,wen->n", chars[t:t + width], kernel) for t in range(51 - width)])
+            pooled.append(np.maximum((conv + bias).max(0), 0))
+        x = np.concatenate(pooled)
+        for k in range(config.char_cnn.n_highway):
+            carry = sig(x @ weights[f"CNN_high_{k}/W_carry"] + weights[f"CNN_high_{k}/b_carry"])
+            transform = np.maximum(x @ weights[f"CNN_high_{k}/W_transform"] + weights[f"CNN_high_{k}/b_transform"], 0)
+            x = carry * transform + (1 - carry) * x
+        reps.append(x @ weights["CNN_proj/W_proj"] + weights["CNN_proj/b_proj"])
+    reps = np.stack(reps)
+    layers = [np.concatenate([reps, reps], -1)]
+    inputs = {0: reps, 1: reps[::-1]}
+    C, clip = config.lstm.cell_dim, config.lstm.cell_clip
+    for layer in range(config.lstm.n_layers):
+        outs = {}
+        for d in (0, 1):
+            prefix = f"RNN_{d}/RNN/MultiRNNCell/Cell{layer}/LSTMCell"
+            h, c, out = np.zeros(config.lstm.projection_dim), np.zeros(C), []
+            for x in inputs[d]:
+                z = np.concatenate([x, h]) @ weights[f"{prefix}/W_0"] + weights[f"{prefix}/B"]
+                i, j, f, o = z[:C], z[C:2 * C], z[2 * C:3 * C], z[3 * C:]
+                c = np.clip(sig(f + 1.0) * c + sig(i) * np.tanh(j), -clip, clip)
+                h = np.clip((sig(o) * np.tanh(c)) @ weights[f"{prefix}/W_P_0"], -clip, clip)
+                out.append(h + x if layer > 0 else h)
+            outs[d] = np.stack(out)
+        layers.append(np.concatenate([outs[0], outs[1][::-1]], -1))
+        inputs = outs
+    return layers
+
+
+def test_matches_float64_reference_of_the_spec(tiny_model, tmp_path):
+    save_original(tiny_model, tmp_path / "options.json", tmp_path / "weights.hdf5")
+    with h5py.File(tmp_path / "weights.hdf5") as file:
+        weights = {}
+        file.visititems(lambda n, o: weights.__setitem__(n, o[...].astype(np.float64))
+                        if isinstance(o, h5py.Dataset) else None)
+    sentences = [["Hello", "wörld", "!"], ["x"]]
+    with torch.no_grad():
+        output = tiny_model(batch_to_ids(sentences))
+    for row, sentence in enumerate(sentences):
+        expected = _reference_bilm(weights, tiny_model.config, sentence)
+        for k, layer in enumerate(expected):
+            got = output.layers[k][row, :len(sentence) + 2].double().numpy()
+            np.testing.assert_allclose(got, layer, atol=1e-5)
+
+
+def test_scalar_mix_formula():
+    layers = [torch.randn(2, 4, 6) for _ in range(3)]
+    mix = ScalarMix(3, initial_scalar_parameters=[1.0, 2.0, 3.0], trainable=False)
+    weights = np.exp([1.0, 2.0, 3.0]) / np.exp([1.0, 2.0, 3.0]).sum()
+    expected = sum(float(w) * layer for w, layer in zip(weights, layers))
+    assert torch.allclose(mix(layers), expected, atol=1e-6)
+    assert not mix.scalar_parameters.requires_grad and not mix.gamma.requires_grad
+
+
+def test_scalar_mix_layer_norm_uses_masked_batch_statistics():
+    layers = [torch.randn(2, 5, 4) for _ in range(3)]
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    mixed = ScalarMix(3, do_layer_norm=True)(layers, mask)
+    expected = 0
+    for layer in layers:
+        values = layer[mask]  # (N, 4): every unmasked element
+        expected = expected + (layer - values.mean()) / torch.sqrt(values.var(unbiased=False) + 1e-13) / 3
+    assert torch.allclose(mixed, expected, atol=1e-5)
+
+
+def test_scalar_mix_rejects_wrong_number_of_parameters():
+    with pytest.raises(ValueError, match="3 values"):
+        ScalarMix(3, initial_scalar_parameters=[1.0, 2.0])
