@@ -26,7 +26,6 @@ import itertools
 import json
 import os
 import re
-import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from multiprocessing import Pool
@@ -107,8 +106,7 @@ def read_raw_lines(path: Path, skip_bad_lines: bool, stats: PrepareStats) -> Ite
                     if not skip_bad_lines:
                         raise CorpusError(f"{where}; fix the file or pass --skip-bad-lines") from None
                     stats.bad_lines += 1
-                    if stats.bad_lines <= 5:
-                        print(f"skipping {where}", file=sys.stderr)
+                    stats.first_bad_line = stats.first_bad_line or where
                     continue
                 stats.input_lines += 1
                 if line:
@@ -244,6 +242,7 @@ class PrepareStats:
     pretokenized: bool = False
     input_lines: int = 0  # decoded lines, blank ones included
     bad_lines: int = 0  # undecodable lines skipped (only with skip_bad_lines)
+    first_bad_line: str | None = None  # "path:line: ..." of the first one skipped
     sentences: int = 0
     tokens: int = 0  # words, without sentence boundaries
     shards: list[str] = field(default_factory=list)

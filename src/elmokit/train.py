@@ -41,6 +41,13 @@ BEST_DIR = "best"
 # ---------------------------------------------------------------------------------------------
 # Configuration
 # ---------------------------------------------------------------------------------------------
+def _option(default: Any, help: str) -> Any:
+    """A TrainConfig field with its help text (the command line is generated from the fields)."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
 class TrainConfig:
     """Everything a training run depends on; saved as `train_config.json` in the output dir.
@@ -49,36 +56,36 @@ class TrainConfig:
     global gradient norm 10, dropout 0.1, 20-token windows, sampled softmax with 8192 negatives.
     """
 
-    output_dir: str = ""
-    train_files: list[str] = field(default_factory=list)  # globs
-    valid_files: list[str] = field(default_factory=list)  # globs
-    vocab: str = ""  # one token per line, sorted by frequency, with <S>, </S>, <UNK>
-    model: str = "small"  # a preset name or an ElmoConfig JSON file
-    init_from: str = ""  # a native model dir (its softmax is kept if its vocab.txt is ours)
-    init_from_original: list[str] = field(default_factory=list)  # [options.json, weights.hdf5]
-    optimizer: str = "adagrad"  # or "adam"
-    lr: float = 0.2
-    initial_accumulator: float = 1.0  # Adagrad
-    warmup_steps: int = 0  # linear warm-up of the learning rate
-    lr_decay: float = 1.0  # multiply the lr by this after an evaluation that does not improve
-    grad_clip: float = 10.0  # global gradient norm; 0 = none
-    dropout: float = 0.1
-    batch_size: int = 128  # global: rows of all processes together
-    unroll_steps: int = 20
-    epochs: int = 10
-    max_tokens: int = 0  # stop after this many training tokens (0 = no budget)
-    softmax: str = "sampled"  # or "full"
-    n_samples: int = 8192  # negatives of the sampled softmax (capped below the vocabulary size)
-    bf16: bool = False  # bfloat16 autocast
-    seed: int = 0
-    eval_every: int = 0  # steps between evaluations (0 = only at the end of each epoch)
-    eval_batch_size: int = 64
-    patience: int = 0  # stop after this many evaluations without improvement (0 = never)
-    log_every: int = 10
-    checkpoint_every: int = 100  # steps; a multiple of log_every
-    device: str = "auto"  # "cpu", "cuda", "cuda:1", or "auto"
-    threads: int = 0  # torch.set_num_threads (0 = torch's default)
-    progress: bool = True
+    output_dir: str = _option("", "directory of the run: checkpoint, metrics, curves, best model")
+    train_files: list[str] = _option([], "training corpus: files or globs, one tokenized sentence a line")
+    valid_files: list[str] = _option([], "validation files or globs (perplexity, best model, early stop)")
+    vocab: str = _option("", "vocab.txt of the softmax (from `elmo vocab`), sorted by frequency")
+    model: str = _option("small", "a preset name (small, medium, original) or an ElmoConfig JSON file")
+    init_from: str = _option("", "start from a native model dir (its softmax is kept if its vocab.txt is ours)")
+    init_from_original: list[str] = _option([], "start from an original OPTIONS.json WEIGHTS.hdf5 (new softmax)")
+    optimizer: str = _option("adagrad", "adagrad (the original) or adam")
+    lr: float = _option(0.2, "learning rate")
+    initial_accumulator: float = _option(1.0, "Adagrad's initial accumulator value")
+    warmup_steps: int = _option(0, "linear learning-rate warm-up over this many steps")
+    lr_decay: float = _option(1.0, "multiply the lr by this after an evaluation without improvement")
+    grad_clip: float = _option(10.0, "clip gradients to this global norm (0 = no clipping)")
+    dropout: float = _option(0.1, "dropout on every LSTM input and on the softmax input")
+    batch_size: int = _option(128, "rows of a global batch (all processes together)")
+    unroll_steps: int = _option(20, "tokens a row per window (truncated backpropagation through time)")
+    epochs: int = _option(10, "passes over the training files")
+    max_tokens: int = _option(0, "stop after this many training tokens (0 = no budget)")
+    softmax: str = _option("sampled", "sampled (training only; evaluation is always full) or full")
+    n_samples: int = _option(8192, "negatives of the sampled softmax (full softmax if >= the vocabulary)")
+    bf16: bool = _option(False, "bfloat16 autocast")
+    seed: int = _option(0, "seed of the weights, the dropout, the sampler and the data order")
+    eval_every: int = _option(0, "steps between evaluations (0 = at the end of each epoch only)")
+    eval_batch_size: int = _option(64, "rows of an evaluation batch")
+    patience: int = _option(0, "stop after this many evaluations without improvement (0 = never)")
+    log_every: int = _option(10, "steps between lines of metrics.jsonl")
+    checkpoint_every: int = _option(100, "steps between checkpoints (a multiple of log_every)")
+    device: str = _option("auto", "cpu, cuda, cuda:N, or auto")
+    threads: int = _option(0, "torch.set_num_threads (0 = torch's default)")
+    progress: bool = _option(True, "show a progress bar")
 
     def __post_init__(self) -> None:
         def require(condition: bool, message: str) -> None:
@@ -291,3 +298,256 @@ def _to_device(batch, device: torch.device):
     names = ("forward_char_ids", "backward_char_ids", "forward_targets", "backward_targets", "mask")
     moved = {name: getattr(batch, name).to(device, non_blocking=True) for name in names}
     return type(batch)(**{**batch.__dict__, **moved})
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Progress:
+    """Counters and schedule, identical on every rank; saved in the checkpoint."""
+
+    step: int = 0
+    tokens: int = 0
+    epoch: int = 0
+    best_ppl: float = math.inf
+    bad_evals: int = 0
+    lr_scale: float = 1.0
+    done: bool = False
+
+    def lr(self, config: TrainConfig) -> float:
+        warmup = min(1.0, (self.step + 1) / config.warmup_steps) if config.warmup_steps else 1.0
+        return config.lr * self.lr_scale * warmup
+
+
+def train(config: TrainConfig, resume: bool = False) -> Progress:
+    """Train (or, with `resume`, continue) the run in `config.output_dir`; returns the counters."""
+    from elmokit.vocab import Vocabulary
+
+    config.check_paths()
+    dist_ = setup_distributed(config)
+    out_dir = Path(config.output_dir)
+    vocab = Vocabulary.load(config.vocab)
+    checkpoint = _resume_checkpoint(out_dir, config, dist_) if resume else None
+    if checkpoint is None and (out_dir / ckpt.CHECKPOINT_NAME).exists():
+        raise ConfigError(f"{out_dir} already holds a run ({ckpt.CHECKPOINT_NAME}); "
+                          "continue it with --resume or choose another --output-dir")
+
+    torch.manual_seed(config.seed)  # the same initial weights on every rank
+    model = build_model(config, vocab).to(dist_.device)
+    optimizer = build_optimizer(config, model)
+    progress, state, data_state = Progress(), None, None
+    if checkpoint is None:
+        _seed_everything(config.seed + dist_.rank)
+        if dist_.is_main:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            config.save(out_dir / TRAIN_CONFIG_NAME)
+            model.bilm.config.save(out_dir / "config.json")
+            (out_dir / METRICS_NAME).unlink(missing_ok=True)
+    else:
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        progress = Progress(**checkpoint["progress"])
+        mine = checkpoint["ranks"][dist_.rank]
+        ckpt.set_rng_state(mine["rng"])
+        state = None if mine["lstm_state"] is None else LstmState(*(t.to(dist_.device) for t in mine["lstm_state"]))
+        data_state = ckpt.from_plain(mine["data"])
+        if dist_.is_main:
+            _truncate_metrics(out_dir / METRICS_NAME, progress.step)
+    wrapped = DistributedDataParallel(model) if dist_.world_size > 1 else model
+    model.train()
+
+    bar = _progress_bar(config, dist_, progress.step)
+    window = _Window()
+    while progress.epoch < config.epochs and not progress.done:
+        batches = train_batches(config, vocab, progress.epoch, dist_)
+        if data_state is not None:
+            batches.load_state_dict(data_state)
+            data_state = None
+        for batch in batches:
+            result = train_step(wrapped, optimizer, batch, state, progress.lr(config), config, dist_)
+            state = result.state
+            progress.step += 1
+            progress.tokens += result.n_tokens
+            window.add(result)
+            bar.update(1)
+            if progress.step % config.log_every == 0:
+                _log(out_dir, dist_, window.record(progress, config), bar)
+            if config.eval_every and progress.step % config.eval_every == 0:
+                run_evaluation(model, config, vocab, progress, out_dir, dist_, bar)
+            if config.max_tokens and progress.tokens >= config.max_tokens:
+                progress.done = True
+            if progress.step % config.checkpoint_every == 0 or progress.done:
+                save_training_checkpoint(out_dir, config, model, optimizer, progress, state, batches, dist_)
+            if progress.done:
+                break
+        else:  # the epoch ran out of data
+            progress.epoch += 1
+            state = None  # new streams start from a fresh state
+            if config.valid_files and not (config.eval_every and progress.step % config.eval_every == 0):
+                run_evaluation(model, config, vocab, progress, out_dir, dist_, bar)
+            save_training_checkpoint(out_dir, config, model, optimizer, progress, state, None, dist_)
+    bar.close()
+    if dist_.is_main and not config.valid_files:  # nothing to select on: the last model is the best
+        ckpt.save_model_dir(model, out_dir / BEST_DIR, config.vocab, _provenance(config, progress, None))
+    return progress
+
+
+def run_evaluation(model: LanguageModel, config: TrainConfig, vocab, progress: Progress, out_dir: Path,
+                   dist_: Dist, bar) -> dict[str, float]:
+    """Validation perplexities; keeps the best model, decays the lr and stops early as configured."""
+    result = evaluate(model, eval_batches(config.valid_files, vocab, config.eval_batch_size, config.unroll_steps,
+                                          dist_.rank, dist_.world_size), dist_.device, dist_)
+    record = {"step": progress.step, "tokens": progress.tokens, "epoch": progress.epoch,
+              "valid_forward_ppl": result["forward_ppl"], "valid_backward_ppl": result["backward_ppl"],
+              "valid_ppl": result["ppl"]}
+    _log(out_dir, dist_, record, bar)
+    if result["ppl"] < progress.best_ppl:
+        progress.best_ppl, progress.bad_evals = result["ppl"], 0
+        if dist_.is_main:
+            ckpt.save_model_dir(model, out_dir / BEST_DIR, config.vocab, _provenance(config, progress, result))
+    else:
+        progress.bad_evals += 1
+        progress.lr_scale *= config.lr_decay
+        if config.patience and progress.bad_evals >= config.patience:
+            progress.done = True
+    if dist_.is_main:
+        plot_curves(out_dir / METRICS_NAME, out_dir / CURVES_NAME)
+    return result
+
+
+def save_training_checkpoint(out_dir: Path, config: TrainConfig, model: LanguageModel, optimizer, progress: Progress,
+                             state: LstmState | None, batches, dist_: Dist) -> None:
+    """Write checkpoint.pt: shared parts once, and every rank's RNGs, carried state and data position."""
+    mine = {"rng": ckpt.rng_state(),
+            "lstm_state": None if state is None else [t.detach().cpu() for t in state],
+            "data": ckpt.to_plain(batches.state_dict()) if batches is not None else None}
+    ranks = [mine]
+    if dist_.world_size > 1:
+        ranks = [None] * dist_.world_size
+        dist.all_gather_object(ranks, mine)
+    if dist_.is_main:
+        ckpt.save_checkpoint(out_dir / ckpt.CHECKPOINT_NAME, {
+            "model": model.state_dict(), "optimizer": optimizer.state_dict(), "progress": asdict(progress),
+            "ranks": ranks, "elmo_config": model.bilm.config.to_dict(), "vocab_size": model.vocab_size,
+            "train_config": asdict(config),
+        })
+    if dist_.world_size > 1:
+        dist.barrier()
+
+
+def _resume_checkpoint(out_dir: Path, config: TrainConfig, dist_: Dist) -> dict[str, Any] | None:
+    path = out_dir / ckpt.CHECKPOINT_NAME
+    if not path.exists():
+        raise FileNotFoundError(f"--resume: no {ckpt.CHECKPOINT_NAME} in {out_dir}")
+    checkpoint = ckpt.load_checkpoint(path)
+    saved_ranks = len(checkpoint["ranks"])
+    if saved_ranks != dist_.world_size:
+        raise ConfigError(f"{path} was written by {saved_ranks} processes; resume it with as many "
+                          f"(got {dist_.world_size})")
+    return checkpoint
+
+
+def _seed_everything(seed: int) -> None:
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics, progress and curves
+# ---------------------------------------------------------------------------------------------
+class _Window:
+    """Training statistics since the last log line."""
+
+    def __init__(self) -> None:
+        self.loss, self.steps, self.tokens, self.grad_norm = 0.0, 0, 0, 0.0
+        self.start = time.perf_counter()
+
+    def add(self, result: StepResult) -> None:
+        self.loss += result.loss
+        self.grad_norm += result.grad_norm
+        self.steps += 1
+        self.tokens += result.n_tokens
+
+    def record(self, progress: Progress, config: TrainConfig) -> dict[str, Any]:
+        seconds = time.perf_counter() - self.start
+        record = {"step": progress.step, "tokens": progress.tokens, "epoch": progress.epoch,
+                  "loss": self.loss / self.steps, "lr": progress.lr(config),
+                  "grad_norm": self.grad_norm / self.steps, "tokens_per_s": self.tokens / max(seconds, 1e-9)}
+        self.__init__()
+        return record
+
+
+def _log(out_dir: Path, dist_: Dist, record: dict[str, Any], bar) -> None:
+    if not dist_.is_main:
+        return
+    with open(out_dir / METRICS_NAME, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record) + "\n")
+    if "valid_ppl" in record:
+        bar.write(f"step {record['step']}: valid perplexity {record['valid_ppl']:.2f} "
+                  f"(forward {record['valid_forward_ppl']:.2f}, backward {record['valid_backward_ppl']:.2f})")
+    else:
+        bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
+
+
+def _truncate_metrics(path: Path, last_step: int) -> None:
+    """Drop the lines a killed run wrote after its last checkpoint (they are recomputed)."""
+    if not path.exists():
+        return
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines()
+             if line.strip() and json.loads(line)["step"] <= last_step]
+    atomic_write_text(path, "".join(line + "\n" for line in lines))
+
+
+def _progress_bar(config: TrainConfig, dist_: Dist, initial: int):
+    import sys
+
+    from tqdm import tqdm
+
+    return tqdm(initial=initial, unit="step", disable=not (config.progress and dist_.is_main),
+                mininterval=0.5 if sys.stderr.isatty() else 60.0, dynamic_ncols=True)
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def plot_curves(metrics_path: Path, png_path: Path) -> None:
+    """Training loss and validation perplexities against training tokens, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(metrics_path) if metrics_path.exists() else []
+    train = [r for r in records if "loss" in r]
+    valid = [r for r in records if "valid_ppl" in r]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    left.plot([r["tokens"] for r in train], [r["loss"] for r in train], linewidth=0.8)
+    left.set(xlabel="training tokens", ylabel="training loss (nats)", title="training")
+    for key, label in (("valid_forward_ppl", "forward"), ("valid_backward_ppl", "backward"), ("valid_ppl", "average")):
+        right.plot([r["tokens"] for r in valid], [r[key] for r in valid], marker="o", label=label)
+    right.set(xlabel="training tokens", ylabel="perplexity (full softmax)", title="validation")
+    if valid:
+        right.set_yscale("log")
+        right.legend()
+    figure.tight_layout()
+    with atomic_path(png_path) as tmp:
+        figure.savefig(tmp, format="png", dpi=100)
+    plt.close(figure)
+
+
+def _provenance(config: TrainConfig, progress: Progress, result: dict[str, float] | None) -> dict[str, Any]:
+    provenance = {"trained_by": "elmo train", "train_files": config.train_files, "vocab": config.vocab,
+                  "steps": progress.step, "tokens": progress.tokens, "epochs": progress.epoch}
+    if result is not None:
+        provenance.update(valid_files=config.valid_files, valid_ppl=round(result["ppl"], 3),
+                          valid_forward_ppl=round(result["forward_ppl"], 3),
+                          valid_backward_ppl=round(result["backward_ppl"], 3))
+    return provenance

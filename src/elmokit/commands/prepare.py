@@ -32,7 +32,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser.add_argument("--lang", default="en", help="language for sentence splitting and Moses (default: en)")
     parser.add_argument("--plain", action="store_true", help="write plain .txt shards instead of .txt.gz")
     parser.add_argument("--skip-bad-lines", action="store_true",
-                        help="skip lines that are not valid UTF-8 (counted, the first few reported) "
+                        help="skip lines that are not valid UTF-8 (counted, the first one reported) "
                              "instead of stopping at the first one")
     parser.add_argument("--overwrite", action="store_true", help="replace shard files already in OUT")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -49,5 +49,6 @@ def run(args: argparse.Namespace) -> int:
     form = "pre-tokenized (passed through)" if stats.pretokenized else "raw (split and tokenized)"
     print(f"{len(stats.input_files)} input files, {form}: {stats.sentences:,} sentences, "
           f"{stats.tokens:,} tokens in {len(stats.shards)} shards under {args.out}"
-          + (f"; {stats.bad_lines:,} undecodable lines skipped" if stats.bad_lines else ""))
+          + (f"; {stats.bad_lines:,} undecodable lines skipped, the first at {stats.first_bad_line}"
+             if stats.bad_lines else ""))
     return 0

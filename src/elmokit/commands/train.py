@@ -1,0 +1,78 @@
+"""`elmo train`: train a biLM on your corpus (or continue one, or adapt one to a new domain).
+
+Every field of `TrainConfig` is an option (`--batch-size 64`, `--no-progress`); `--config FILE`
+reads a JSON file of them first, and options given on the command line win. With `--resume` the
+run's own `train_config.json` is the base. Several processes: `torchrun --nproc_per_node N
+-m elmokit train ...` (see docs/training.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+ALIASES = {"train_files": ["--train"], "valid_files": ["--valid"]}
+
+
+def register(subcommands: argparse._SubParsersAction) -> None:
+    from elmokit.train import TrainConfig
+
+    parser = subcommands.add_parser(
+        "train", help="train an ELMo biLM on a tokenized corpus",
+        description="Train (or --resume, or --init-from a trained model) an ELMo biLM. Options "
+                    "override the JSON file given with --config; see docs/training.md.")
+    parser.add_argument("--config", type=Path, help="JSON file of training options")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in --output-dir exactly where its last checkpoint stopped")
+    for spec in dataclasses.fields(TrainConfig):
+        flags = [f"--{spec.name.replace('_', '-')}", *ALIASES.get(spec.name, [])]
+        help_text = f"{spec.metadata['help']} (default: {_default(spec)!r})"
+        if spec.type in ("bool", bool):
+            parser.add_argument(*flags, dest=spec.name, action=argparse.BooleanOptionalAction,
+                                default=argparse.SUPPRESS, help=help_text)
+        elif spec.type.startswith("list"):
+            parser.add_argument(*flags, dest=spec.name, nargs="+", default=argparse.SUPPRESS,
+                                metavar=spec.name.upper().removesuffix("S"), help=help_text)
+        else:
+            kind = {"int": int, "float": float, "str": str}[spec.type]
+            parser.add_argument(*flags, dest=spec.name, type=kind, default=argparse.SUPPRESS,
+                                metavar=spec.name.upper(), help=help_text)
+    parser.set_defaults(func=run)
+
+
+def _default(spec: dataclasses.Field) -> Any:
+    return spec.default_factory() if spec.default_factory is not dataclasses.MISSING else spec.default
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    """The TrainConfig of these arguments: --config (or the resumed run's file), then overrides."""
+    from elmokit.train import TRAIN_CONFIG_NAME, TrainConfig
+
+    names = {spec.name for spec in dataclasses.fields(TrainConfig)}
+    overrides = {name: value for name, value in vars(args).items() if name in names}
+    base = args.config
+    if base is None and args.resume:
+        if "output_dir" not in overrides:
+            raise ValueError("--resume needs --output-dir (the directory of the run to continue)")
+        base = Path(overrides["output_dir"]) / TRAIN_CONFIG_NAME
+        if not base.is_file():
+            raise FileNotFoundError(f"--resume: no {TRAIN_CONFIG_NAME} in {overrides['output_dir']}")
+    if base is not None:
+        return TrainConfig.load(base, **overrides)
+    return TrainConfig(**overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    from elmokit.train import train
+
+    config = config_from_args(args)
+    progress = train(config, resume=args.resume)
+    summary = {"output_dir": config.output_dir, "steps": progress.step, "tokens": progress.tokens,
+               "epochs": progress.epoch}
+    if progress.best_ppl < float("inf"):
+        summary["best_valid_ppl"] = round(progress.best_ppl, 3)
+    print(json.dumps(summary))
+    return 0
