@@ -95,9 +95,9 @@ _NATIVE_TO_TORCH_GATES = (0, 1, 3, 2)  # elmokit computes (i, f, o, j); nn.LSTM 
 
 
 def _torch_gates(weight: torch.Tensor) -> torch.Tensor:
-    """(..., 4C) in elmokit's gate order -> (4C, ...) in nn.LSTM's order (transposed)."""
-    blocks = weight.chunk(4, dim=-1)
-    return torch.cat([blocks[k] for k in _NATIVE_TO_TORCH_GATES], dim=-1).transpose(-1, -2)
+    """(4C, ...) in elmokit's gate order -> (4C, ...) in nn.LSTM's order."""
+    blocks = weight.chunk(4, dim=0)
+    return torch.cat([blocks[k] for k in _NATIVE_TO_TORCH_GATES], dim=0)
 
 
 class FusedStreams:
@@ -139,9 +139,9 @@ class FusedStreams:
         weights = {
             "weight_ih_l0": _torch_gates(layer.input_weight[direction]),  # (4C, P)
             "weight_hh_l0": _torch_gates(layer.recurrent_weight[direction]),  # (4C, P)
-            "bias_ih_l0": _torch_gates(layer.bias[direction] + layer.forget_offset)[:, 0],  # (4C,)
+            "bias_ih_l0": _torch_gates((layer.bias[direction] + layer.forget_offset)[0]),  # (4C,)
             "bias_hh_l0": torch.zeros_like(layer.forget_offset),
-            "weight_hr_l0": layer.projection[direction].t(),  # (P, C)
+            "weight_hr_l0": layer.projection[direction],  # (P, C)
         }
         initial = (state.hidden[index, direction].unsqueeze(0), state.cell[index, direction].unsqueeze(0))
         output, (hidden, cell) = functional_call(self.kernel, weights, (inputs, initial))

@@ -138,10 +138,11 @@ class BiLstmLayer(nn.Module):
     def __init__(self, input_dim: int, cell_dim: int, projection_dim: int):
         super().__init__()
         self.cell_dim = cell_dim
-        self.input_weight = nn.Parameter(torch.empty(2, input_dim, 4 * cell_dim))  # (D, P, 4C)
-        self.recurrent_weight = nn.Parameter(torch.empty(2, projection_dim, 4 * cell_dim))
+        # Weights are (D, out, in), as in nn.Linear.
+        self.input_weight = nn.Parameter(torch.empty(2, 4 * cell_dim, input_dim))  # (D, 4C, P)
+        self.recurrent_weight = nn.Parameter(torch.empty(2, 4 * cell_dim, projection_dim))  # (D, 4C, P)
         self.bias = nn.Parameter(torch.empty(2, 1, 4 * cell_dim))  # (D, 1, 4C)
-        self.projection = nn.Parameter(torch.empty(2, cell_dim, projection_dim))  # (D, C, P)
+        self.projection = nn.Parameter(torch.empty(2, projection_dim, cell_dim))  # (D, P, C)
         offset = torch.zeros(4 * cell_dim)
         offset[cell_dim:2 * cell_dim] = self.FORGET_BIAS
         self.register_buffer("forget_offset", offset, persistent=False)  # (4C,)
@@ -156,7 +157,8 @@ class BiLstmLayer(nn.Module):
         proj_clip: float,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Returns the packed outputs (D, N, P) and the final hidden (D, B, P) and cell (D, B, C)."""
-        gate_inputs = torch.baddbmm(self.bias + self.forget_offset, inputs, self.input_weight)  # (D, N, 4C)
+        gate_inputs = torch.baddbmm(self.bias + self.forget_offset, inputs, self.input_weight.mT)  # (D, N, 4C)
+        recurrent_weight, projection = self.recurrent_weight.mT, self.projection.mT
         sigmoid_dim = 3 * self.cell_dim
         outputs, finished = [], []
         offset = 0
@@ -164,16 +166,13 @@ class BiLstmLayer(nn.Module):
             if batch_size < hidden.shape[1]:  # the shortest rows have ended: keep their state
                 finished.append((hidden[:, batch_size:], cell[:, batch_size:]))
                 hidden, cell = hidden[:, :batch_size], cell[:, :batch_size]
-            gates = torch.baddbmm(
-                gate_inputs[:, offset:offset + batch_size], hidden, self.recurrent_weight
-            )  # (D, b, 4C)
+            gates = torch.baddbmm(gate_inputs[:, offset:offset + batch_size], hidden, recurrent_weight)  # (D, b, 4C)
             offset += batch_size
             input_gate, forget_gate, output_gate = torch.sigmoid(gates[..., :sigmoid_dim]).chunk(3, -1)
-            candidate = torch.tanh(gates[..., sigmoid_dim:])
-            cell = forget_gate * cell + input_gate * candidate  # (D, b, C)
+            cell = torch.addcmul(forget_gate * cell, input_gate, torch.tanh(gates[..., sigmoid_dim:]))  # (D, b, C)
             if cell_clip:
                 cell = cell.clamp(-cell_clip, cell_clip)
-            hidden = torch.bmm(output_gate * torch.tanh(cell), self.projection)  # (D, b, P)
+            hidden = torch.bmm(output_gate * torch.tanh(cell), projection)  # (D, b, P)
             if proj_clip:
                 hidden = hidden.clamp(-proj_clip, proj_clip)
             outputs.append(hidden)

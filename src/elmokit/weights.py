@@ -130,13 +130,13 @@ def _native_from_original(arrays: dict[str, np.ndarray], config: ElmoConfig) -> 
             for d in range(2)
         ]
         prefix = f"lstm.layers.{layer}"
-        state[f"{prefix}.input_weight"] = np.stack(
-            [_permute_gates(w["W_0"][:proj], _TF_TO_NATIVE) for w in per_direction])
+        state[f"{prefix}.input_weight"] = np.stack(  # (D, 4C, P): native weights are (out, in)
+            [_permute_gates(w["W_0"][:proj], _TF_TO_NATIVE).T for w in per_direction])
         state[f"{prefix}.recurrent_weight"] = np.stack(
-            [_permute_gates(w["W_0"][proj:], _TF_TO_NATIVE) for w in per_direction])
+            [_permute_gates(w["W_0"][proj:], _TF_TO_NATIVE).T for w in per_direction])
         state[f"{prefix}.bias"] = np.stack(
             [_permute_gates(w["B"], _TF_TO_NATIVE)[None] for w in per_direction])
-        state[f"{prefix}.projection"] = np.stack([w["W_P_0"] for w in per_direction])
+        state[f"{prefix}.projection"] = np.stack([w["W_P_0"].T for w in per_direction])
     return {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in state.items()}
 
 
@@ -162,9 +162,9 @@ def _original_from_native(model: BiLM) -> dict[str, np.ndarray]:
         for d in range(2):
             original = _lstm_prefix(d, layer)
             arrays[f"{original}/W_0"] = _permute_gates(np.concatenate(
-                [state[f"{prefix}.input_weight"][d], state[f"{prefix}.recurrent_weight"][d]]), _NATIVE_TO_TF)
+                [state[f"{prefix}.input_weight"][d].T, state[f"{prefix}.recurrent_weight"][d].T]), _NATIVE_TO_TF)
             arrays[f"{original}/B"] = _permute_gates(state[f"{prefix}.bias"][d, 0], _NATIVE_TO_TF)
-            arrays[f"{original}/W_P_0"] = state[f"{prefix}.projection"][d]
+            arrays[f"{original}/W_P_0"] = state[f"{prefix}.projection"][d].T
     return {name: np.ascontiguousarray(value, dtype=np.float32) for name, value in arrays.items()}
 
 
