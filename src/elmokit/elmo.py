@@ -8,18 +8,14 @@ whatever came before. `stateful=True` reproduces the original carried LSTM state
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-import h5py
 import numpy as np
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from elmokit.chars import BOS_TOKEN, EOS_TOKEN, batch_to_ids, token_mask, tokens_to_char_ids
-from elmokit.io import atomic_path
 from elmokit.model import BiLM, BiLMOutput, LstmState, ScalarMix
 from elmokit.weights import load_model
 
@@ -244,6 +240,8 @@ class ElmoEmbedder:
             context-free); on by default.
     """
 
+    SORT_WINDOW = 16  # batches whose sentences `embed_sentences` groups by length (stateless)
+
     def __init__(self, options_file: str | Path | None = None, weight_file: str | Path | None = None,
                  cuda_device: int = -1, *, stateful: bool = False, cache_tokens: bool = True,
                  module: BiLM | None = None):
@@ -299,12 +297,27 @@ class ElmoEmbedder:
         return self.embed_batch([sentence])[0]
 
     def embed_sentences(self, sentences: Iterable[Sequence[str]], batch_size: int = 64) -> Iterator[np.ndarray]:
-        """A generator: the sentences in order, embedded `batch_size` at a time."""
+        """A generator: the sentences in order, embedded `batch_size` at a time.
+
+        Stateless, the sentences of a window of `SORT_WINDOW` batches are grouped by length
+        before batching (fewer idle rows in the recurrence; the results do not depend on the
+        batch), and yielded in the input order. Stateful, batches are consecutive groups, as in
+        the original.
+        """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         iterator = iter(sentences)
-        while batch := list(itertools.islice(iterator, batch_size)):
-            yield from self.embed_batch(batch)
+        window = batch_size if self.carried is not None else batch_size * self.SORT_WINDOW
+        while chunk := list(itertools.islice(iterator, window)):
+            order = list(range(len(chunk)))
+            if self.carried is None:
+                order.sort(key=lambda i: len(chunk[i]))
+            results: list[np.ndarray] = [None] * len(chunk)  # type: ignore[list-item]
+            for start in range(0, len(chunk), batch_size):
+                indices = order[start:start + batch_size]
+                for i, array in zip(indices, self.embed_batch([chunk[i] for i in indices])):
+                    results[i] = array
+            yield from results
 
     def embed_file(self, input_file: str | Path, output_file_path: str | Path, output_format: str = "all",
                    batch_size: int = 64, forget_sentences: bool = False, use_sentence_keys: bool = False) -> None:
@@ -313,27 +326,14 @@ class ElmoEmbedder:
         One dataset per line, keyed by the line number ("0", "1", ...) or by the sentence text
         with `use_sentence_keys`; shape (L+1, n, 2P) for "all", (n, 2P) for "top" and "average";
         plus `sentence_to_index` (JSON) unless `forget_sentences`. A blank line is an empty
-        sentence. The file is written to a temporary name and renamed when complete.
+        sentence. Streams batch by batch; the file appears only when complete. More options
+        (.npz, sentence vectors, resume, long sentences): `elmokit.embedding.embed_file`.
         """
-        if output_format not in OUTPUT_FORMATS:
-            raise ValueError(f"output_format must be one of {OUTPUT_FORMATS}, got {output_format!r}")
-        input_file = Path(input_file)
-        if not input_file.is_file():
-            raise FileNotFoundError(f"input file not found: {input_file}")
-        with open(input_file, encoding="utf-8") as handle:
-            lines = [line.strip() for line in handle]
-        sentences = [line.split() for line in lines]
-        keys = lines if use_sentence_keys else [str(i) for i in range(len(lines))]
-        with atomic_path(output_file_path) as tmp, h5py.File(tmp, "w") as out:
-            embeddings = self.embed_sentences(sentences, batch_size)
-            progress = tqdm(zip(keys, embeddings), total=len(keys), unit="sent", desc="embedding")
-            for key, layers in progress:
-                if key in out:  # a repeated sentence under --use-sentence-keys
-                    continue
-                out.create_dataset(key, data=select_layers(layers, output_format))
-            if not forget_sentences:
-                index = {line: key for line, key in zip(lines, keys)}
-                out.create_dataset("sentence_to_index", data=[json.dumps(index)])
+        from elmokit.embedding import EmbedOptions, embed_file
+
+        options = EmbedOptions(output_format=output_format, batch_size=batch_size,
+                               forget_sentences=forget_sentences, use_sentence_keys=use_sentence_keys)
+        embed_file(self, input_file, output_file_path, options)
 
 
 def select_layers(layers: np.ndarray, output_format: str) -> np.ndarray:

@@ -29,17 +29,15 @@ from elmokit.model import BiLM, BiLstm, LstmState
 
 
 class LMOutput(NamedTuple):
-    """loss: mean of the two directions' mean NLL over this batch's counted targets (sampled
-    softmax in training when configured, else full); forward_nll / backward_nll: the summed NLL
-    of each direction (scalars with grad, so a caller can normalise by a global count);
-    forward_count / backward_count: how many targets were counted; state: the LSTM state after
-    the window, detached."""
+    """loss: mean of the two directions' mean NLL over the batch's targets (the sampled softmax
+    in training when configured, else the full one); forward_nll / backward_nll: each direction's
+    summed NLL (scalars with grad, so a caller can normalise by a global count); n_targets: the
+    targets per direction (true entries of the mask); state: the LSTM state after the window."""
 
     loss: torch.Tensor
     forward_nll: torch.Tensor
     backward_nll: torch.Tensor
-    forward_count: int
-    backward_count: int
+    n_targets: int
     state: LstmState
 
 
@@ -159,12 +157,9 @@ class LanguageModel(nn.Module):
         vocab_size: V, the softmax size (the vocabulary of targets, sorted by frequency).
         dropout: on every LSTM layer input and on the top layer's output (before the softmax).
         n_samples: K negatives of the sampled softmax in training; 0 (or K >= V) = full softmax.
-        ignore_ids: target ids never counted in the loss, as (forward_ignored, backward_ignored):
-            a forward stream's `<S>` after `</S>` (and the backward mirror) is a packing artefact.
     """
 
-    def __init__(self, config: ElmoConfig, vocab_size: int, dropout: float = 0.1, n_samples: int = 0,
-                 ignore_ids: tuple[int | None, int | None] = (None, None)):
+    def __init__(self, config: ElmoConfig, vocab_size: int, dropout: float = 0.1, n_samples: int = 0):
         super().__init__()
         self.bilm = BiLM(config, dropout=dropout)
         projection_dim = config.lstm.projection_dim
@@ -172,7 +167,6 @@ class LanguageModel(nn.Module):
         self.dropout = dropout
         self.n_samples = n_samples if 0 < n_samples < vocab_size else 0
         self.sampler = LogUniformSampler(vocab_size) if self.n_samples else None
-        self.ignore_ids = ignore_ids
         self.fused = FusedStreams(self.bilm.lstm) if not (config.lstm.cell_clip or config.lstm.proj_clip) else None
         with torch.no_grad():  # as bilm-tf: normal(0, 1/sqrt(P)) weights, zero bias
             nn.init.normal_(self.softmax.weight, 0.0, 1.0 / math.sqrt(projection_dim))
@@ -196,17 +190,14 @@ class LanguageModel(nn.Module):
         """
         hidden, state = self.contextualize(batch.forward_char_ids, batch.backward_char_ids, state)
         hidden = F.dropout(hidden, self.dropout, self.training)  # (D, B, U, P)
-        mask = batch.mask.to(hidden.device)
-        counted = [mask & (targets != ignored) if ignored is not None else mask
-                   for targets, ignored in zip((batch.forward_targets, batch.backward_targets), self.ignore_ids)]
-        nll = [self.target_nll(hidden[d][counted[d]], targets[counted[d]], sampled=self.training)
-               for d, targets in enumerate((batch.forward_targets.to(hidden.device),
-                                            batch.backward_targets.to(hidden.device)))]
-        counts = [int(c.sum()) for c in counted]
-        loss = 0.5 * sum(n.sum() / max(count, 1) for n, count in zip(nll, counts))
+        mask = batch.mask.to(hidden.device)  # (B, U)
+        targets = (batch.forward_targets.to(hidden.device), batch.backward_targets.to(hidden.device))
+        nll = [self.target_nll(hidden[d][mask], targets[d][mask], sampled=self.training) for d in range(2)]
+        count = int(mask.sum())
+        loss = 0.5 * (nll[0].sum() + nll[1].sum()) / max(count, 1)
         alive = mask[:, -1].to(state.hidden.dtype)  # (B,)
         state = LstmState((state.hidden * alive[:, None]).detach(), (state.cell * alive[:, None]).detach())
-        return LMOutput(loss, nll[0].sum(), nll[1].sum(), counts[0], counts[1], state)
+        return LMOutput(loss, nll[0].sum(), nll[1].sum(), count, state)
 
     def contextualize(self, forward_char_ids: torch.Tensor, backward_char_ids: torch.Tensor,
                       state: LstmState | None) -> tuple[torch.Tensor, LstmState]:

@@ -26,7 +26,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from elmokit import checkpoint as ckpt
+from elmokit.chars import MAX_CHARS
 from elmokit.config import ConfigError, ElmoConfig
+from elmokit.data import LMBatch, LMBatcher, eval_batches
 from elmokit.io import atomic_path, atomic_write_text
 from elmokit.lm import LanguageModel
 from elmokit.model import LstmState
@@ -36,6 +38,7 @@ METRICS_NAME = "metrics.jsonl"
 CURVES_NAME = "curves.png"
 TRAIN_CONFIG_NAME = "train_config.json"
 BEST_DIR = "best"
+_TENSOR_NAMES = ("forward_char_ids", "backward_char_ids", "forward_targets", "backward_targets", "mask")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -78,6 +81,9 @@ class TrainConfig:
     n_samples: int = _option(8192, "negatives of the sampled softmax (full softmax if >= the vocabulary)")
     bf16: bool = _option(False, "bfloat16 autocast")
     seed: int = _option(0, "seed of the weights, the dropout, the sampler and the data order")
+    data_split: str = _option("files", "how processes share the corpus: files (each reads its own shards "
+                              "or lines) or rows (each reads everything and keeps its rows of the global "
+                              "batch: the same batches whatever the number of processes)")
     eval_every: int = _option(0, "steps between evaluations (0 = at the end of each epoch only)")
     eval_batch_size: int = _option(64, "rows of an evaluation batch")
     patience: int = _option(0, "stop after this many evaluations without improvement (0 = never)")
@@ -94,6 +100,7 @@ class TrainConfig:
 
         require(self.optimizer in ("adagrad", "adam"), f"optimizer must be adagrad or adam, got {self.optimizer!r}")
         require(self.softmax in ("sampled", "full"), f"softmax must be sampled or full, got {self.softmax!r}")
+        require(self.data_split in ("files", "rows"), f"data_split must be files or rows, got {self.data_split!r}")
         for name in ("batch_size", "unroll_steps", "epochs", "log_every", "checkpoint_every", "eval_batch_size"):
             require(getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}")
         for name in ("max_tokens", "eval_every", "patience", "warmup_steps", "n_samples", "threads"):
@@ -187,10 +194,9 @@ def setup_distributed(config: TrainConfig) -> Dist:
 def build_model(config: TrainConfig, vocab) -> LanguageModel:
     """A fresh LanguageModel, or one initialised from a trained biLM (domain adaptation)."""
     n_samples = config.n_samples if config.softmax == "sampled" else 0
-    ignore = (vocab.bos_id, vocab.eos_id)  # <S> after </S> in a packed forward stream, and the mirror
     if config.init_from:
         bilm = load_pretrained(config.init_from)
-        model = LanguageModel(bilm.config, len(vocab), config.dropout, n_samples, ignore)
+        model = LanguageModel(bilm.config, len(vocab), config.dropout, n_samples)
         model.bilm.load_state_dict(bilm.state_dict())
         if _same_vocabulary(Path(config.init_from) / ckpt.VOCAB_NAME, Path(config.vocab)):
             softmax = read_safetensors(Path(config.init_from) / WEIGHTS_NAME, prefix="softmax.")
@@ -199,12 +205,12 @@ def build_model(config: TrainConfig, vocab) -> LanguageModel:
         return model
     if config.init_from_original:
         bilm = load_original(*config.init_from_original)
-        model = LanguageModel(bilm.config, len(vocab), config.dropout, n_samples, ignore)
+        model = LanguageModel(bilm.config, len(vocab), config.dropout, n_samples)
         model.bilm.load_state_dict(bilm.state_dict())
         return model
     elmo_config = ElmoConfig.from_name(config.model) if not config.model.endswith(".json") \
         else ElmoConfig.load(config.model)
-    return LanguageModel(elmo_config, len(vocab), config.dropout, n_samples, ignore)
+    return LanguageModel(elmo_config, len(vocab), config.dropout, n_samples)
 
 
 def _same_vocabulary(a: Path, b: Path) -> bool:
@@ -219,19 +225,51 @@ def build_optimizer(config: TrainConfig, model: torch.nn.Module) -> torch.optim.
 
 
 def train_batches(config: TrainConfig, vocab, epoch: int, dist_: Dist):
-    """This rank's LMBatcher for one epoch (rows rank::world_size of the global batch)."""
-    from elmokit.data import LMBatcher
-
+    """This rank's windows of one epoch; per-rank batch = batch_size / world_size."""
+    if config.data_split == "rows" and dist_.world_size > 1:
+        return RowShard(LMBatcher(config.train_files, vocab, config.batch_size, config.unroll_steps,
+                                  seed=config.seed, epoch=epoch), dist_.rank, dist_.world_size)
     return LMBatcher(config.train_files, vocab, config.batch_size // dist_.world_size, config.unroll_steps,
-                     seed=config.seed + epoch, rank=dist_.rank, world_size=dist_.world_size, shuffle=True)
+                     seed=config.seed, epoch=epoch, rank=dist_.rank, world_size=dist_.world_size)
 
 
-def eval_batches(files: list[str], vocab, batch_size: int, unroll_steps: int, rank: int = 0, world_size: int = 1):
-    """Every token of `files` once, in order (no shuffle)."""
-    from elmokit.data import LMBatcher
+def valid_batches(config: TrainConfig, vocab, dist_: Dist):
+    """This rank's share of every validation token, in file order."""
+    if config.data_split == "rows" and dist_.world_size > 1:
+        return RowShard(eval_batches(config.valid_files, vocab, config.eval_batch_size, config.unroll_steps),
+                        dist_.rank, dist_.world_size)
+    return eval_batches(config.valid_files, vocab, config.eval_batch_size, config.unroll_steps,
+                        rank=dist_.rank, world_size=dist_.world_size)
 
-    return LMBatcher(files, vocab, batch_size, unroll_steps, seed=0, rank=rank, world_size=world_size,
-                     shuffle=False)
+
+class RowShard:
+    """Rows rank, rank + world_size, ... of every window of a batcher of the global batch."""
+
+    def __init__(self, batcher: LMBatcher, rank: int, world_size: int):
+        if batcher.batch_size % world_size:
+            raise ConfigError(f"batch size {batcher.batch_size} must be divisible by the {world_size} processes")
+        self.batcher, self.rows = batcher, slice(rank, None, world_size)
+
+    def __iter__(self) -> "RowShard":
+        return self
+
+    def __next__(self) -> LMBatch:
+        batch = next(self.batcher)
+        parts = {name: getattr(batch, name)[self.rows] for name in _TENSOR_NAMES}
+        return LMBatch(**parts, n_tokens=int(parts["mask"].sum()))
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.batcher.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.batcher.load_state_dict(state)
+
+
+def padding_batch(batch_size: int, unroll_steps: int) -> LMBatch:
+    """A window without data (mask all False), for a process whose share ran out before the others'."""
+    char_ids = torch.zeros(batch_size, unroll_steps, MAX_CHARS, dtype=torch.long)
+    targets = torch.zeros(batch_size, unroll_steps, dtype=torch.long)
+    return LMBatch(char_ids, char_ids, targets, targets, torch.zeros(batch_size, unroll_steps, dtype=torch.bool), 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,7 +278,7 @@ def eval_batches(files: list[str], vocab, batch_size: int, unroll_steps: int, ra
 @dataclass
 class StepResult:
     loss: float  # mean of the two directions' mean NLL over the global batch (training softmax)
-    n_tokens: int  # global targets counted (both directions averaged)
+    n_tokens: int  # targets per direction in the global batch
     grad_norm: float
     state: LstmState
 
@@ -254,8 +292,8 @@ def train_step(model, optimizer, batch, state: LstmState | None, lr: float,
     batch = _to_device(batch, dist_.device)
     with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=config.bf16):
         out = model(batch, state)
-    forward_count, backward_count = dist_.all_sum([out.forward_count, out.backward_count])
-    loss = 0.5 * (out.forward_nll / max(forward_count, 1) + out.backward_nll / max(backward_count, 1))
+    n_targets = dist_.all_sum([out.n_targets])[0]
+    loss = 0.5 * (out.forward_nll + out.backward_nll) / max(n_targets, 1)
     optimizer.zero_grad(set_to_none=True)
     (loss * dist_.world_size).backward()  # DDP averages gradients over ranks: undo the 1/N
     parameters = [p for p in model.parameters() if p.grad is not None]
@@ -265,7 +303,7 @@ def train_step(model, optimizer, batch, state: LstmState | None, lr: float,
         grad_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in parameters])))
     optimizer.step()
     global_loss = dist_.all_sum([float(loss.detach())])[0]
-    return StepResult(global_loss, int(0.5 * (forward_count + backward_count)), grad_norm, out.state)
+    return StepResult(global_loss, int(n_targets), grad_norm, out.state)
 
 
 @torch.no_grad()
@@ -276,28 +314,23 @@ def evaluate(model: LanguageModel, batches, device: torch.device, dist_: Dist | 
     """
     was_training = model.training
     model.eval()
-    sums = [0.0, 0.0, 0.0, 0.0]  # forward nll, backward nll, forward count, backward count
+    sums = [0.0, 0.0, 0.0]  # forward nll, backward nll, targets per direction
     state = None
     for batch in batches:
         out = model(_to_device(batch, device), state)
         state = out.state
-        for index, value in enumerate((out.forward_nll, out.backward_nll, out.forward_count, out.backward_count)):
+        for index, value in enumerate((out.forward_nll, out.backward_nll, out.n_targets)):
             sums[index] += float(value)
     if dist_ is not None:
         sums = dist_.all_sum(sums)
     model.train(was_training)
-    forward = sums[0] / max(sums[2], 1)
-    backward = sums[1] / max(sums[3], 1)
+    forward, backward = sums[0] / max(sums[2], 1), sums[1] / max(sums[2], 1)
     return {"forward_ppl": math.exp(forward), "backward_ppl": math.exp(backward),
             "ppl": math.exp(0.5 * (forward + backward)), "n_tokens": int(sums[2])}
 
 
-def _to_device(batch, device: torch.device):
-    if device.type == "cpu":
-        return batch
-    names = ("forward_char_ids", "backward_char_ids", "forward_targets", "backward_targets", "mask")
-    moved = {name: getattr(batch, name).to(device, non_blocking=True) for name in names}
-    return type(batch)(**{**batch.__dict__, **moved})
+def _to_device(batch: LMBatch, device: torch.device) -> LMBatch:
+    return batch if device.type == "cpu" else batch.to(device, non_blocking=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -364,7 +397,7 @@ def train(config: TrainConfig, resume: bool = False) -> Progress:
         if data_state is not None:
             batches.load_state_dict(data_state)
             data_state = None
-        for batch in batches:
+        while (batch := next_batch(batches, config, dist_)) is not None:
             result = train_step(wrapped, optimizer, batch, state, progress.lr(config), config, dist_)
             state = result.state
             progress.step += 1
@@ -381,9 +414,9 @@ def train(config: TrainConfig, resume: bool = False) -> Progress:
                 save_training_checkpoint(out_dir, config, model, optimizer, progress, state, batches, dist_)
             if progress.done:
                 break
-        else:  # the epoch ran out of data
+        else:  # every process ran out of data: the epoch is over
             progress.epoch += 1
-            state = None  # new streams start from a fresh state
+            state = None  # the next epoch's rows start fresh
             if config.valid_files and not (config.eval_every and progress.step % config.eval_every == 0):
                 run_evaluation(model, config, vocab, progress, out_dir, dist_, bar)
             save_training_checkpoint(out_dir, config, model, optimizer, progress, state, None, dist_)
@@ -393,11 +426,21 @@ def train(config: TrainConfig, resume: bool = False) -> Progress:
     return progress
 
 
+def next_batch(batches, config: TrainConfig, dist_: Dist) -> LMBatch | None:
+    """The next window of this process; None once every process has run out. A process whose
+    share ends first takes padding windows, so that all of them keep taking steps together."""
+    batch = next(batches, None)
+    if dist_.world_size == 1:
+        return batch
+    if dist_.all_sum([batch is not None])[0] == 0:
+        return None
+    return batch if batch is not None else padding_batch(config.batch_size // dist_.world_size, config.unroll_steps)
+
+
 def run_evaluation(model: LanguageModel, config: TrainConfig, vocab, progress: Progress, out_dir: Path,
                    dist_: Dist, bar) -> dict[str, float]:
     """Validation perplexities; keeps the best model, decays the lr and stops early as configured."""
-    result = evaluate(model, eval_batches(config.valid_files, vocab, config.eval_batch_size, config.unroll_steps,
-                                          dist_.rank, dist_.world_size), dist_.device, dist_)
+    result = evaluate(model, valid_batches(config, vocab, dist_), dist_.device, dist_)
     record = {"step": progress.step, "tokens": progress.tokens, "epoch": progress.epoch,
               "valid_forward_ppl": result["forward_ppl"], "valid_backward_ppl": result["backward_ppl"],
               "valid_ppl": result["ppl"]}

@@ -1,5 +1,5 @@
 """Subcommands of `elmo`, one module each; `elmokit.cli` lists them here, in help order."""
 
-from elmokit.commands import convert, embed, info, prepare, vocab
+from elmokit.commands import convert, embed, info, prepare, similar, task, train, vocab
 
-COMMAND_MODULES = [prepare, vocab, embed, info, convert]
+COMMAND_MODULES = [prepare, vocab, train, embed, similar, info, convert, task]

@@ -1,48 +1,109 @@
-"""`elmo embed`: a file of sentences -> HDF5 with the vectors of every token (spec §10 layout)."""
+"""`elmo embed`: a file of sentences -> HDF5 or .npz with the vectors of every token or sentence
+(spec §10 layout), streamed batch by batch, resumable, and shared across processes by torchrun."""
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
+
+import torch
 
 from elmokit.commands.common import add_model_arguments, model_from_args
 from elmokit.elmo import ElmoEmbedder
+from elmokit.embedding import (
+    FILE_FORMATS,
+    EmbedOptions,
+    close_distributed,
+    distributed_from_env,
+    embed_file,
+    format_for_path,
+)
+
+DESCRIPTION = """\
+Embed INPUT (UTF-8, plain or .gz; one sentence per line, tokens separated by whitespace, or raw
+text with --tokenize; a blank line is an empty sentence, its key kept) into OUTPUT.
+
+Layout (as AllenNLP's `elmo` command): one array per input line, keyed by the line number ("0",
+"1", ...) or by the sentence text (--use-sentence-keys); shape (3, n, 2P) with --all, (n, 2P) with
+--top (the last layer) or --average (the mean of the layers). With --sentence-vectors, the mean
+over the sentence's tokens instead: (3, 2P) with --all, (2P,) with --top or --average (zeros for an
+empty sentence). Plus 'sentence_to_index', a JSON string mapping each sentence to its key (not with
+--forget-sentences). OUTPUT is HDF5 (one dataset per key), or .npz (one member per key, for
+numpy.load) when it ends in .npz or with --format npz.
+
+Sentences longer than --max-length tokens are embedded in overlapping windows and stitched back.
+Work goes to OUTPUT.partial/ and OUTPUT appears only when complete; after an interruption,
+the same command with --resume continues from the last checkpoint. Several processes:
+`torchrun --nproc_per_node N -m elmokit embed ...` (each embeds every N-th line; rank 0 merges)."""
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
     parser = subcommands.add_parser(
-        "embed", help="embed a file of sentences into HDF5",
-        description="Embed INPUT (one whitespace-tokenized sentence per line; a blank line is an "
-                    "empty sentence) into OUTPUT (HDF5): one dataset per line, keyed by line number, "
-                    "shape (3, n, 2P) with --all, (n, 2P) with --top or --average, and "
-                    "'sentence_to_index' mapping each sentence to its key.")
-    parser.add_argument("input", type=Path, help="text file, one tokenized sentence per line")
-    parser.add_argument("output", type=Path, help="HDF5 file to write")
+        "embed", help="embed a file of sentences into HDF5 or .npz", description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("input", type=Path, help="text file (plain or .gz), one sentence per line")
+    parser.add_argument("output", type=Path, help="HDF5 or .npz file to write")
     layers = parser.add_mutually_exclusive_group()
     layers.add_argument("--all", dest="output_format", action="store_const", const="all",
                         help="all layers (default)")
     layers.add_argument("--top", dest="output_format", action="store_const", const="top", help="top layer only")
     layers.add_argument("--average", dest="output_format", action="store_const", const="average",
                         help="the mean of the layers")
-    parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch (default 64)")
-    parser.add_argument("--use-sentence-keys", action="store_true", help="key datasets by the sentence text")
+    parser.add_argument("--sentence-vectors", action="store_true",
+                        help="one mean-pooled vector per sentence instead of one per token")
+    parser.add_argument("--format", choices=FILE_FORMATS, dest="file_format",
+                        help="output file format (default: npz if OUTPUT ends in .npz, else hdf5)")
+    parser.add_argument("--tokenize", action="store_true",
+                        help="INPUT is raw text: Moses-tokenize each line (default: split on whitespace)")
+    parser.add_argument("--lang", default="en", help="language for --tokenize (default: en)")
+    parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch (default: 64)")
+    parser.add_argument("--max-length", type=int, default=256,
+                        help="longest sentence embedded in one piece; longer ones go in overlapping "
+                             "windows (default: 256 tokens)")
+    parser.add_argument("--overlap", type=int, default=32,
+                        help="context tokens on each side of a window's used part (default: 32)")
+    parser.add_argument("--use-sentence-keys", action="store_true", help="key the arrays by the sentence text")
     parser.add_argument("--forget-sentences", action="store_true", help="do not write sentence_to_index")
     parser.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue an interrupted run from OUTPUT.partial/ (same input and options)")
+    parser.add_argument("--checkpoint-every", type=int, default=2000,
+                        help="sentences between checkpoints, the most --resume redoes (default: 2000)")
+    parser.add_argument("--cuda-device", type=int, default=-1,
+                        help="GPU index, -1 for the CPU (default); under torchrun each process "
+                             "uses its LOCAL_RANK")
+    parser.add_argument("--threads", type=int,
+                        help="CPU threads for torch (default: torch's choice; on a busy machine 1 "
+                             "can be much faster than several)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_model_arguments(parser)
     parser.set_defaults(func=run, output_format="all")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.input.is_dir():
-        raise IsADirectoryError(f"input is a directory, expected a text file: {args.input}")
-    if not args.input.is_file():
-        raise FileNotFoundError(f"input file not found: {args.input}")
-    if args.output.exists() and not args.overwrite:
-        raise ValueError(f"output exists: {args.output} (use --overwrite to replace it)")
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
-    embedder = ElmoEmbedder(module=model_from_args(args))
-    embedder.embed_file(args.input, args.output, args.output_format, args.batch_size,
-                        forget_sentences=args.forget_sentences, use_sentence_keys=args.use_sentence_keys)
-    print(f"wrote {args.output}")
+    options = EmbedOptions(
+        output_format=args.output_format, file_format=args.file_format or format_for_path(args.output),
+        sentence_vectors=args.sentence_vectors, use_sentence_keys=args.use_sentence_keys,
+        forget_sentences=args.forget_sentences, tokenize=args.tokenize, lang=args.lang,
+        batch_size=args.batch_size, max_length=args.max_length, overlap=args.overlap,
+        checkpoint_every=args.checkpoint_every)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    rank, world_size, barrier = distributed_from_env()
+    try:
+        device = args.cuda_device
+        if device >= 0 and world_size > 1:
+            device = int(os.environ.get("LOCAL_RANK", "0"))
+        embedder = ElmoEmbedder(module=model_from_args(args), cuda_device=device)
+        n_embedded = embed_file(embedder, args.input, args.output, options, overwrite=args.overwrite,
+                                resume=args.resume, progress=not args.quiet, rank=rank,
+                                world_size=world_size, barrier=barrier)
+    finally:
+        close_distributed()
+    if rank == 0:
+        shared = f" (this process; {world_size} processes)" if world_size > 1 else ""
+        print(f"wrote {args.output}: {n_embedded:,} sentences embedded{shared}")
     return 0

@@ -28,7 +28,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in --output-dir exactly where its last checkpoint stopped")
     for spec in dataclasses.fields(TrainConfig):
-        flags = [f"--{spec.name.replace('_', '-')}", *ALIASES.get(spec.name, [])]
+        flags = [*ALIASES.get(spec.name, []), f"--{spec.name.replace('_', '-')}"]
         help_text = f"{spec.metadata['help']} (default: {_default(spec)!r})"
         if spec.type in ("bool", bool):
             parser.add_argument(*flags, dest=spec.name, action=argparse.BooleanOptionalAction,

@@ -1,0 +1,483 @@
+"""Embed a text file into HDF5 or .npz, streaming: the engine behind `elmo embed` and
+`ElmoEmbedder.embed_file`.
+
+The pipeline, in the order text travels:
+
+    input file (UTF-8, one sentence per line; plain or .gz)
+      -> lines, decoded one at a time          (`read_lines`; a bad byte -> an error naming file:line)
+      -> tokens: whitespace, or Moses          (`make_tokenizer`)
+      -> batches of `batch_size` sentences; a sentence longer than `max_length` tokens is cut into
+         overlapping windows and stitched back  (`split_windows`, `embed_sentences`)
+      -> (L+1, n, 2P) per sentence, then the form asked for  (`shape_output`)
+      -> segment files in OUTPUT.partial/, one closed every `checkpoint_every` sentences
+      -> merged into OUTPUT with `sentence_to_index`, renamed into place  (`merge_segments`)
+
+Output layout (spec §10): one array per input line, keyed by the line number ("0", "1", ...) or,
+with `use_sentence_keys`, by the sentence text (a repeated sentence is stored once). Per token:
+(L+1, n, 2P) for "all", (n, 2P) for "top" (the last layer) and "average" (the mean of the layers).
+With `sentence_vectors`, the mean over the sentence's tokens instead: (L+1, 2P) for "all", (2P,)
+for "top" and "average"; an empty sentence gives zeros. Unless `forget_sentences`, the array
+`sentence_to_index` holds one JSON string mapping each sentence's text to its key (the last line
+wins for a repeated sentence). A blank line is an empty sentence, its key kept. HDF5 holds one
+dataset per key; .npz one `KEY.npy` member per key (read with `numpy.load`).
+
+Interruptions: nothing is ever written to OUTPUT until it is complete. Work goes to the directory
+OUTPUT.partial/, as segment files that are closed and listed in `progress-rank{r}.json` (with the
+next input line to embed, the input's size, mtime and a hash of its first MiB, the options and a
+digest of the model) every `checkpoint_every` sentences; `resume=True` continues from the last
+listed segment after a crash or a kill, and refuses a partial made from other input or options.
+
+Several processes (torchrun): process `rank` of `world_size` embeds the lines i with
+i % world_size == rank into its own segments; after a barrier, rank 0 merges every segment.
+
+Memory: bounded by one batch (a long sentence: one window batch and its own output array), one
+open segment, and at the end the `sentence_to_index` dict and JSON (about 3x the input's text,
+built by re-reading the input); the vectors are never all held.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import sys
+import zipfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+
+from elmokit.corpus import CorpusError, open_binary
+from elmokit.elmo import OUTPUT_FORMATS, ElmoEmbedder, select_layers
+from elmokit.io import atomic_write_text
+
+FILE_FORMATS = ("hdf5", "npz")
+INDEX_KEY = "sentence_to_index"
+PROGRESS_GLOB = "progress-rank*.json"
+
+
+@dataclass
+class EmbedOptions:
+    """What to write; see the module docstring for the shapes."""
+
+    output_format: str = "all"  # "all", "top" or "average"
+    file_format: str = "hdf5"  # "hdf5" or "npz"
+    sentence_vectors: bool = False  # mean over each sentence's tokens instead of per-token arrays
+    use_sentence_keys: bool = False  # key by the sentence text instead of the line number
+    forget_sentences: bool = False  # no sentence_to_index
+    tokenize: bool = False  # Moses-tokenize raw text instead of splitting on whitespace
+    lang: str = "en"  # Moses language, with tokenize
+    batch_size: int = 64  # sentences (or windows of a long sentence) per forward pass
+    max_length: int = 256  # longer sentences are embedded in overlapping windows of this length
+    overlap: int = 32  # context tokens kept on each side of a window's used part
+    checkpoint_every: int = 2000  # sentences per segment file (the unit of --resume)
+
+    def __post_init__(self) -> None:
+        if self.output_format not in OUTPUT_FORMATS:
+            raise ValueError(f"output format must be one of {OUTPUT_FORMATS}, got {self.output_format!r}")
+        if self.file_format not in FILE_FORMATS:
+            raise ValueError(f"file format must be one of {FILE_FORMATS}, got {self.file_format!r}")
+        for name in ("batch_size", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.overlap < 0 or self.max_length <= 2 * self.overlap:
+            raise ValueError(f"max-length ({self.max_length}) must be more than twice the overlap "
+                             f"({self.overlap}), and the overlap >= 0")
+
+    def identity(self) -> dict:
+        """The options that change the output (a resumed run must use the same)."""
+        record = dataclasses.asdict(self)
+        for name in ("batch_size", "checkpoint_every"):  # these change how, not what
+            del record[name]
+        return record
+
+
+def format_for_path(path: Path) -> str:
+    """The file format an output path asks for by its suffix: .npz, else HDF5."""
+    return "npz" if path.suffix.lower() == ".npz" else "hdf5"
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading: lines, tokens, fingerprints
+# ---------------------------------------------------------------------------------------------
+def read_lines(path: Path) -> Iterator[str]:
+    """The stripped lines of a UTF-8 file (plain or .gz), lazily; a line that is not UTF-8 raises
+    CorpusError naming the file, the line and the byte."""
+    with open_binary(path) as handle:
+        for line_number, raw in enumerate(handle, start=1):
+            try:
+                yield raw.decode("utf-8").strip()
+            except UnicodeDecodeError as error:
+                raise CorpusError(f"{path}:{line_number}: invalid UTF-8 byte 0x{raw[error.start]:02x} "
+                                  f"at byte {error.start} of the line; the input must be UTF-8") from None
+
+
+def scan_input(path: Path, use_sentence_keys: bool) -> int:
+    """Read the whole input once before anything is written, so that a bad line stops the run at
+    once and leaves nothing behind. Returns the number of lines."""
+    n_lines = 0
+    for n_lines, line in enumerate(read_lines(path), start=1):
+        if use_sentence_keys:
+            _key(path, n_lines - 1, line, use_sentence_keys)
+    return n_lines
+
+
+def make_tokenizer(tokenize: bool, lang: str = "en") -> Callable[[str], list[str]]:
+    """str -> tokens: whitespace splitting, or sacremoses' MosesTokenizer (`escape=False`, as
+    `elmo prepare` tokenizes) for raw text."""
+    if not tokenize:
+        return str.split
+    from sacremoses import MosesTokenizer
+
+    moses = MosesTokenizer(lang=lang)
+    return lambda line: " ".join(moses.tokenize(line, escape=False)).split()
+
+
+def input_fingerprint(path: Path) -> dict:
+    """Size, mtime and a hash of the first MiB: enough to notice a changed input on --resume."""
+    stat = path.stat()
+    with open(path, "rb") as handle:
+        head = hashlib.sha256(handle.read(1 << 20)).hexdigest()
+    return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "head_sha256": head}
+
+
+def model_digest(embedder: ElmoEmbedder) -> str:
+    digest = hashlib.sha256()
+    for name, tensor in embedder.bilm.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def check_input_file(path: Path, what: str = "input") -> None:
+    """A readable, non-empty regular file, or an error naming it."""
+    if path.is_dir():
+        raise IsADirectoryError(f"{what} is a directory, expected a text file: {path}")
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} file not found: {path}")
+    if path.stat().st_size == 0:
+        raise ValueError(f"{what} file is empty: {path}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Embedding: windows for long sentences, then the requested form
+# ---------------------------------------------------------------------------------------------
+def split_windows(n_tokens: int, max_length: int, overlap: int) -> list[tuple[int, int, int, int]]:
+    """Windows (start, end, keep_from, keep_to) covering a sentence of `n_tokens` tokens.
+
+    Each window holds at most `max_length` tokens; the kept parts tile [0, n_tokens) in order, and
+    every kept token has at least `overlap` tokens of context on both sides inside its window
+    (fewer only at the sentence's own ends). A short sentence is one window.
+    """
+    if n_tokens <= max_length:
+        return [(0, n_tokens, 0, n_tokens)]
+    stride = max_length - 2 * overlap
+    starts = [*range(0, n_tokens - max_length, stride), n_tokens - max_length]
+    windows, keep_from = [], 0
+    for i, start in enumerate(starts):
+        keep_to = n_tokens if i == len(starts) - 1 else start + max_length - overlap
+        windows.append((start, start + max_length, keep_from, keep_to))
+        keep_from = keep_to
+    return windows
+
+
+def embed_sentences(embedder: ElmoEmbedder, sentences: Iterable[Sequence[str]], batch_size: int = 64,
+                    max_length: int = 256, overlap: int = 32) -> Iterator[np.ndarray]:
+    """(L+1, n_i, 2P) float32 per sentence, in order; no sentence is ever longer than `max_length`
+    for the model (see `split_windows`). Windows are sorted by length within each group of
+    `batch_size` sentences to waste less on padding (results do not depend on it: stateless)."""
+    iterator = iter(sentences)
+    while batch := list(itertools.islice(iterator, batch_size)):
+        pieces = [(row, window) for row, sentence in enumerate(batch)
+                  for window in split_windows(len(sentence), max_length, overlap)]
+        order = list(range(len(pieces)))
+        if embedder.carried is None:
+            order.sort(key=lambda p: pieces[p][1][1] - pieces[p][1][0])
+        kept: list[np.ndarray | None] = [None] * len(pieces)
+        for start in range(0, len(order), batch_size):
+            group = order[start:start + batch_size]
+            texts = [batch[pieces[p][0]][pieces[p][1][0]:pieces[p][1][1]] for p in group]
+            for p, layers in zip(group, embedder.embed_batch(texts)):
+                window_start, _, keep_from, keep_to = pieces[p][1]
+                kept[p] = layers[:, keep_from - window_start:keep_to - window_start]  # (L+1, k, 2P)
+        first = 0
+        for row in range(len(batch)):
+            last = first
+            while last < len(pieces) and pieces[last][0] == row:
+                last += 1
+            yield kept[first] if last - first == 1 else np.concatenate(kept[first:last], axis=1)
+            first = last
+
+
+def shape_output(layers: np.ndarray, output_format: str, sentence_vectors: bool) -> np.ndarray:
+    """(L+1, n, 2P) -> what is stored: (L+1, n, 2P) / (n, 2P) per token, or with
+    `sentence_vectors` the token mean (L+1, 2P) / (2P,) (zeros for an empty sentence)."""
+    selected = select_layers(layers, output_format)  # (L+1, n, 2P) or (n, 2P)
+    if not sentence_vectors:
+        return selected
+    token_axis = selected.ndim - 2
+    if selected.shape[token_axis] == 0:
+        return np.zeros(selected.shape[:token_axis] + selected.shape[token_axis + 1:], np.float32)
+    return selected.mean(axis=token_axis, dtype=np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Segment files: HDF5 datasets or .npz members, one per key
+# ---------------------------------------------------------------------------------------------
+class Hdf5Segment:
+    suffix = ".h5"
+
+    def __init__(self, path: Path, mode: str = "w"):
+        self.file = h5py.File(path, mode)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.file
+
+    def write(self, key: str, array: np.ndarray) -> None:
+        if key not in self.file:  # a repeated sentence under use_sentence_keys
+            self.file.create_dataset(key, data=array)
+
+    def items(self) -> Iterator[tuple[str, np.ndarray]]:
+        names: list[str] = []
+        self.file.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
+        for name in names:  # full paths, so keys holding "/" survive the merge
+            yield name, self.file[name][()]
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class NpzSegment:
+    """A .npz written member by member (stored, like `numpy.savez`), never all in memory."""
+
+    suffix = ".npz"
+
+    def __init__(self, path: Path, mode: str = "w"):
+        self.zip = zipfile.ZipFile(path, mode, allowZip64=True)
+        self.names = set(self.zip.namelist())
+
+    def __contains__(self, key: str) -> bool:
+        return f"{key}.npy" in self.names
+
+    def write(self, key: str, array: np.ndarray) -> None:
+        name = f"{key}.npy"
+        if name in self.names:
+            return
+        with self.zip.open(name, "w", force_zip64=True) as handle:
+            np.lib.format.write_array(handle, np.ascontiguousarray(array), allow_pickle=False)
+        self.names.add(name)
+
+    def items(self) -> Iterator[tuple[str, np.ndarray]]:
+        for name in self.zip.namelist():
+            with self.zip.open(name) as handle:
+                yield name.removesuffix(".npy"), np.lib.format.read_array(handle, allow_pickle=False)
+
+    def close(self) -> None:
+        self.zip.close()
+
+
+SEGMENT_TYPES = {"hdf5": Hdf5Segment, "npz": NpzSegment}
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress of one rank, saved beside its segments
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class RankProgress:
+    """What one process has finished: every line < `next_line` that is its own is in `segments`."""
+
+    path: Path
+    identity: dict
+    next_line: int = 0
+    segments: list[str] = field(default_factory=list)
+    done: bool = False
+
+    def save(self) -> None:
+        record = {"identity": self.identity, "next_line": self.next_line, "segments": self.segments,
+                  "done": self.done}
+        atomic_write_text(self.path, json.dumps(record, indent=1))
+
+    @classmethod
+    def load(cls, path: Path) -> RankProgress:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        return cls(path, record["identity"], record["next_line"], record["segments"], record["done"])
+
+
+def partial_dir(output: Path) -> Path:
+    return output.with_name(output.name + ".partial")
+
+
+def prepare_partial(partial: Path, resume: bool) -> None:
+    """Rank 0, before anyone writes: keep the partial directory to resume, or start afresh."""
+    if partial.exists() and not (partial.is_dir() and (not any(partial.iterdir()) or any(partial.glob(PROGRESS_GLOB)))):
+        raise ValueError(f"{partial} exists and is not a partial output of `elmo embed`; move it away")
+    if partial.exists() and not resume:
+        print(f"discarding the partial output of an earlier run: {partial} (use --resume to continue it)",
+              file=sys.stderr)
+        shutil.rmtree(partial)
+    elif resume and not partial.exists():
+        print(f"nothing to resume ({partial} does not exist): starting from the first line", file=sys.stderr)
+    partial.mkdir(parents=True, exist_ok=True)
+
+
+def start_progress(partial: Path, rank: int, identity: dict, resume: bool) -> RankProgress:
+    path = partial / f"progress-rank{rank}.json"
+    if resume and path.exists():
+        progress = RankProgress.load(path)
+        if progress.identity != identity:
+            changed = sorted(key for key in identity if identity[key] != progress.identity.get(key))
+            raise ValueError(f"cannot resume {partial}: it was made with a different {', '.join(changed)}; "
+                             "run without --resume to start over")
+    else:
+        progress = RankProgress(path, identity)
+    for stray in partial.glob(f"rank{rank}-*"):  # a segment being written when the run stopped
+        if stray.name not in progress.segments:
+            stray.unlink()
+    progress.save()
+    return progress
+
+
+# ---------------------------------------------------------------------------------------------
+# The run: this rank's segments, then (rank 0) the merge
+# ---------------------------------------------------------------------------------------------
+def embed_file(embedder: ElmoEmbedder, input_path: str | Path, output_path: str | Path,
+               options: EmbedOptions | None = None, *, overwrite: bool = True, resume: bool = False,
+               progress: bool = True, rank: int = 0, world_size: int = 1,
+               barrier: Callable[[], None] = lambda: None) -> int:
+    """Embed `input_path` into `output_path` (see the module docstring). Returns the number of
+    sentences this process embedded. With several processes, every rank calls this with the same
+    arguments and a `barrier` that waits for all of them."""
+    options = options or EmbedOptions()
+    input_path, output_path = Path(input_path), Path(output_path)
+    check_input_file(input_path)
+    if output_path.is_dir():
+        raise IsADirectoryError(f"output is a directory, expected a file name: {output_path}")
+    if output_path.exists() and not overwrite:
+        raise ValueError(f"output exists: {output_path} (use --overwrite to replace it)")
+    n_lines = scan_input(input_path, options.use_sentence_keys)
+    if n_lines == 0:
+        raise ValueError(f"input file is empty: {input_path}")
+    partial = partial_dir(output_path)
+    if rank == 0:
+        prepare_partial(partial, resume)
+    barrier()
+    identity = {"input": input_fingerprint(input_path), "options": options.identity(),
+                "model": model_digest(embedder), "world_size": world_size}
+    rank_progress = start_progress(partial, rank, identity, resume)
+    n_embedded = _embed_rank(embedder, input_path, n_lines, partial, options, rank_progress, rank,
+                             world_size, show_progress=progress and rank == 0)
+    barrier()
+    if rank == 0:
+        merge_segments(input_path, partial, output_path, options, world_size)
+    barrier()
+    return n_embedded
+
+
+def _embed_rank(embedder: ElmoEmbedder, input_path: Path, n_lines: int, partial: Path, options: EmbedOptions,
+                progress: RankProgress, rank: int, world_size: int, show_progress: bool) -> int:
+    from tqdm import tqdm
+
+    tokenize = make_tokenizer(options.tokenize, options.lang)
+    own = ((i, line) for i, line in enumerate(read_lines(input_path))
+           if i % world_size == rank and i >= progress.next_line)
+    done_before = len(range(rank, min(progress.next_line, n_lines), world_size))
+    bar = tqdm(total=len(range(rank, n_lines, world_size)), initial=done_before, unit="sent",
+               desc="embedding", disable=not show_progress, smoothing=0.1)
+    n_embedded = 0
+    with bar:
+        while chunk := list(itertools.islice(own, options.checkpoint_every)):
+            name = f"rank{rank}-{len(progress.segments):05d}{SEGMENT_TYPES[options.file_format].suffix}"
+            keys = [_key(input_path, i, line, options.use_sentence_keys) for i, line in chunk]
+            segment = SEGMENT_TYPES[options.file_format](partial / (name + ".tmp"))
+            try:
+                vectors = embed_sentences(embedder, (tokenize(line) for _, line in chunk), options.batch_size,
+                                          options.max_length, options.overlap)
+                for key, layers in zip(keys, vectors):
+                    segment.write(key, shape_output(layers, options.output_format, options.sentence_vectors))
+                    bar.update(1)
+            finally:
+                segment.close()
+            os.replace(partial / (name + ".tmp"), partial / name)
+            progress.segments.append(name)
+            progress.next_line = chunk[-1][0] + 1
+            progress.save()
+            n_embedded += len(chunk)
+    progress.done = True
+    progress.save()
+    return n_embedded
+
+
+def _key(input_path: Path, line_index: int, line: str, use_sentence_keys: bool) -> str:
+    if not use_sentence_keys:
+        return str(line_index)
+    if not line or line == INDEX_KEY:
+        raise ValueError(f"{input_path}:{line_index + 1}: {'a blank line' if not line else repr(line)} "
+                         "cannot be a key with --use-sentence-keys")
+    return line
+
+
+def merge_segments(input_path: Path, partial: Path, output_path: Path, options: EmbedOptions,
+                   world_size: int) -> None:
+    """Every rank's segments, copied array by array into one new file with `sentence_to_index`,
+    renamed onto `output_path`; then the partial directory is removed (so the disk holds the
+    output twice for a moment)."""
+    names: list[str] = []
+    for rank in range(world_size):
+        progress = RankProgress.load(partial / f"progress-rank{rank}.json")
+        if not progress.done:
+            raise RuntimeError(f"rank {rank} of {world_size} did not finish; run again with --resume")
+        names += progress.segments
+    segment_type = SEGMENT_TYPES[options.file_format]
+    merged = partial / f"merged{segment_type.suffix}"  # a fresh file: a killed merge can be redone
+    out = segment_type(merged, "w")
+    try:
+        for name in names:
+            source = segment_type(partial / name, "r")
+            try:
+                for key, array in source.items():
+                    out.write(key, array)
+            finally:
+                source.close()
+        if not options.forget_sentences:
+            out.write(INDEX_KEY, _sentence_index(input_path, options.use_sentence_keys, options.file_format))
+    finally:
+        out.close()
+    os.replace(merged, output_path)
+    shutil.rmtree(partial)
+
+
+def _sentence_index(input_path: Path, use_sentence_keys: bool, file_format: str) -> np.ndarray:
+    """The JSON {sentence text: key} (the last line wins), as a 1-element string array (HDF5,
+    as the original) or a 0-d unicode array (.npz, loadable without pickle)."""
+    index = {line: (line if use_sentence_keys else str(i)) for i, line in enumerate(read_lines(input_path))}
+    text = json.dumps(index)
+    if file_format == "npz":
+        return np.array(text)
+    return np.array([text], dtype=h5py.string_dtype())
+
+
+def distributed_from_env() -> tuple[int, int, Callable[[], None]]:
+    """(rank, world_size, barrier) under torchrun (RANK / WORLD_SIZE set): joins a gloo process
+    group so the ranks can wait for each other; (0, 1, no-op) otherwise."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world_size <= 1:
+        return 0, 1, lambda: None
+    import datetime
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", timeout=datetime.timedelta(hours=24))
+    return rank, world_size, dist.barrier
+
+
+def close_distributed() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

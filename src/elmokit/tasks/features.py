@@ -1,0 +1,134 @@
+"""ELMo for a task model: the biLM's layers (cached once per sentence when the biLM is frozen, or
+computed on the fly when it is fine-tuned) and the task's own trainable scalar mixes.
+
+Shape notation: B batch, T tokens, n tokens of one sentence, L LSTM layers, P projection dim
+(every layer has 2P dims), M number of mixes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+from tqdm import tqdm
+
+from elmokit.chars import batch_to_ids
+from elmokit.elmo import ElmoEmbedder, remove_boundaries
+from elmokit.io import atomic_path
+from elmokit.model import BiLM, ScalarMix
+
+
+# ---------------------------------------------------------------------------------------------
+# Frozen biLM: every sentence's layers computed once
+# ---------------------------------------------------------------------------------------------
+def compute_layers(bilm: BiLM, sentences: Sequence[Sequence[str]], batch_size: int = 64,
+                   dtype: torch.dtype = torch.float16, progress: bool = True, desc: str = "ELMo layers"
+                   ) -> list[torch.Tensor]:
+    """The (L+1, n, 2P) layers of each sentence from a frozen biLM, stored as `dtype`.
+
+    Sentences are run in batches of similar length (less padding); the result is in input order.
+    Exact whatever the batching: the biLM is stateless.
+    """
+    embedder = ElmoEmbedder(module=bilm)
+    order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
+    layers: list[torch.Tensor | None] = [None] * len(sentences)
+    bar = tqdm(total=len(sentences), desc=desc, unit="sent", disable=not progress, leave=False)
+    for start in range(0, len(order), batch_size):
+        indices = order[start:start + batch_size]
+        batch_layers, lengths = embedder.batch_layers([sentences[i] for i in indices])  # (B, L+1, T, 2P)
+        for row, (index, n) in enumerate(zip(indices, lengths.tolist())):
+            layers[index] = batch_layers[row, :, :n].to(dtype).clone()  # (L+1, n, 2P)
+        bar.update(len(indices))
+    bar.close()
+    return layers
+
+
+def model_fingerprint(bilm: BiLM) -> str:
+    """A short hash of the biLM's config and weights, naming its cached layers."""
+    digest = hashlib.sha1(json.dumps(bilm.config.to_dict(), sort_keys=True).encode())
+    for name, tensor in sorted(bilm.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def sentences_fingerprint(sentences: Sequence[Sequence[str]]) -> str:
+    digest = hashlib.sha1()
+    for sentence in sentences:
+        digest.update("\u0001".join(sentence).encode())
+        digest.update(b"\x00")
+    return digest.hexdigest()[:16]
+
+
+def cached_layers(bilm: BiLM, sentences: Sequence[Sequence[str]], cache_dir: str | Path | None = None,
+                  model_key: str | None = None, progress: bool = True, desc: str = "ELMo layers"
+                  ) -> list[torch.Tensor]:
+    """`compute_layers`, reusing `cache_dir/<model>-<sentences>.safetensors` when present (fp16,
+    written atomically), so that several seeds and runs share one pass of the biLM."""
+    if cache_dir is None:
+        return compute_layers(bilm, sentences, progress=progress, desc=desc)
+    model_key = model_key or model_fingerprint(bilm)
+    path = Path(cache_dir) / f"{model_key}-{sentences_fingerprint(sentences)}.safetensors"
+    if path.is_file():
+        with safe_open(str(path), framework="pt") as file:
+            flat, lengths = file.get_tensor("layers"), file.get_tensor("lengths")  # (N, L+1, 2P), (S,)
+        return [chunk.transpose(0, 1) for chunk in torch.split(flat, lengths.tolist())]
+    layers = compute_layers(bilm, sentences, progress=progress, desc=desc)
+    flat = torch.cat([layer.transpose(0, 1) for layer in layers]).contiguous()  # (N, L+1, 2P)
+    lengths = torch.tensor([layer.shape[1] for layer in layers], dtype=torch.int64)
+    with atomic_path(path) as tmp:
+        save_file({"layers": flat, "lengths": lengths}, str(tmp))
+    return layers
+
+
+def pad_layers(layers: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Sentences' (L+1, n_i, 2P) layers -> (B, L+1, T, 2P) float32, zero past each sentence."""
+    n_layers, _, dim = layers[0].shape
+    batch = torch.zeros(len(layers), n_layers, max(layer.shape[1] for layer in layers), dim)
+    for row, layer in enumerate(layers):
+        batch[row, :, :layer.shape[1]] = layer
+    return batch
+
+
+def bilm_layers(bilm: BiLM, sentences: Sequence[Sequence[str]]) -> torch.Tensor:
+    """Run the biLM with gradients (fine-tuning): (B, L+1, T, 2P) without <S> and </S>."""
+    char_ids = batch_to_ids(sentences).to(next(bilm.parameters()).device)
+    output = bilm(char_ids)
+    return torch.stack([remove_boundaries(layer, output.mask)[0] for layer in output.layers], dim=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The task's mixes
+# ---------------------------------------------------------------------------------------------
+class ElmoMixes(nn.Module):
+    """M independent scalar mixes of the L+1 layers, each followed by dropout (Peters et al. 2018 §3.3).
+
+    `penalty()` is lambda * sum_m ||s_m||^2 over the raw (pre-softmax) layer weights s: a large lambda
+    pulls the mix towards the plain average, a small one (the paper's 0.001) lets the weights vary.
+    """
+
+    def __init__(self, n_layers: int, n_mixes: int, dropout: float = 0.5, l2: float = 0.001,
+                 do_layer_norm: bool = False):
+        super().__init__()
+        self.mixes = nn.ModuleList(ScalarMix(n_layers, do_layer_norm) for _ in range(n_mixes))
+        self.dropout = nn.Dropout(dropout)
+        self.l2 = l2
+
+    def forward(self, layers: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
+        """layers (B, L+1, T, 2P), mask (B, T) bool -> M tensors (B, T, 2P), zero at padding."""
+        per_layer = list(layers.unbind(dim=1))  # L+1 of (B, T, 2P)
+        keep = mask.unsqueeze(-1).to(layers.dtype)  # (B, T, 1)
+        return [self.dropout(mix(per_layer, mask)) * keep for mix in self.mixes]
+
+    def penalty(self) -> torch.Tensor:
+        return self.l2 * sum((mix.scalar_parameters ** 2).sum() for mix in self.mixes)
+
+    def layer_weights(self) -> list[list[float]]:
+        """softmax(s) of each mix, for reports and plots."""
+        return [torch.softmax(mix.scalar_parameters.detach(), 0).tolist() for mix in self.mixes]

@@ -1,0 +1,64 @@
+"""Task metrics: token/sentence accuracy and entity-level span F1 with conlleval's semantics."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def accuracy(gold: Sequence, predicted: Sequence) -> float:
+    """Fraction of positions where `predicted` equals `gold` (flat sequences of equal length)."""
+    if len(gold) != len(predicted):
+        raise ValueError(f"accuracy: {len(gold)} gold labels but {len(predicted)} predictions")
+    if not gold:
+        return 0.0
+    return sum(g == p for g, p in zip(gold, predicted)) / len(gold)
+
+
+def _split_tag(tag: str) -> tuple[str, str]:
+    """'B-PER' -> ('B', 'PER'); 'O' -> ('O', '')."""
+    if tag == "O":
+        return "O", ""
+    prefix, _, entity_type = tag.partition("-")
+    if prefix not in ("B", "I") or not entity_type:
+        raise ValueError(f"not a BIO tag: {tag!r} (expected O, B-TYPE or I-TYPE)")
+    return prefix, entity_type
+
+
+def bio_spans(tags: Sequence[str]) -> set[tuple[str, int, int]]:
+    """Entity spans (type, start, end exclusive) of a BIO sequence, as conlleval finds them.
+
+    A span starts at B-X, at I-X after O, and at I-X after a tag of another type; it ends before
+    B, O or a tag of another type. So `O I-PER I-PER` is one PER span and `B-PER I-LOC` two spans.
+    """
+    spans = set()
+    start, current_type = None, ""
+    for position, tag in enumerate([*tags, "O"]):
+        prefix, entity_type = _split_tag(tag)
+        starts_new = prefix == "B" or (prefix == "I" and entity_type != current_type)
+        if start is not None and (prefix == "O" or starts_new):
+            spans.add((current_type, start, position))
+            start, current_type = None, ""
+        if starts_new:
+            start, current_type = position, entity_type
+    return spans
+
+
+def span_f1(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]) -> dict[str, float]:
+    """Micro-averaged precision, recall and F1 (in %) over exact spans (type and both boundaries),
+    as conlleval reports them; sentences are scored separately and the counts summed."""
+    if len(gold) != len(predicted):
+        raise ValueError(f"span_f1: {len(gold)} gold sentences but {len(predicted)} predicted")
+    n_correct = n_gold = n_predicted = 0
+    for index, (gold_tags, predicted_tags) in enumerate(zip(gold, predicted)):
+        if len(gold_tags) != len(predicted_tags):
+            raise ValueError(f"span_f1: sentence {index} has {len(gold_tags)} gold tags but "
+                             f"{len(predicted_tags)} predicted")
+        gold_spans, predicted_spans = bio_spans(gold_tags), bio_spans(predicted_tags)
+        n_correct += len(gold_spans & predicted_spans)
+        n_gold += len(gold_spans)
+        n_predicted += len(predicted_spans)
+    precision = 100.0 * n_correct / n_predicted if n_predicted else 0.0
+    recall = 100.0 * n_correct / n_gold if n_gold else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {"precision": precision, "recall": recall, "f1": f1,
+            "n_gold": n_gold, "n_predicted": n_predicted, "n_correct": n_correct}
