@@ -21,7 +21,7 @@ def model_dir(tiny_model, tmp_path):
 def test_every_subcommand_has_complete_help(capsys):
     parser = build_parser()
     subcommands = parser._subparsers._group_actions[0].choices
-    assert {"embed", "info", "convert"} <= set(subcommands)
+    assert {"embed", "similar", "info", "convert"} <= set(subcommands)
     for name, sub in subcommands.items():
         text = sub.format_help()
         assert sub.description, f"{name} has no description"

@@ -270,7 +270,7 @@ class NpzSegment:
         if name in self.names:
             return
         with self.zip.open(name, "w", force_zip64=True) as handle:
-            np.lib.format.write_array(handle, np.ascontiguousarray(array), allow_pickle=False)
+            np.lib.format.write_array(handle, np.require(array, requirements="C"), allow_pickle=False)
         self.names.add(name)
 
     def items(self) -> Iterator[tuple[str, np.ndarray]]:
@@ -315,7 +315,8 @@ def partial_dir(output: Path) -> Path:
 
 def prepare_partial(partial: Path, resume: bool) -> None:
     """Rank 0, before anyone writes: keep the partial directory to resume, or start afresh."""
-    if partial.exists() and not (partial.is_dir() and (not any(partial.iterdir()) or any(partial.glob(PROGRESS_GLOB)))):
+    ours = partial.is_dir() and (not any(partial.iterdir()) or any(partial.glob(PROGRESS_GLOB)))
+    if partial.exists() and not ours:
         raise ValueError(f"{partial} exists and is not a partial output of `elmo embed`; move it away")
     if partial.exists() and not resume:
         print(f"discarding the partial output of an earlier run: {partial} (use --resume to continue it)",

@@ -109,7 +109,7 @@ def find_similar(embedder: ElmoEmbedder, query: Sequence[str], position: int, co
         candidates = np.ones_like(is_word) if any_word else is_word
         units = vectors[:, candidates]
         units = units / np.linalg.norm(units, axis=-1, keepdims=True).clip(1e-12)  # (L+1, N, 2P)
-        cosines = np.einsum("lnd,ld->ln", units, query_unit)  # (L+1, N)
+        cosines = np.einsum("lnd,ld->ln", units, query_unit).clip(-1.0, 1.0)  # (L+1, N)
         for layer_neighbours in neighbours:
             layer_neighbours.add(cosines[layer_neighbours.layer], lines[candidates], positions[candidates], top_k)
         context_free &= bool(np.abs(vectors[0, is_word] - query_vectors[0]).max(initial=0.0) <= 1e-6)
@@ -158,7 +158,8 @@ def kmeans(vectors: torch.Tensor, k: int, n_iterations: int = 50, seed: int = 0)
         centres = torch.cat([centres, points[torch.multinomial(weights, 1, generator=generator)]])
     for _ in range(n_iterations):
         labels = torch.cdist(points, centres).argmin(dim=1)  # (N,)
-        updated = torch.stack([points[labels == c].mean(0) if (labels == c).any() else centres[c] for c in range(k)])
+        updated = torch.stack([points[labels == c].mean(0) if (labels == c).any() else centres[c]
+                               for c in range(k)])  # (k, D); an emptied cluster keeps its centre
         if torch.equal(updated, centres):
             break
         centres = updated

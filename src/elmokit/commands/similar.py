@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from elmokit.commands.common import add_model_arguments, model_from_args
@@ -127,7 +126,8 @@ def _plot(args: argparse.Namespace, query: list[str], position: int, result, emb
     if args.colour_by:
         cues = [cue.strip() for cue in args.colour_by.split(",") if cue.strip()]
         tokenize = make_tokenizer(args.tokenize)
-        texts = {i: tokenize(line) for i, line in read_corpus_lines(args.corpus, set(result.plot_lines.tolist())).items()}
+        lines = read_corpus_lines(args.corpus, set(result.plot_lines.tolist()))
+        texts = {i: tokenize(line) for i, line in lines.items()}
         labels = cue_labels([texts[int(line)] for line in result.plot_lines], cues)
         how = f"cue words {', '.join(cues)}"
     else:

@@ -10,6 +10,23 @@ from pathlib import Path
 from elmokit.tasks.train import DEFAULT_DATA_DIR, TASKS, TaskConfig
 
 
+OPTIONS = [  # (TaskConfig field, type, help)
+    ("max_epochs", int, "stop after this many epochs"),
+    ("patience", int, "stop after this many epochs without a better dev score"),
+    ("batch_size", int, "sentences a batch"),
+    ("word_dim", int, "size of the task's own (randomly initialised) word vectors"),
+    ("hidden_dim", int, "BiLSTM hidden size a direction"),
+    ("min_word_count", int, "task vocabulary: words seen at least this often in train"),
+    ("max_train_sentences", int, "train on a fixed random subset of this many sentences"),
+    ("max_eval_sentences", int, "score dev and test on fixed subsets of this many sentences"),
+    ("lr", float, "Adam learning rate of the task model"),
+    ("dropout", float, "dropout on the BiLSTM input and output"),
+    ("elmo_dropout", float, "dropout on the ELMo representation"),
+    ("elmo_l2", float, "lambda of the L2 penalty on the scalar-mix weights (Peters et al. 2018)"),
+    ("bilm_lr", float, "learning rate of the biLM with --finetune"),
+]
+
+
 def register(subcommands: argparse._SubParsersAction) -> None:
     parser = subcommands.add_parser(
         "task", help="train, evaluate and probe task models that use ELMo",
@@ -35,19 +52,16 @@ def _register_train(actions: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=defaults.seed, help=f"random seed (default {defaults.seed})")
     parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR,
                         help=f"folder of the data sets (default {DEFAULT_DATA_DIR}, or $ELMOKIT_DATA_DIR)")
-    for name in ("max_epochs", "patience", "batch_size", "word_dim", "hidden_dim", "min_word_count",
-                 "max_train_sentences", "max_eval_sentences"):
-        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name),
-                            help=f"(default {getattr(defaults, name)})")
-    for name in ("lr", "dropout", "elmo_dropout", "elmo_l2", "bilm_lr"):
-        parser.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(defaults, name),
-                            help=f"(default {getattr(defaults, name)})")
+    for name, kind, text in OPTIONS:
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=getattr(defaults, name),
+                            help=f"{text} (default {getattr(defaults, name)})")
     parser.add_argument("--elmo-at-output", action="store_true", help="also concatenate a second mix to the BiLSTM output")
     parser.add_argument("--crf", action=argparse.BooleanOptionalAction, default=None,
                         help="CRF output layer for taggers (default: on for NER, off for POS)")
     parser.add_argument("--pooling", choices=("max", "mean"), default="max", help="sentence pooling (default max)")
     parser.add_argument("--finetune", action="store_true", help="fine-tune the biLM (with --bilm-lr)")
     parser.add_argument("--cache-dir", help="keep the frozen biLM's layers here to share between runs")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's; 1 is best for small models)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=run_train)
 

@@ -92,6 +92,7 @@ class TaskConfig:
     max_train_sentences: int | None = None  # subsample (the same subset for every seed)
     max_eval_sentences: int | None = None
     cache_dir: str | None = None  # share the frozen biLM's layers between runs
+    threads: int | None = None  # torch intra-op threads; 1 is fastest for small models on a busy CPU
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -266,6 +267,8 @@ def train_task(config: TaskConfig, bilm: BiLM | None = None, data: TaskData | No
     `bilm` (else loaded from `config.model`) and `data` (its cached layers included) may be passed
     in to share them between seeds.
     """
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
     start_cpu, start_wall = time.process_time(), time.perf_counter()
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)

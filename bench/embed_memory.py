@@ -1,0 +1,107 @@
+"""Peak memory of `elmo embed` against the input size: it streams, so the peak should not grow
+with the number of tokens.
+
+    .venv/bin/python bench/embed_memory.py                       # 100k and 1M tokens -> bench/results/embed_memory.md
+    .venv/bin/python bench/embed_memory.py --tokens 20000 100000 --format all
+
+Inputs: the first lines of the shared Gutenberg validation text (whitespace tokens) up to each
+size; model: `small` with random weights (saved with save_pretrained to a temporary directory).
+Each run is its own `python -m elmokit embed` process, started by a small wrapper process whose
+RUSAGE_CHILDREN peak RSS is therefore that run's alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+GUTENBERG_VALID = REPO.parent / "shared" / "data" / "gutenberg-en" / "valid.txt.gz"
+WRAPPER = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True); "
+           "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+
+
+def write_input(path: Path, n_tokens: int) -> tuple[int, int]:
+    """The first lines of the Gutenberg text holding `n_tokens` tokens (whitespace-normalised).
+    Returns (sentences, tokens)."""
+    sentences = tokens = 0
+    with gzip.open(GUTENBERG_VALID, "rt", encoding="utf-8") as source, open(path, "w", encoding="utf-8") as out:
+        while tokens < n_tokens:
+            line = source.readline()
+            if not line:
+                raise SystemExit(f"{GUTENBERG_VALID} has fewer than {n_tokens} tokens")
+            words = line.split()
+            out.write(" ".join(words) + "\n")
+            sentences, tokens = sentences + 1, tokens + len(words)
+    return sentences, tokens
+
+
+def measure(model_dir: Path, source: Path, output: Path, layers: str, threads: int) -> tuple[float, float]:
+    """(peak RSS in MB, seconds) of one `elmo embed` run."""
+    command = [sys.executable, "-m", "elmokit", "embed", str(source), str(output), f"--{layers}",
+               "--model", str(model_dir), "--quiet", "--threads", str(threads), "--overwrite"]
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, "-c", WRAPPER, *command], capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if result.returncode != 0:
+        raise SystemExit(result.stderr)
+    return int(result.stdout.strip().splitlines()[-1]) / 1024, seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, nargs="+", default=[100_000, 1_000_000], help="input sizes")
+    parser.add_argument("--format", choices=["all", "top", "average"], default="top",
+                        help="what to store (default: top; --all writes 3x the bytes)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of the embed process")
+    parser.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "embed_memory.md")
+    args = parser.parse_args()
+    if not GUTENBERG_VALID.is_file():
+        sys.exit(f"needs {GUTENBERG_VALID} (the shared data folder beside the repo)")
+    from elmokit import BiLM, ElmoConfig, save_pretrained
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="embed-memory-") as tmp:
+        work = Path(tmp)
+        torch.manual_seed(0)
+        save_pretrained(BiLM(ElmoConfig.from_name("small")), work / "model")
+        for n_tokens in args.tokens:
+            source = work / f"in-{n_tokens}.txt"
+            sentences, tokens = write_input(source, n_tokens)
+            output = work / f"out-{n_tokens}.h5"
+            peak_mb, seconds = measure(work / "model", source, output, args.format, args.threads)
+            size_mb = output.stat().st_size / 2 ** 20
+            rows.append((sentences, tokens, source.stat().st_size / 2 ** 20, size_mb, peak_mb, seconds))
+            print(f"{tokens:>10,} tokens {sentences:>7,} sentences: peak RSS {peak_mb:7.0f} MB, "
+                  f"output {size_mb:7.0f} MB, {seconds:6.0f} s ({tokens / seconds:,.0f} tokens/s)", flush=True)
+            output.unlink()
+
+    lines = [
+        "# Peak memory of `elmo embed` (`bench/embed_memory.py`)",
+        "",
+        f"Machine: {platform.processor() or platform.machine()}, shared with other jobs; {args.threads} torch "
+        f"thread(s), torch {torch.__version__}. Model: `small` preset, random weights. Input: the first lines "
+        f"of Gutenberg valid.txt.gz (whitespace tokens), `--{args.format}`, HDF5, default batch 64, "
+        "max-length 256. Peak RSS is that of the `elmo embed` process (RUSAGE_CHILDREN of a wrapper).",
+        "",
+        "| sentences | tokens | input (MB) | output (MB) | peak RSS (MB) | seconds | tokens/s |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for sentences, tokens, input_mb, output_mb, peak_mb, seconds in rows:
+        lines.append(f"| {sentences:,} | {tokens:,} | {input_mb:.1f} | {output_mb:,.0f} | {peak_mb:,.0f} | "
+                     f"{seconds:,.0f} | {tokens / seconds:,.0f} |")
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(f"\nwrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

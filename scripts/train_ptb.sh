@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Train an ELMo biLM on Penn Treebank on a 2-core CPU (docs/training.md, "A real run: PTB").
+# Re-running the script continues the run from its last checkpoint (--resume).
+#   usage: scripts/train_ptb.sh [RUN_DIR]       (default /root/elmokit-runs/ptb)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ELMO=${ELMO:-.venv/bin/elmo}
+DATA=${PTB_DATA:-/work/shared/data/ptb}
+RUN=${1:-/root/elmokit-runs/ptb}
+VOCAB=$(dirname "$RUN")/ptb-vocab.txt
+
+[ -f "$VOCAB" ] || "$ELMO" vocab "$DATA/ptb.train.txt.gz" -o "$VOCAB"
+if [ -f "$RUN/checkpoint.pt" ]; then
+  exec "$ELMO" train --resume --output-dir "$RUN"
+fi
+exec "$ELMO" train --output-dir "$RUN" \
+  --train "$DATA/ptb.train.txt.gz" --valid "$DATA/ptb.valid.txt" --vocab "$VOCAB" \
+  --model scripts/ptb-cpu.json \
+  --optimizer adam --lr 0.002 --lr-decay 0.5 --grad-clip 10 --dropout 0.3 \
+  --batch-size 64 --unroll-steps 20 --epochs 10 --softmax full \
+  --eval-every 250 --eval-batch-size 64 --patience 4 \
+  --log-every 10 --checkpoint-every 50 --threads 2 --seed 0

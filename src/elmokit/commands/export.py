@@ -1,0 +1,57 @@
+"""`elmo export`: a trained model -> the original options JSON + HDF5, and/or a native directory."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(subcommands: argparse._SubParsersAction) -> None:
+    parser = subcommands.add_parser(
+        "export", help="write a trained model in the original (bilm-tf/AllenNLP) or native format",
+        description="Export a trained model: SOURCE is a training run directory (its best/ model, or "
+                    "its last checkpoint with --last), a model directory, or a checkpoint.pt file. "
+                    "The original format drops the softmax; the native directory keeps it with vocab.txt.")
+    parser.add_argument("source", type=Path, metavar="SOURCE", help="run directory, model directory or checkpoint.pt")
+    parser.add_argument("--last", action="store_true", help="from a run directory, export its last checkpoint "
+                        "instead of its best model")
+    parser.add_argument("--original", nargs=2, type=Path, metavar=("OPTIONS_JSON", "WEIGHTS_HDF5"),
+                        help="write the original options JSON and HDF5 weight file")
+    parser.add_argument("--native", type=Path, metavar="DIR",
+                        help="write a native model directory (config.json, model.safetensors with the "
+                             "softmax, vocab.txt)")
+    parser.set_defaults(func=run)
+
+
+def load_source(source: Path, last: bool = False):
+    """(LanguageModel, vocab path or None) from a run dir, a model dir or a checkpoint file."""
+    from elmokit.checkpoint import CHECKPOINT_NAME, VOCAB_NAME, load_checkpoint, load_model_dir, model_from_checkpoint
+    from elmokit.commands.perplexity import resolve_model_dir
+
+    if source.is_dir() and last:
+        source = source / CHECKPOINT_NAME
+    if source.is_file():
+        checkpoint = load_checkpoint(source)
+        vocab = checkpoint.get("train_config", {}).get("vocab") or None
+        local = source.parent / "best" / VOCAB_NAME  # the run's copy, should the original have moved
+        vocab = vocab if vocab and Path(vocab).is_file() else (local if local.is_file() else None)
+        return model_from_checkpoint(checkpoint), vocab
+    return load_model_dir(resolve_model_dir(source))
+
+
+def run(args: argparse.Namespace) -> int:
+    from elmokit.checkpoint import save_model_dir
+    from elmokit.weights import save_original
+
+    if args.original is None and args.native is None:
+        raise ValueError("nothing to do: give --original OPTIONS_JSON WEIGHTS_HDF5 and/or --native DIR")
+    model, vocab_path = load_source(args.source, args.last)
+    if args.original is not None:
+        save_original(model.bilm, *args.original)
+        print(f"wrote {args.original[0]} and {args.original[1]} (original format, softmax dropped)")
+    if args.native is not None:
+        if vocab_path is None:
+            raise FileNotFoundError(f"{args.source}: cannot find the vocabulary of its softmax for --native")
+        save_model_dir(model, args.native, vocab_path)
+        print(f"wrote {args.native} (native format with the softmax and vocab.txt)")
+    return 0

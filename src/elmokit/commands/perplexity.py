@@ -1,0 +1,87 @@
+"""`elmo perplexity`: forward, backward and average perplexity of text under a trained biLM."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def register(subcommands: argparse._SubParsersAction) -> None:
+    parser = subcommands.add_parser(
+        "perplexity", help="perplexity of tokenized text under a trained language model",
+        description="Print the forward, backward and average perplexity (full softmax) of tokenized "
+                    "files, one sentence a line, with sentences packed into rows and the LSTM state "
+                    "carried as in training. MODEL is a model directory with its softmax and vocab.txt "
+                    "(a run's best/), or a training run directory.")
+    parser.add_argument("model", type=Path, metavar="MODEL", help="model directory, or a run directory")
+    parser.add_argument("files", nargs="+", metavar="FILE", help="tokenized files or globs (plain or .gz)")
+    parser.add_argument("--batch-size", type=int, default=64, help="rows of a batch (default: 64)")
+    parser.add_argument("--unroll-steps", type=int, default=20, help="positions of a window (default: 20)")
+    parser.add_argument("--per-sentence", type=Path, metavar="OUT",
+                        help="also score every sentence alone (fresh state) into OUT: TSV, or JSON "
+                             "lines if OUT ends in .jsonl")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(func=run)
+
+
+def resolve_model_dir(path: Path) -> Path:
+    """A model directory itself, or the best/ model of a training run directory."""
+    from elmokit.checkpoint import is_model_dir
+    from elmokit.train import BEST_DIR
+
+    if is_model_dir(path):
+        return path
+    if is_model_dir(path / BEST_DIR):
+        return path / BEST_DIR
+    if not path.exists():
+        raise FileNotFoundError(f"model not found: {path}")
+    raise FileNotFoundError(f"{path}: neither a model directory (config.json + model.safetensors) "
+                            f"nor a training run with a {BEST_DIR}/ model")
+
+
+def run(args: argparse.Namespace) -> int:
+    from elmokit.checkpoint import load_model_dir
+    from elmokit.corpus import expand_paths
+    from elmokit.perplexity import corpus_perplexity
+    from elmokit.vocab import Vocabulary
+
+    model, vocab_path = load_model_dir(resolve_model_dir(args.model))
+    vocab = Vocabulary.load(vocab_path)
+    files = expand_paths(args.files)
+    result = corpus_perplexity(model, vocab, files, args.batch_size, args.unroll_steps, args.device)
+    if args.per_sentence is not None:
+        write_sentence_scores(model, vocab, files, args.per_sentence, args.batch_size, args.device)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"forward perplexity   {result['forward_ppl']:.3f}")
+        print(f"backward perplexity  {result['backward_ppl']:.3f}")
+        print(f"average perplexity   {result['ppl']:.3f}   ({result['n_tokens']:,} targets per direction)")
+    return 0
+
+
+def write_sentence_scores(model, vocab, files: list[Path], out: Path, batch_size: int, device: str) -> None:
+    """One line per non-blank input line: file, line number, targets, NLLs and perplexities."""
+    from elmokit.corpus import open_text
+    from elmokit.io import atomic_path
+    from elmokit.perplexity import sentence_scores
+
+    located, sentences = [], []
+    for path in files:
+        with open_text(path) as handle:
+            for number, line in enumerate(handle, start=1):
+                if line.strip():
+                    located.append((str(path), number))
+                    sentences.append(line.split())
+    as_json = out.suffix == ".jsonl"
+    with atomic_path(out) as tmp, open(tmp, "w", encoding="utf-8") as handle:
+        if not as_json:
+            handle.write("file\tline\tn_targets\tforward_nll\tbackward_nll\tforward_ppl\tbackward_ppl\tppl\n")
+        for (path, number), score in zip(located, sentence_scores(model, vocab, sentences, batch_size, device)):
+            values = {"file": path, "line": number, "n_targets": score.n_targets,
+                      "forward_nll": round(score.forward_nll, 4), "backward_nll": round(score.backward_nll, 4),
+                      "forward_ppl": round(score.forward_ppl, 3), "backward_ppl": round(score.backward_ppl, 3),
+                      "ppl": round(score.ppl, 3)}
+            handle.write(json.dumps(values) + "\n" if as_json else "\t".join(map(str, values.values())) + "\n")
