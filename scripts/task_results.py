@@ -128,7 +128,8 @@ def results_page(all_runs: dict, probes: dict | None, args: argparse.Namespace, 
     lines += ["", "Plots: " + ", ".join(f"[{task}](results/layer_weights_{task}.png)" if not args.quick else
                                       f"`layer_weights_{task}.png`" for task in all_runs), ""]
     if probes:
-        lines += ["## Probes: what each layer knows", ""]
+        lines += ["## Probes: what each layer knows", "",
+                  "Plot: " + ("`probes.png`" if args.quick else "[probes](results/probes.png)"), ""]
         if "pos" in probes:
             lines += ["Linear UPOS probe (logistic regression on one layer's frozen vectors, UD EWT):", "",
                       "| layer | dev acc. | test acc. |", "| --- | --- | --- |"]
