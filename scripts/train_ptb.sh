@@ -19,4 +19,4 @@ exec "$ELMO" train --output-dir "$RUN" \
   --optimizer adam --lr 0.002 --lr-decay 0.5 --grad-clip 10 --dropout 0.3 \
   --batch-size 64 --unroll-steps 20 --epochs 10 --softmax full \
   --eval-every 250 --eval-batch-size 64 --patience 4 \
-  --log-every 10 --checkpoint-every 50 --threads 2 --seed 0
+  --bf16 --log-every 10 --checkpoint-every 50 --threads 2 --seed 0

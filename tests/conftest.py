@@ -9,6 +9,9 @@ import torch
 
 from elmokit import BiLM, CharCNNConfig, ElmoConfig, LSTMConfig
 
+# Tests run tiny tensors: one thread avoids OpenMP spinning on a shared 2-core machine.
+torch.set_num_threads(1)
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 DATA = SHARED / "data"
