@@ -84,12 +84,126 @@ def test_resume_after_sigkill_gives_identical_losses(corpus, tmp_path):
     killed = tmp_path / "killed"
     kill_at = random.Random().randint(4, max(expected) - 4)
     process = elmo("train", "--config", str(corpus["train_json"]), "--output-dir", str(killed))
-    while process.poll() is None and max(losses(killed), default=0) < kill_at if (killed / "metrics.jsonl").exists() \
-            else process.poll() is None:
-        time.sleep(0.02)
+    metrics = killed / "metrics.jsonl"
+    while process.poll() is None and not (metrics.exists() and max(losses(killed), default=0) >= kill_at):
+        time.sleep(0.01)
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert max(losses(killed)) < max(expected), "the run finished before it could be killed"
     resumed = elmo("train", "--resume", "--output-dir", str(killed))
     assert resumed.wait(timeout=60) == 0, resumed.stderr.read()
     assert losses(killed) == expected  # every step's loss, bit for bit
+
+
+def test_export_original_and_native_give_identical_bilm_outputs(corpus, tmp_path):
+    from elmokit.checkpoint import load_checkpoint, model_from_checkpoint
+    from elmokit.chars import batch_to_ids
+    from elmokit.weights import load_original, load_pretrained
+
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(corpus["train_json"]), "--output-dir", str(run), "--epochs", "1"]) == 0
+    out = tmp_path / "export"
+    assert main(["export", str(run), "--last", "--original", str(out / "options.json"), str(out / "weights.hdf5"),
+                 "--native", str(out / "native")]) == 0
+    trained = model_from_checkpoint(load_checkpoint(run / "checkpoint.pt")).bilm
+    char_ids = batch_to_ids([["the", "cat", "sat"], ["a"], ["unseen", "wordß"]])
+    expected = trained(char_ids).layers
+    for loaded in (load_original(out / "options.json", out / "weights.hdf5"), load_pretrained(out / "native")):
+        for got, want in zip(loaded(char_ids).layers, expected):
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    assert (out / "native" / "vocab.txt").read_text() == corpus["vocab"].read_text()
+
+
+def test_perplexity_command_matches_validation_and_scores_sentences(corpus, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(corpus["train_json"]), "--output-dir", str(run), "--epochs", "1",
+                 "--no-progress"]) == 0
+    best = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if "valid_ppl" in line]
+    capsys.readouterr()
+    assert main(["perplexity", str(run), str(corpus["valid"]), "--json", "--unroll-steps", "5", "--per-sentence",
+                 str(tmp_path / "scores.tsv")]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["ppl"] == pytest.approx(min(r["valid_ppl"] for r in best), rel=1e-5)
+    rows = (tmp_path / "scores.tsv").read_text().splitlines()
+    assert rows[0].startswith("file\tline\tn_targets") and len(rows) == 1 + 30
+    assert main(["perplexity", str(run / "best"), str(corpus["valid"]), "--per-sentence",
+                 str(tmp_path / "scores.jsonl")]) == 0
+    first = json.loads((tmp_path / "scores.jsonl").read_text().splitlines()[0])
+    assert first["line"] == 1 and first["n_targets"] == len(corpus["valid"].read_text().splitlines()[0].split()) + 1
+
+
+def test_init_from_keeps_the_softmax_and_init_from_original_replaces_it(corpus, tmp_path):
+    from elmokit.checkpoint import load_model_dir
+    from elmokit.train import TrainConfig, build_model
+    from elmokit.vocab import Vocabulary
+    from elmokit.weights import save_original
+
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(corpus["train_json"]), "--output-dir", str(run), "--epochs", "1"]) == 0
+    trained, _ = load_model_dir(run / "best")
+    vocab = Vocabulary.load(corpus["vocab"])
+    base = TrainConfig.load(corpus["train_json"], output_dir=str(tmp_path / "adapted"))
+    adapted = build_model(TrainConfig(**{**base.__dict__, "init_from": str(run / "best")}), vocab)
+    torch.testing.assert_close(adapted.state_dict(), trained.state_dict())
+    save_original(trained.bilm, tmp_path / "options.json", tmp_path / "weights.hdf5")
+    original = build_model(TrainConfig(**{**base.__dict__, "init_from_original": [str(tmp_path / "options.json"),
+                                                                                   str(tmp_path / "weights.hdf5")]}), vocab)
+    torch.testing.assert_close(original.bilm.state_dict(), trained.bilm.state_dict())
+    assert not torch.equal(original.softmax.weight, trained.softmax.weight)
+    # and the continued run trains
+    assert main(["train", "--config", str(corpus["train_json"]), "--output-dir", str(tmp_path / "continued"),
+                 "--epochs", "1", "--init-from", str(run / "best")]) == 0
+
+
+def test_config_file_overrides_and_errors(corpus, tmp_path):
+    from elmokit.commands.train import config_from_args
+    from elmokit.cli import build_parser
+    from elmokit.config import ConfigError
+    from elmokit.train import TrainConfig
+
+    args = build_parser().parse_args(["train", "--config", str(corpus["train_json"]), "--lr", "0.05",
+                                      "--batch-size", "8", "--no-bf16", "--valid", "a.txt", "b.txt"])
+    config = config_from_args(args)
+    assert (config.lr, config.batch_size, config.bf16, config.valid_files) == (0.05, 8, False, ["a.txt", "b.txt"])
+    assert config.unroll_steps == 5  # from the file
+    (tmp_path / "bad.json").write_text(json.dumps({"learning_rate": 1}))
+    with pytest.raises(ConfigError, match="learning_rate"):
+        TrainConfig.load(tmp_path / "bad.json")
+    with pytest.raises(ConfigError, match="optimizer"):
+        TrainConfig(optimizer="sgd")
+    with pytest.raises(ConfigError, match="multiple of log_every"):
+        TrainConfig(log_every=10, checkpoint_every=15)
+    assert main(["train", "--config", str(corpus["train_json"]), "--output-dir", str(tmp_path / "r"),
+                 "--vocab", str(tmp_path / "missing.txt")]) == 2
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_processes_take_the_same_steps_as_one(corpus, tmp_path):
+    """DDP over gloo, 2 processes x 2 rows against 1 process x 4 rows: with data_split=rows both see
+    the same global batches, so the losses agree up to float summation order (1e-5 relative)."""
+    options = ["train", "--config", str(corpus["train_json"]), "--epochs", "1", "--dropout", "0",
+               "--softmax", "full", "--data-split", "rows", "--eval-every", "10"]
+    single = elmo(*options, "--output-dir", str(tmp_path / "one"))
+    assert single.wait(timeout=60) == 0, single.stderr.read()
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
+    double = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+         "--master_port", str(free_port()), "-m", "elmokit", *options, "--output-dir", str(tmp_path / "two")],
+        env=env, capture_output=True, text=True, timeout=90)
+    assert double.returncode == 0, double.stderr[-3000:]
+    one, two = (read(tmp_path / name / "metrics.jsonl") for name in ("one", "two"))
+    assert len(one) == len(two) > 10
+    for a, b in zip(one, two):
+        assert a["step"] == b["step"] and a["tokens"] == b["tokens"]
+        for key in ("loss", "valid_ppl"):
+            if key in a:
+                assert b[key] == pytest.approx(a[key], rel=1e-5), (a, b)
+
+
+def read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]

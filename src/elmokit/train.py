@@ -1,23 +1,24 @@
 """Training an ELMo biLM on your own corpus: configuration, the loop, evaluation, resume.
 
-The loop is visible: `train` calls `train_step` for each window of each epoch, `evaluate` every
-`eval_every` steps and at the end of every epoch, and `save_checkpoint` every `checkpoint_every`
-steps. Everything needed to continue exactly where a run stopped (model, optimizer, schedule,
+The loop is visible: `train` calls `train_step` for each window of each epoch, `run_evaluation`
+every `eval_every` steps and at the end of every epoch, and `save_training_checkpoint` every
+`checkpoint_every` steps. The options are `TrainConfig` (train_config.py); the metrics, the
+progress bar and the curves are in metrics.py. Everything needed to continue exactly where a run stopped (model, optimizer, schedule,
 RNGs, the carried LSTM state and the data position of every rank) is in `checkpoint.pt`.
 
 Several processes (`torchrun --nproc_per_node N -m elmokit train ...`): DistributedDataParallel,
-gloo on CPU and nccl on GPU; rank r reads its own share of the rows (`LMBatcher(rank, world_size)`)
-and the per-rank batch is `batch_size / world_size`. Losses are normalised by the token count of
+gloo on CPU and nccl on GPU; rank r reads its own share of the corpus (`LMBatcher(rank,
+world_size)`, or with data_split="rows" its rows of every global batch) and the per-rank batch is
+`batch_size / world_size`. Losses are normalised by the token count of
 the whole global batch, so N processes take the same steps as one process with the same batch.
 """
 
 from __future__ import annotations
 
-import json
+import io
 import math
 import os
-import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +30,10 @@ from elmokit import checkpoint as ckpt
 from elmokit.chars import MAX_CHARS
 from elmokit.config import ConfigError, ElmoConfig
 from elmokit.data import LMBatch, LMBatcher, eval_batches
-from elmokit.io import atomic_path, atomic_write_text
 from elmokit.lm import LanguageModel
+from elmokit.metrics import MetricsWindow, append_metrics, plot_curves, progress_bar, truncate_metrics
 from elmokit.model import LstmState
+from elmokit.train_config import TrainConfig
 from elmokit.weights import load_original, load_pretrained, read_safetensors, WEIGHTS_NAME
 
 METRICS_NAME = "metrics.jsonl"
@@ -39,111 +41,6 @@ CURVES_NAME = "curves.png"
 TRAIN_CONFIG_NAME = "train_config.json"
 BEST_DIR = "best"
 _TENSOR_NAMES = ("forward_char_ids", "backward_char_ids", "forward_targets", "backward_targets", "mask")
-
-
-# ---------------------------------------------------------------------------------------------
-# Configuration
-# ---------------------------------------------------------------------------------------------
-def _option(default: Any, help: str) -> Any:
-    """A TrainConfig field with its help text (the command line is generated from the fields)."""
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
-
-
-@dataclass
-class TrainConfig:
-    """Everything a training run depends on; saved as `train_config.json` in the output dir.
-
-    Defaults follow the original recipe (spec §13): Adagrad lr 0.2 with initial accumulator 1.0,
-    global gradient norm 10, dropout 0.1, 20-token windows, sampled softmax with 8192 negatives.
-    """
-
-    output_dir: str = _option("", "directory of the run: checkpoint, metrics, curves, best model")
-    train_files: list[str] = _option([], "training corpus: files or globs, one tokenized sentence a line")
-    valid_files: list[str] = _option([], "validation files or globs (perplexity, best model, early stop)")
-    vocab: str = _option("", "vocab.txt of the softmax (from `elmo vocab`), sorted by frequency")
-    model: str = _option("small", "a preset name (small, medium, original) or an ElmoConfig JSON file")
-    init_from: str = _option("", "start from a native model dir (its softmax is kept if its vocab.txt is ours)")
-    init_from_original: list[str] = _option([], "start from an original OPTIONS.json WEIGHTS.hdf5 (new softmax)")
-    optimizer: str = _option("adagrad", "adagrad (the original) or adam")
-    lr: float = _option(0.2, "learning rate")
-    initial_accumulator: float = _option(1.0, "Adagrad's initial accumulator value")
-    warmup_steps: int = _option(0, "linear learning-rate warm-up over this many steps")
-    lr_decay: float = _option(1.0, "multiply the lr by this after an evaluation without improvement")
-    grad_clip: float = _option(10.0, "clip gradients to this global norm (0 = no clipping)")
-    dropout: float = _option(0.1, "dropout on every LSTM input and on the softmax input")
-    batch_size: int = _option(128, "rows of a global batch (all processes together)")
-    unroll_steps: int = _option(20, "tokens a row per window (truncated backpropagation through time)")
-    epochs: int = _option(10, "passes over the training files")
-    max_tokens: int = _option(0, "stop after this many training tokens (0 = no budget)")
-    softmax: str = _option("sampled", "sampled (training only; evaluation is always full) or full")
-    n_samples: int = _option(8192, "negatives of the sampled softmax (full softmax if >= the vocabulary)")
-    bf16: bool = _option(False, "bfloat16 autocast")
-    seed: int = _option(0, "seed of the weights, the dropout, the sampler and the data order")
-    data_split: str = _option("files", "how processes share the corpus: files (each reads its own shards "
-                              "or lines) or rows (each reads everything and keeps its rows of the global "
-                              "batch: the same batches whatever the number of processes)")
-    eval_every: int = _option(0, "steps between evaluations (0 = at the end of each epoch only)")
-    eval_batch_size: int = _option(64, "rows of an evaluation batch")
-    patience: int = _option(0, "stop after this many evaluations without improvement (0 = never)")
-    log_every: int = _option(10, "steps between lines of metrics.jsonl")
-    checkpoint_every: int = _option(100, "steps between checkpoints (a multiple of log_every)")
-    device: str = _option("auto", "cpu, cuda, cuda:N, or auto")
-    threads: int = _option(0, "torch.set_num_threads (0 = torch's default)")
-    progress: bool = _option(True, "show a progress bar")
-
-    def __post_init__(self) -> None:
-        def require(condition: bool, message: str) -> None:
-            if not condition:
-                raise ConfigError(message)
-
-        require(self.optimizer in ("adagrad", "adam"), f"optimizer must be adagrad or adam, got {self.optimizer!r}")
-        require(self.softmax in ("sampled", "full"), f"softmax must be sampled or full, got {self.softmax!r}")
-        require(self.data_split in ("files", "rows"), f"data_split must be files or rows, got {self.data_split!r}")
-        for name in ("batch_size", "unroll_steps", "epochs", "log_every", "checkpoint_every", "eval_batch_size"):
-            require(getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("max_tokens", "eval_every", "patience", "warmup_steps", "n_samples", "threads"):
-            require(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
-        require(self.lr > 0, f"lr must be > 0, got {self.lr}")
-        require(0 < self.lr_decay <= 1, f"lr_decay must be in (0, 1], got {self.lr_decay}")
-        require(0 <= self.dropout < 1, f"dropout must be in [0, 1), got {self.dropout}")
-        require(self.grad_clip >= 0, f"grad_clip must be >= 0, got {self.grad_clip}")
-        require(self.checkpoint_every % self.log_every == 0,
-                f"checkpoint_every ({self.checkpoint_every}) must be a multiple of log_every ({self.log_every})")
-        require(not (self.init_from and self.init_from_original), "give init_from or init_from_original, not both")
-        require(len(self.init_from_original) in (0, 2),
-                f"init_from_original needs [options.json, weights.hdf5], got {self.init_from_original}")
-
-    def check_paths(self) -> None:
-        """Raise a clear error for a missing output dir, vocabulary or corpus."""
-        if not self.output_dir:
-            raise ConfigError("output_dir is required (--output-dir)")
-        if not self.train_files:
-            raise ConfigError("train_files is required (--train FILE_OR_GLOB ...)")
-        if not self.vocab:
-            raise ConfigError("vocab is required (--vocab vocab.txt; build one with `elmo vocab`)")
-        if not Path(self.vocab).is_file():
-            raise FileNotFoundError(f"vocabulary file not found: {self.vocab}")
-
-    @classmethod
-    def load(cls, path: str | Path, **overrides: Any) -> "TrainConfig":
-        """Read a JSON file; `overrides` (e.g. from the command line) win over its values."""
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise FileNotFoundError(f"training config not found: {path}") from None
-        except json.JSONDecodeError as error:
-            raise ConfigError(f"{path}: not valid JSON ({error})") from error
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"{path}: unknown training options {unknown}")
-        return cls(**{**data, **overrides})
-
-    def save(self, path: str | Path) -> None:
-        atomic_write_text(path, json.dumps(asdict(self), indent=2) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -386,12 +283,12 @@ def train(config: TrainConfig, resume: bool = False) -> Progress:
         state = None if mine["lstm_state"] is None else LstmState(*(t.to(dist_.device) for t in mine["lstm_state"]))
         data_state = ckpt.from_plain(mine["data"])
         if dist_.is_main:
-            _truncate_metrics(out_dir / METRICS_NAME, progress.step)
+            truncate_metrics(out_dir / METRICS_NAME, progress.step)
     wrapped = DistributedDataParallel(model) if dist_.world_size > 1 else model
     model.train()
 
-    bar = _progress_bar(config, dist_, progress.step)
-    window = _Window()
+    bar = progress_bar(config.progress and dist_.is_main, progress.step)
+    window = MetricsWindow()
     while progress.epoch < config.epochs and not progress.done:
         batches = train_batches(config, vocab, progress.epoch, dist_)
         if data_state is not None:
@@ -402,10 +299,11 @@ def train(config: TrainConfig, resume: bool = False) -> Progress:
             state = result.state
             progress.step += 1
             progress.tokens += result.n_tokens
-            window.add(result)
+            window.add(result.loss, result.grad_norm, result.n_tokens)
             bar.update(1)
             if progress.step % config.log_every == 0:
-                _log(out_dir, dist_, window.record(progress, config), bar)
+                _log(out_dir, dist_, window.record(step=progress.step, tokens=progress.tokens, epoch=progress.epoch,
+                                                   lr=progress.lr(config)), bar)
             if config.eval_every and progress.step % config.eval_every == 0:
                 run_evaluation(model, config, vocab, progress, out_dir, dist_, bar)
             if config.max_tokens and progress.tokens >= config.max_tokens:
@@ -466,9 +364,12 @@ def save_training_checkpoint(out_dir: Path, config: TrainConfig, model: Language
             "lstm_state": None if state is None else [t.detach().cpu() for t in state],
             "data": ckpt.to_plain(batches.state_dict()) if batches is not None else None}
     ranks = [mine]
-    if dist_.world_size > 1:
-        ranks = [None] * dist_.world_size
-        dist.all_gather_object(ranks, mine)
+    if dist_.world_size > 1:  # gathered as torch.save bytes: plain values, read back weights_only
+        buffer = io.BytesIO()
+        torch.save(ckpt.to_plain(mine), buffer)
+        gathered = [None] * dist_.world_size
+        dist.all_gather_object(gathered, buffer.getvalue())
+        ranks = [torch.load(io.BytesIO(data), weights_only=True) for data in gathered]
     if dist_.is_main:
         ckpt.save_checkpoint(out_dir / ckpt.CHECKPOINT_NAME, {
             "model": model.state_dict(), "optimizer": optimizer.state_dict(), "progress": asdict(progress),
@@ -501,89 +402,9 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-# ---------------------------------------------------------------------------------------------
-# Metrics, progress and curves
-# ---------------------------------------------------------------------------------------------
-class _Window:
-    """Training statistics since the last log line."""
-
-    def __init__(self) -> None:
-        self.loss, self.steps, self.tokens, self.grad_norm = 0.0, 0, 0, 0.0
-        self.start = time.perf_counter()
-
-    def add(self, result: StepResult) -> None:
-        self.loss += result.loss
-        self.grad_norm += result.grad_norm
-        self.steps += 1
-        self.tokens += result.n_tokens
-
-    def record(self, progress: Progress, config: TrainConfig) -> dict[str, Any]:
-        seconds = time.perf_counter() - self.start
-        record = {"step": progress.step, "tokens": progress.tokens, "epoch": progress.epoch,
-                  "loss": self.loss / self.steps, "lr": progress.lr(config),
-                  "grad_norm": self.grad_norm / self.steps, "tokens_per_s": self.tokens / max(seconds, 1e-9)}
-        self.__init__()
-        return record
-
-
 def _log(out_dir: Path, dist_: Dist, record: dict[str, Any], bar) -> None:
-    if not dist_.is_main:
-        return
-    with open(out_dir / METRICS_NAME, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(record) + "\n")
-    if "valid_ppl" in record:
-        bar.write(f"step {record['step']}: valid perplexity {record['valid_ppl']:.2f} "
-                  f"(forward {record['valid_forward_ppl']:.2f}, backward {record['valid_backward_ppl']:.2f})")
-    else:
-        bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
-
-
-def _truncate_metrics(path: Path, last_step: int) -> None:
-    """Drop the lines a killed run wrote after its last checkpoint (they are recomputed)."""
-    if not path.exists():
-        return
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines()
-             if line.strip() and json.loads(line)["step"] <= last_step]
-    atomic_write_text(path, "".join(line + "\n" for line in lines))
-
-
-def _progress_bar(config: TrainConfig, dist_: Dist, initial: int):
-    import sys
-
-    from tqdm import tqdm
-
-    return tqdm(initial=initial, unit="step", disable=not (config.progress and dist_.is_main),
-                mininterval=0.5 if sys.stderr.isatty() else 60.0, dynamic_ncols=True)
-
-
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
-
-
-def plot_curves(metrics_path: Path, png_path: Path) -> None:
-    """Training loss and validation perplexities against training tokens, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    records = read_metrics(metrics_path) if metrics_path.exists() else []
-    train = [r for r in records if "loss" in r]
-    valid = [r for r in records if "valid_ppl" in r]
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    left.plot([r["tokens"] for r in train], [r["loss"] for r in train], linewidth=0.8)
-    left.set(xlabel="training tokens", ylabel="training loss (nats)", title="training")
-    for key, label in (("valid_forward_ppl", "forward"), ("valid_backward_ppl", "backward"), ("valid_ppl", "average")):
-        right.plot([r["tokens"] for r in valid], [r[key] for r in valid], marker="o", label=label)
-    right.set(xlabel="training tokens", ylabel="perplexity (full softmax)", title="validation")
-    if valid:
-        right.set_yscale("log")
-        right.legend()
-    figure.tight_layout()
-    with atomic_path(png_path) as tmp:
-        figure.savefig(tmp, format="png", dpi=100)
-    plt.close(figure)
+    if dist_.is_main:
+        append_metrics(out_dir / METRICS_NAME, record, bar)
 
 
 def _provenance(config: TrainConfig, progress: Progress, result: dict[str, float] | None) -> dict[str, Any]:

@@ -1,0 +1,169 @@
+"""Training speed: elmokit's LanguageModel against the same shapes built on torch.nn.LSTM.
+
+For each shape, three models train on the same PTB windows in the same process, one step each
+in turn (so that a busy machine slows all of them alike):
+
+    elmokit (clip 3)    the ELMo cell with cell/projection clipping: BiLstm's step loop
+    elmokit (no clip)   clips 0: LanguageModel runs the fused torch.nn.LSTM kernel itself
+    nn.LSTM baseline    each direction a torch.nn.LSTM(P, C, num_layers=L, proj_size=P) stack
+                        (no clipping, no residual), the same TokenEncoder and the same softmax,
+                        the same dropout 0.1 (token layer, between layers, softmax input)
+
+A step is forward, backward, gradient clipping to norm 10 and an Adam update, with the full
+softmax over the PTB vocabulary. Prints a table and writes it to bench/results/train.md.
+
+    .venv/bin/python bench/train.py [--steps 6] [--batch-size 32] [--bf16] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from elmokit.config import ElmoConfig, LSTMConfig
+from elmokit.data import LMBatcher
+from elmokit.lm import LanguageModel
+from elmokit.model import TokenEncoder
+from elmokit.vocab import Vocabulary, make_vocab
+
+REPO = Path(__file__).resolve().parents[1]
+PTB = Path(os.environ.get("PTB_DATA", REPO.parent / "shared" / "data" / "ptb"))
+SHAPES = {"small": ElmoConfig.from_name("small"), "ptb-cpu": ElmoConfig.load(REPO / "scripts" / "ptb-cpu.json")}
+
+
+class TorchLstmLM(nn.Module):
+    """The baseline: the same token encoder and softmax, one nn.LSTM stack per direction."""
+
+    def __init__(self, config: ElmoConfig, vocab_size: int, dropout: float):
+        super().__init__()
+        lstm = config.lstm
+        self.dropout = dropout
+        self.token_encoder = TokenEncoder(config)
+        self.stacks = nn.ModuleList(
+            nn.LSTM(lstm.projection_dim, lstm.cell_dim, num_layers=lstm.n_layers, proj_size=lstm.projection_dim,
+                    batch_first=True, dropout=dropout) for _ in range(2))
+        self.softmax = nn.Linear(lstm.projection_dim, vocab_size)
+
+    def forward(self, batch, state):
+        char_ids = torch.stack([batch.forward_char_ids, batch.backward_char_ids])  # (D, B, U, W)
+        unique_ids, inverse = torch.unique(char_ids.reshape(-1, char_ids.shape[-1]), dim=0, return_inverse=True)
+        tokens = self.token_encoder(unique_ids)[inverse].view(*char_ids.shape[:-1], -1)  # (D, B, U, P)
+        tokens = F.dropout(tokens, self.dropout, self.training)
+        outputs, new_state = [], []
+        for direction, stack in enumerate(self.stacks):
+            output, final = stack(tokens[direction], None if state is None else state[direction])
+            outputs.append(F.dropout(output, self.dropout, self.training))
+            new_state.append(tuple(t.detach() for t in final))
+        mask = batch.mask
+        nll = sum(F.cross_entropy(self.softmax(out[mask]).float(), targets[mask], reduction="sum")
+                  for out, targets in zip(outputs, (batch.forward_targets, batch.backward_targets)))
+        return nll / (2 * max(int(mask.sum()), 1)), new_state
+
+
+class Trainer:
+    """One model, its optimizer and its carried state."""
+
+    def __init__(self, name: str, model: nn.Module, bf16: bool):
+        self.name, self.model, self.bf16 = name, model.train(), bf16
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        self.state, self.times = None, []
+
+    def step(self, batch) -> None:
+        start = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+            if isinstance(self.model, LanguageModel):
+                out = self.model(batch, self.state)
+                loss, self.state = out.loss, out.state
+            else:
+                loss, self.state = self.model(batch, self.state)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 10.0)
+        self.optimizer.step()
+        self.times.append(time.perf_counter() - start)
+
+
+def unclipped(config: ElmoConfig) -> ElmoConfig:
+    return dataclasses.replace(config, lstm=LSTMConfig(**{**dataclasses.asdict(config.lstm), "cell_clip": 0.0,
+                                                         "proj_clip": 0.0}))
+
+
+def clipped(config: ElmoConfig) -> ElmoConfig:
+    return dataclasses.replace(config, lstm=LSTMConfig(**{**dataclasses.asdict(config.lstm), "cell_clip": 3.0,
+                                                         "proj_clip": 3.0}))
+
+
+def bench_shape(name: str, config: ElmoConfig, vocab: Vocabulary, args) -> list[dict]:
+    torch.manual_seed(0)
+    trainers = [Trainer("elmokit (clip 3)", LanguageModel(clipped(config), len(vocab), dropout=0.1), args.bf16),
+                Trainer("elmokit (no clip, fused)", LanguageModel(unclipped(config), len(vocab), dropout=0.1), args.bf16),
+                Trainer("nn.LSTM baseline", TorchLstmLM(config, len(vocab), dropout=0.1), args.bf16)]
+    batches = LMBatcher([PTB / "ptb.train.txt.gz"], vocab, args.batch_size, args.unroll_steps, seed=0)
+    for _ in range(args.warmup + args.steps):
+        batch = next(batches)
+        for trainer in trainers:
+            trainer.step(batch)
+    tokens = args.batch_size * args.unroll_steps
+    baseline = tokens / statistics.median(trainers[-1].times[args.warmup:])
+    rows = []
+    for trainer in trainers:
+        speed = tokens / statistics.median(trainer.times[args.warmup:])
+        rows.append({"shape": name, "model": trainer.name, "tokens_per_s": speed, "vs_baseline": speed / baseline,
+                     "params": sum(p.numel() for p in trainer.model.parameters())})
+        print(f"{name:8s} {trainer.name:26s} {speed:8.0f} tokens/s  {speed / baseline:5.2f}x", flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--steps", type=int, default=6, help="timed steps per model (median reported)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--unroll-steps", type=int, default=20)
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "train.md")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    vocab_path = Path(os.environ.get("TMPDIR", "/tmp")) / "elmokit-bench-ptb-vocab.txt"
+    if not vocab_path.exists():
+        make_vocab([PTB / "ptb.train.txt.gz"], vocab_path)
+    vocab = Vocabulary.load(vocab_path)
+    load_before = os.getloadavg()[0]
+    rows = [row for shape in args.shapes for row in bench_shape(shape, SHAPES[shape], vocab, args)]
+    write_table(rows, args, load_before, os.getloadavg()[0])
+
+
+def write_table(rows: list[dict], args, load_before: float, load_after: float) -> None:
+    lines = [
+        "# Training speed (bench/train.py)", "",
+        f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+        f"{args.threads} threads; load average {load_before:.1f} before, {load_after:.1f} after (other "
+        "processes share the machine: compare rows of one run, not runs).",
+        f"Batch {args.batch_size} x {args.unroll_steps} tokens, full softmax over the PTB vocabulary, Adam, "
+        f"clip norm 10, {'bf16 autocast' if args.bf16 else 'float32'}; median of {args.steps} steps after "
+        f"{args.warmup} warm-up steps, the three models stepping in turn on the same windows.", "",
+        "| shape | model | parameters | tokens/s | vs nn.LSTM |", "|---|---|---:|---:|---:|",
+    ]
+    lines += [f"| {r['shape']} | {r['model']} | {r['params'] / 1e6:.2f}M | {r['tokens_per_s']:.0f} | "
+              f"{r['vs_baseline']:.2f}x |" for r in rows]
+    text = "\n".join(lines) + "\n"
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    mode = "a" if args.output.exists() else "w"
+    with open(args.output, mode, encoding="utf-8") as handle:
+        handle.write(("\n" if mode == "a" else "") + text)
+    print(f"\nappended to {args.output}" if mode == "a" else f"\nwrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""What a training run reports: `metrics.jsonl` lines, the progress bar and `curves.png`.
+
+metrics.jsonl holds one JSON object a line: every `log_every` steps
+    {"step", "tokens", "epoch", "loss", "lr", "grad_norm", "tokens_per_s"}
+(loss = mean training loss of the steps since the last line; sampled-softmax losses are not
+perplexities), and at every evaluation
+    {"step", "tokens", "epoch", "valid_forward_ppl", "valid_backward_ppl", "valid_ppl"} (full softmax).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from elmokit.io import atomic_path, atomic_write_text
+
+
+class MetricsWindow:
+    """Training statistics since the last log line."""
+
+    def __init__(self) -> None:
+        self.loss, self.grad_norm, self.steps, self.tokens = 0.0, 0.0, 0, 0
+        self.start = time.perf_counter()
+
+    def add(self, loss: float, grad_norm: float, n_tokens: int) -> None:
+        self.loss += loss
+        self.grad_norm += grad_norm
+        self.steps += 1
+        self.tokens += n_tokens
+
+    def record(self, **counters: Any) -> dict[str, Any]:
+        """The log line (with `counters`: step, tokens, epoch, lr); starts a new window."""
+        seconds = time.perf_counter() - self.start
+        record = {**counters, "loss": self.loss / max(self.steps, 1), "grad_norm": self.grad_norm / max(self.steps, 1),
+                  "tokens_per_s": self.tokens / max(seconds, 1e-9)}
+        self.__init__()
+        return record
+
+
+def append_metrics(path: Path, record: dict[str, Any], bar) -> None:
+    """Append one line to metrics.jsonl and show it on the progress bar."""
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record) + "\n")
+    if "valid_ppl" in record:
+        bar.write(f"step {record['step']}: valid perplexity {record['valid_ppl']:.2f} "
+                  f"(forward {record['valid_forward_ppl']:.2f}, backward {record['valid_backward_ppl']:.2f})")
+    else:
+        bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """Drop the lines a killed run wrote after its last checkpoint (resuming recomputes them)."""
+    if not path.exists():
+        return
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines()
+             if line.strip() and json.loads(line)["step"] <= last_step]
+    atomic_write_text(path, "".join(line + "\n" for line in lines))
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def progress_bar(enabled: bool, initial: int):
+    """A tqdm bar of steps; refreshed at most once a minute when stderr is a log file."""
+    from tqdm import tqdm
+
+    return tqdm(initial=initial, unit="step", disable=not enabled, dynamic_ncols=True,
+                mininterval=0.5 if sys.stderr.isatty() else 60.0)
+
+
+def plot_curves(metrics_path: Path, png_path: Path) -> None:
+    """Training loss and validation perplexities against training tokens, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(metrics_path) if metrics_path.exists() else []
+    train = [r for r in records if "loss" in r]
+    valid = [r for r in records if "valid_ppl" in r]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    left.plot([r["tokens"] for r in train], [r["loss"] for r in train], linewidth=0.8)
+    left.set(xlabel="training tokens", ylabel="training loss (nats)", title="training")
+    for key, label in (("valid_forward_ppl", "forward"), ("valid_backward_ppl", "backward"), ("valid_ppl", "average")):
+        right.plot([r["tokens"] for r in valid], [r[key] for r in valid], marker="o", label=label)
+    right.set(xlabel="training tokens", ylabel="perplexity (full softmax)", title="validation")
+    if valid:
+        right.set_yscale("log")
+        right.legend()
+    figure.tight_layout()
+    with atomic_path(png_path) as tmp:
+        figure.savefig(tmp, format="png", dpi=100)
+    plt.close(figure)

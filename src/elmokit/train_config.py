@@ -1,0 +1,117 @@
+"""The typed configuration of a training run (`elmo train`): one dataclass, JSON on disk.
+
+Every field is also a command-line option of `elmo train` (generated from the fields and their
+help texts), and the run saves it as `train_config.json` beside its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from elmokit.config import ConfigError
+from elmokit.io import atomic_write_text
+
+
+def _option(default: Any, help: str) -> Any:
+    """A TrainConfig field with its help text (the command line is generated from the fields)."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run depends on; saved as `train_config.json` in the output dir.
+
+    Defaults follow the original recipe (spec §13): Adagrad lr 0.2 with initial accumulator 1.0,
+    global gradient norm 10, dropout 0.1, 20-token windows, sampled softmax with 8192 negatives.
+    """
+
+    output_dir: str = _option("", "directory of the run: checkpoint, metrics, curves, best model")
+    train_files: list[str] = _option([], "training corpus: files or globs, one tokenized sentence a line")
+    valid_files: list[str] = _option([], "validation files or globs (perplexity, best model, early stop)")
+    vocab: str = _option("", "vocab.txt of the softmax (from `elmo vocab`), sorted by frequency")
+    model: str = _option("small", "a preset name (small, medium, original) or an ElmoConfig JSON file")
+    init_from: str = _option("", "start from a native model dir (its softmax is kept if its vocab.txt is ours)")
+    init_from_original: list[str] = _option([], "start from an original OPTIONS.json WEIGHTS.hdf5 (new softmax)")
+    optimizer: str = _option("adagrad", "adagrad (the original) or adam")
+    lr: float = _option(0.2, "learning rate")
+    initial_accumulator: float = _option(1.0, "Adagrad's initial accumulator value")
+    warmup_steps: int = _option(0, "linear learning-rate warm-up over this many steps")
+    lr_decay: float = _option(1.0, "multiply the lr by this after an evaluation without improvement")
+    grad_clip: float = _option(10.0, "clip gradients to this global norm (0 = no clipping)")
+    dropout: float = _option(0.1, "dropout on every LSTM input and on the softmax input")
+    batch_size: int = _option(128, "rows of a global batch (all processes together)")
+    unroll_steps: int = _option(20, "tokens a row per window (truncated backpropagation through time)")
+    epochs: int = _option(10, "passes over the training files")
+    max_tokens: int = _option(0, "stop after this many training tokens (0 = no budget)")
+    softmax: str = _option("sampled", "sampled (training only; evaluation is always full) or full")
+    n_samples: int = _option(8192, "negatives of the sampled softmax (full softmax if >= the vocabulary)")
+    bf16: bool = _option(False, "bfloat16 autocast")
+    seed: int = _option(0, "seed of the weights, the dropout, the sampler and the data order")
+    data_split: str = _option("files", "how processes share the corpus: files (each reads its own shards "
+                              "or lines) or rows (each reads everything and keeps its rows of the global "
+                              "batch: the same batches whatever the number of processes)")
+    eval_every: int = _option(0, "steps between evaluations (0 = at the end of each epoch only)")
+    eval_batch_size: int = _option(64, "rows of an evaluation batch")
+    patience: int = _option(0, "stop after this many evaluations without improvement (0 = never)")
+    log_every: int = _option(10, "steps between lines of metrics.jsonl")
+    checkpoint_every: int = _option(100, "steps between checkpoints (a multiple of log_every)")
+    device: str = _option("auto", "cpu, cuda, cuda:N, or auto")
+    threads: int = _option(0, "torch.set_num_threads (0 = torch's default)")
+    progress: bool = _option(True, "show a progress bar")
+
+    def __post_init__(self) -> None:
+        def require(condition: bool, message: str) -> None:
+            if not condition:
+                raise ConfigError(message)
+
+        require(self.optimizer in ("adagrad", "adam"), f"optimizer must be adagrad or adam, got {self.optimizer!r}")
+        require(self.softmax in ("sampled", "full"), f"softmax must be sampled or full, got {self.softmax!r}")
+        require(self.data_split in ("files", "rows"), f"data_split must be files or rows, got {self.data_split!r}")
+        for name in ("batch_size", "unroll_steps", "epochs", "log_every", "checkpoint_every", "eval_batch_size"):
+            require(getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("max_tokens", "eval_every", "patience", "warmup_steps", "n_samples", "threads"):
+            require(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
+        require(self.lr > 0, f"lr must be > 0, got {self.lr}")
+        require(0 < self.lr_decay <= 1, f"lr_decay must be in (0, 1], got {self.lr_decay}")
+        require(0 <= self.dropout < 1, f"dropout must be in [0, 1), got {self.dropout}")
+        require(self.grad_clip >= 0, f"grad_clip must be >= 0, got {self.grad_clip}")
+        require(self.checkpoint_every % self.log_every == 0,
+                f"checkpoint_every ({self.checkpoint_every}) must be a multiple of log_every ({self.log_every})")
+        require(not (self.init_from and self.init_from_original), "give init_from or init_from_original, not both")
+        require(len(self.init_from_original) in (0, 2),
+                f"init_from_original needs [options.json, weights.hdf5], got {self.init_from_original}")
+
+    def check_paths(self) -> None:
+        """Raise a clear error for a missing output dir, vocabulary or corpus."""
+        if not self.output_dir:
+            raise ConfigError("output_dir is required (--output-dir)")
+        if not self.train_files:
+            raise ConfigError("train_files is required (--train FILE_OR_GLOB ...)")
+        if not self.vocab:
+            raise ConfigError("vocab is required (--vocab vocab.txt; build one with `elmo vocab`)")
+        if not Path(self.vocab).is_file():
+            raise FileNotFoundError(f"vocabulary file not found: {self.vocab}")
+
+    @classmethod
+    def load(cls, path: str | Path, **overrides: Any) -> "TrainConfig":
+        """Read a JSON file; `overrides` (e.g. from the command line) win over its values."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"training config not found: {path}") from None
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"{path}: not valid JSON ({error})") from error
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"{path}: unknown training options {unknown}")
+        return cls(**{**data, **overrides})
+
+    def save(self, path: str | Path) -> None:
+        atomic_write_text(path, json.dumps(asdict(self), indent=2) + "\n")
