@@ -161,13 +161,13 @@ class BiLstmLayer(nn.Module):
         recurrent_weight, projection = self.recurrent_weight.mT, self.projection.mT
         sigmoid_dim = 3 * self.cell_dim
         outputs, finished = [], []
-        offset = 0
-        for batch_size in batch_sizes:
+        # split (not slicing per step): its backward does not zero a full-size gradient per step
+        for step_inputs in gate_inputs.split(batch_sizes, dim=1):
+            batch_size = step_inputs.shape[1]
             if batch_size < hidden.shape[1]:  # the shortest rows have ended: keep their state
                 finished.append((hidden[:, batch_size:], cell[:, batch_size:]))
                 hidden, cell = hidden[:, :batch_size], cell[:, :batch_size]
-            gates = torch.baddbmm(gate_inputs[:, offset:offset + batch_size], hidden, recurrent_weight)  # (D, b, 4C)
-            offset += batch_size
+            gates = torch.baddbmm(step_inputs, hidden, recurrent_weight)  # (D, b, 4C)
             input_gate, forget_gate, output_gate = torch.sigmoid(gates[..., :sigmoid_dim]).chunk(3, -1)
             cell = torch.addcmul(forget_gate * cell, input_gate, torch.tanh(gates[..., sigmoid_dim:]))  # (D, b, C)
             if cell_clip:
