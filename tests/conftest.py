@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from elmokit import BiLM, CharCNNConfig, ElmoConfig, LSTMConfig
+from elmokit import BiLM, CharCNNConfig, ElmoConfig, LSTMConfig, save_pretrained
 
 # Tests run tiny tensors: one thread avoids OpenMP spinning on a shared 2-core machine.
 torch.set_num_threads(1)
@@ -29,6 +29,13 @@ def tiny_config() -> ElmoConfig:
 def tiny_model() -> BiLM:
     torch.manual_seed(0)
     return BiLM(tiny_config()).eval()
+
+
+@pytest.fixture
+def model_dir(tiny_model, tmp_path) -> Path:
+    """The tiny model saved as a native directory."""
+    save_pretrained(tiny_model, tmp_path / "model")
+    return tmp_path / "model"
 
 
 def require_shared(path: Path) -> Path:

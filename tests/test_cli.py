@@ -6,19 +6,13 @@ import subprocess
 import sys
 
 import h5py
-import pytest
 
 import torch
 
-from elmokit import save_pretrained
 from elmokit.weights import read_safetensors
 from elmokit.cli import build_parser, main
 
 
-@pytest.fixture
-def model_dir(tiny_model, tmp_path):
-    save_pretrained(tiny_model, tmp_path / "model")
-    return tmp_path / "model"
 
 
 def test_every_subcommand_has_complete_help(capsys):

@@ -14,9 +14,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-import torch
 
-from elmokit import ElmoEmbedder, save_pretrained
+from elmokit import ElmoEmbedder
 from elmokit.cli import main
 from elmokit.embedding import embed_sentences, shape_output, split_windows
 from tests.conftest import REPO
@@ -24,19 +23,8 @@ from tests.conftest import REPO
 SUBPROCESS_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src")}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Small ops on a shared 2-core machine are much faster on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
-@pytest.fixture
-def model_dir(tiny_model, tmp_path):
-    save_pretrained(tiny_model, tmp_path / "model")
-    return tmp_path / "model"
 
 
 def _write(path: Path, lines: list[str]) -> Path:

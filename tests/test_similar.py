@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from elmokit import ElmoEmbedder, save_pretrained
+from elmokit import ElmoEmbedder
 from elmokit.cli import main
 from elmokit.similar import LayerNeighbours, cue_labels, find_similar, kmeans, pca_2d
 
@@ -25,18 +25,8 @@ CORPUS = [
 QUERY = "a new play opened at the theatre"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
-@pytest.fixture
-def model_dir(tiny_model, tmp_path):
-    save_pretrained(tiny_model, tmp_path / "model")
-    return tmp_path / "model"
 
 
 @pytest.fixture

@@ -21,13 +21,6 @@ from elmokit.tasks.train import TaskConfig, TaskData, train_task
 
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models train several times faster on one thread, above all on a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 WORDS = ["the", "a", "cat", "dog", "runs", "sees", "big", "red", "and", "fast"]
