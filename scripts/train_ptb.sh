@@ -11,7 +11,7 @@ VOCAB=$(dirname "$RUN")/ptb-vocab.txt
 
 [ -f "$VOCAB" ] || "$ELMO" vocab "$DATA/ptb.train.txt.gz" -o "$VOCAB"
 if [ -f "$RUN/checkpoint.pt" ]; then
-  exec "$ELMO" train --resume --output-dir "$RUN"
+  exec "$ELMO" train --resume --output-dir "$RUN" --threads "${THREADS:-2}"
 fi
 exec "$ELMO" train --output-dir "$RUN" \
   --train "$DATA/ptb.train.txt.gz" --valid "$DATA/ptb.valid.txt" --vocab "$VOCAB" \

@@ -240,7 +240,7 @@ class ElmoEmbedder:
             context-free); on by default.
     """
 
-    SORT_WINDOW = 16  # batches whose sentences `embed_sentences` groups by length (stateless)
+    STREAM_WINDOW = 16  # batches that `embed_sentences` runs through `embed_many` at once
 
     def __init__(self, options_file: str | Path | None = None, weight_file: str | Path | None = None,
                  cuda_device: int = -1, *, stateful: bool = False, cache_tokens: bool = True,
@@ -296,28 +296,46 @@ class ElmoEmbedder:
     def embed_sentence(self, sentence: Sequence[str]) -> np.ndarray:
         return self.embed_batch([sentence])[0]
 
+    @torch.no_grad()
+    def embed_many(self, sentences: Sequence[Sequence[str]], rows: int = 64) -> list[np.ndarray]:
+        """Stateless: one float32 array (L+1, n_i, 2P) per sentence, `rows` sentences in the
+        recurrence at a time, each new sentence taking the row the last one freed (no row idles
+        while a long sentence finishes). The same numbers as `embed_batch`, sentence by sentence."""
+        if self.carried is not None:
+            raise ValueError("embed_many is stateless; a stateful embedder embeds with embed_batch")
+        lengths = np.fromiter(map(len, sentences), np.int64, len(sentences))
+        if len(sentences) == 0:
+            return []
+        tokens = [BOS_TOKEN, EOS_TOKEN, *itertools.chain.from_iterable(sentences)]
+        if self.cache is not None:
+            rows_of_tokens = self.cache.rows(tokens)
+            table, table_rows = self.cache.vectors, _boundary_rows(lengths, rows_of_tokens[2:],
+                                                                   rows_of_tokens[0], rows_of_tokens[1])
+        else:
+            table = self.bilm.encode_tokens(torch.from_numpy(tokens_to_char_ids(tokens)).to(self.device))
+            table_rows = _boundary_rows(lengths, np.arange(2, len(tokens)))
+        token_embeddings = table[torch.from_numpy(table_rows).to(table.device)]  # (N, P)
+        layers = self.bilm.contextualize_sentences(token_embeddings, lengths + 2, rows)
+        layers = torch.stack(layers).float().cpu().numpy()  # (L+1, N, 2P)
+        first = np.cumsum(lengths + 2) - (lengths + 2) + 1  # each sentence's first token
+        return [layers[:, start:start + n].copy() for start, n in zip(first.tolist(), lengths.tolist())]
+
     def embed_sentences(self, sentences: Iterable[Sequence[str]], batch_size: int = 64) -> Iterator[np.ndarray]:
         """A generator: the sentences in order, embedded `batch_size` at a time.
 
-        Stateless, the sentences of a window of `SORT_WINDOW` batches are grouped by length
-        before batching (fewer idle rows in the recurrence; the results do not depend on the
-        batch), and yielded in the input order. Stateful, batches are consecutive groups, as in
-        the original.
+        Stateless, a window of `STREAM_WINDOW` batches goes through `embed_many` with
+        `batch_size` rows in the recurrence (the results do not depend on the batching). Stateful,
+        batches are consecutive groups, as in the original.
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         iterator = iter(sentences)
-        window = batch_size if self.carried is not None else batch_size * self.SORT_WINDOW
-        while chunk := list(itertools.islice(iterator, window)):
-            order = list(range(len(chunk)))
-            if self.carried is None:
-                order.sort(key=lambda i: len(chunk[i]))
-            results: list[np.ndarray] = [None] * len(chunk)  # type: ignore[list-item]
-            for start in range(0, len(chunk), batch_size):
-                indices = order[start:start + batch_size]
-                for i, array in zip(indices, self.embed_batch([chunk[i] for i in indices])):
-                    results[i] = array
-            yield from results
+        if self.carried is not None:
+            while batch := list(itertools.islice(iterator, batch_size)):
+                yield from self.embed_batch(batch)
+            return
+        while window := list(itertools.islice(iterator, batch_size * self.STREAM_WINDOW)):
+            yield from self.embed_many(window, rows=batch_size)
 
     def embed_file(self, input_file: str | Path, output_file_path: str | Path, output_format: str = "all",
                    batch_size: int = 64, forget_sentences: bool = False, use_sentence_keys: bool = False) -> None:
