@@ -98,6 +98,20 @@ def test_embedder_is_batch_and_order_invariant(tiny_model):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.parametrize("cache_tokens", [True, False])
+@pytest.mark.parametrize("rows", [1, 2, 64])
+def test_embed_many_matches_sentence_by_sentence(tiny_model, cache_tokens, rows):
+    embedder = ElmoEmbedder(module=tiny_model, cache_tokens=cache_tokens)
+    sentences = SENTENCES * 3
+    for many, sentence in zip(embedder.embed_many(sentences, rows=rows), sentences):
+        alone = embedder.embed_sentence(sentence)
+        assert many.shape == alone.shape
+        np.testing.assert_allclose(many, alone, atol=1e-6)
+    assert embedder.embed_many([], rows=rows) == []
+    with pytest.raises(ValueError, match="stateless"):
+        ElmoEmbedder(module=tiny_model, stateful=True).embed_many(SENTENCES)
+
+
 def test_token_cache_is_exact(tiny_model):
     cached, plain = ElmoEmbedder(module=tiny_model), ElmoEmbedder(module=tiny_model, cache_tokens=False)
     for _ in range(2):  # the second pass is served from the cache

@@ -152,3 +152,51 @@ def test_scalar_mix_layer_norm_uses_masked_batch_statistics():
 def test_scalar_mix_rejects_wrong_number_of_parameters():
     with pytest.raises(ValueError, match="3 values"):
         ScalarMix(3, initial_scalar_parameters=[1.0, 2.0])
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 50])
+def test_sentences_streamed_through_rows_match_one_at_a_time(tiny_model, rows):
+    """`contextualize_sentences` packs many sentences into `rows` recurrent rows with a state
+    reset at each sentence start: every position, boundaries included, must equal the sentence
+    run alone from a zero state (clipping is on in the tiny config)."""
+    torch.manual_seed(1)
+    sizes = np.array([2, 3, 7, 12, 2, 30, 5, 9, 4])  # 2 = an empty sentence (<S> </S>)
+    tokens = torch.randn(int(sizes.sum()), tiny_model.config.lstm.projection_dim) * 3
+    with torch.no_grad():
+        layers = tiny_model.contextualize_sentences(tokens, sizes, rows)
+        start = 0
+        for size in sizes:
+            alone = tiny_model.contextualize(tokens[start:start + size], torch.ones(1, size, dtype=torch.bool))
+            for streamed, reference in zip(layers, alone.layers):
+                torch.testing.assert_close(streamed[start:start + size], reference[0], atol=1e-6, rtol=0)
+            start += size
+
+
+def test_stream_layout_places_every_position_once():
+    from elmokit.model import _stream_layout
+
+    sizes = np.array([5, 2, 9, 3, 3, 7])
+    layout = _stream_layout(sizes, rows=3)
+    n_positions = int(sizes.sum())
+    for index in (layout.forward_index, layout.backward_index):
+        placed = index[index < n_positions]
+        assert sorted(placed.tolist()) == list(range(n_positions))
+    assert int(layout.starts.sum()) == len(sizes)
+    assert layout.forward_index.shape[0] == 10  # longest first into the shortest stream: 9, 7+3, 5+3+2
+    # each sentence starts a stream segment: forward at its first position, backward at its last
+    firsts = (np.cumsum(sizes) - sizes).tolist()
+    for step, row in layout.starts.nonzero().tolist():
+        sentence = firsts.index(int(layout.forward_index[step, row]))
+        assert layout.backward_index[step, row] == firsts[sentence] + sizes[sentence] - 1
+
+
+def test_char_cnn_is_the_convolution_with_max_pool(tiny_model):
+    """The window-matmul CharCNN against torch's conv1d, with and without gradients (the latter
+    in chunks)."""
+    cnn = tiny_model.token_encoder.char_cnn
+    char_ids = torch.randint(0, 262, (40, 50))
+    chars = cnn.char_embedding(char_ids).transpose(1, 2)
+    reference = torch.relu(torch.cat([conv(chars).amax(dim=-1) for conv in cnn.convolutions], dim=-1))
+    torch.testing.assert_close(cnn(char_ids), reference, atol=1e-6, rtol=1e-6)
+    with torch.no_grad():
+        torch.testing.assert_close(cnn(char_ids), reference, atol=1e-6, rtol=1e-6)

@@ -190,22 +190,23 @@ def split_windows(n_tokens: int, max_length: int, overlap: int) -> list[tuple[in
 def embed_sentences(embedder: ElmoEmbedder, sentences: Iterable[Sequence[str]], batch_size: int = 64,
                     max_length: int = 256, overlap: int = 32) -> Iterator[np.ndarray]:
     """(L+1, n_i, 2P) float32 per sentence, in order; no sentence is ever longer than `max_length`
-    for the model (see `split_windows`). Windows are sorted by length within each group of
-    `batch_size` sentences to waste less on padding (results do not depend on it: stateless)."""
+    for the model (see `split_windows`). Stateless, a window of `STREAM_WINDOW` batches streams
+    through `batch_size` rows of the recurrence (`ElmoEmbedder.embed_many`); stateful, batches
+    of `batch_size` consecutive pieces carry the state, as in the original."""
     iterator = iter(sentences)
-    while batch := list(itertools.islice(iterator, batch_size)):
-        pieces = [(row, window) for row, sentence in enumerate(batch)
-                  for window in split_windows(len(sentence), max_length, overlap)]
-        order = list(range(len(pieces)))
-        if embedder.carried is None:
-            order.sort(key=lambda p: pieces[p][1][1] - pieces[p][1][0])
-        kept: list[np.ndarray | None] = [None] * len(pieces)
-        for start in range(0, len(order), batch_size):
-            group = order[start:start + batch_size]
-            texts = [batch[pieces[p][0]][pieces[p][1][0]:pieces[p][1][1]] for p in group]
-            for p, layers in zip(group, embedder.embed_batch(texts)):
-                window_start, _, keep_from, keep_to = pieces[p][1]
-                kept[p] = layers[:, keep_from - window_start:keep_to - window_start]  # (L+1, k, 2P)
+    stateful = embedder.carried is not None
+    window = batch_size if stateful else batch_size * ElmoEmbedder.STREAM_WINDOW
+    while batch := list(itertools.islice(iterator, window)):
+        pieces = [(row, piece) for row, sentence in enumerate(batch)
+                  for piece in split_windows(len(sentence), max_length, overlap)]
+        texts = [batch[row][start:end] for row, (start, end, _, _) in pieces]
+        if stateful:
+            layers = [array for first in range(0, len(texts), batch_size)
+                      for array in embedder.embed_batch(texts[first:first + batch_size])]
+        else:
+            layers = embedder.embed_many(texts, rows=batch_size)
+        kept = [array[:, keep_from - start:keep_to - start]  # (L+1, k, 2P)
+                for array, (_, (start, _, keep_from, keep_to)) in zip(layers, pieces)]
         first = 0
         for row in range(len(batch)):
             last = first

@@ -32,19 +32,17 @@ def compute_layers(bilm: BiLM, sentences: Sequence[Sequence[str]], batch_size: i
                    ) -> list[torch.Tensor]:
     """The (L+1, n, 2P) layers of each sentence from a frozen biLM, stored as `dtype`.
 
-    Sentences are run in batches of similar length (less padding); the result is in input order.
-    Exact whatever the batching: the biLM is stateless.
+    The sentences stream through `batch_size` rows of the recurrence (`ElmoEmbedder.embed_many`):
+    exact whatever the batching, since the biLM is stateless.
     """
     embedder = ElmoEmbedder(module=bilm)
-    order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
-    layers: list[torch.Tensor | None] = [None] * len(sentences)
+    window = batch_size * ElmoEmbedder.STREAM_WINDOW
+    layers: list[torch.Tensor] = []
     bar = tqdm(total=len(sentences), desc=desc, unit="sent", disable=not progress, leave=False)
-    for start in range(0, len(order), batch_size):
-        indices = order[start:start + batch_size]
-        batch_layers, lengths = embedder.batch_layers([sentences[i] for i in indices])  # (B, L+1, T, 2P)
-        for row, (index, n) in enumerate(zip(indices, lengths.tolist())):
-            layers[index] = batch_layers[row, :, :n].to(dtype).clone()  # (L+1, n, 2P)
-        bar.update(len(indices))
+    for start in range(0, len(sentences), window):
+        chunk = sentences[start:start + window]
+        layers.extend(torch.from_numpy(array).to(dtype) for array in embedder.embed_many(chunk, rows=batch_size))
+        bar.update(len(chunk))
     bar.close()
     return layers
 
