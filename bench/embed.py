@@ -7,6 +7,8 @@ sentences of UD English EWT dev, at batch 32 and batch 1.
 
 Each configuration runs in its own process so that its peak RSS is its own. FLOPs per biLM
 position follow spec §12 (multiply-add = 2 FLOPs); positions = tokens + 2 per sentence.
+"Batch B" is `ElmoEmbedder.embed_sentences(sentences, batch_size=B)`: B sentences in the
+recurrence at a time, each new sentence taking the row the last one freed (`embed_many`).
 """
 
 from __future__ import annotations
@@ -70,6 +72,33 @@ def matmul_gflops(threads: int, size: int = 2048, repeats: int = 10, trials: int
     return best
 
 
+def recurrent_product_gflops(shape: str, rows: int, threads: int, repeats: int = 20, trials: int = 5) -> float:
+    """The ceiling of the LSTM step: GFLOP/s of its two products at `rows` rows alone, (R, P) x
+    (P, 4C) and (R, C) x (C, P) for both directions, through the same fixed-rows kernel the
+    model uses. The recurrent part of every position (5PC of the LSTM's 9PC multiply-adds) can
+    run no faster than this."""
+    from elmokit import ElmoConfig
+    from elmokit.model import _FixedRowsMatmul
+
+    torch.set_num_threads(threads)
+    lstm = ElmoConfig.from_name(shape).lstm
+    recurrent_weight = torch.randn(2, 4 * lstm.cell_dim, lstm.projection_dim)
+    projection = torch.randn(2, lstm.projection_dim, lstm.cell_dim)
+    hidden, cell = torch.randn(2, rows, lstm.projection_dim), torch.randn(2, rows, lstm.cell_dim)
+    gates, out = torch.empty(2, rows, 4 * lstm.cell_dim), torch.empty(2, rows, lstm.projection_dim)
+    with torch.no_grad():
+        products = (_FixedRowsMatmul(recurrent_weight, rows, {}), _FixedRowsMatmul(projection, rows, {}))
+        best = 0.0
+        for _ in range(trials):
+            start = time.perf_counter()
+            for _ in range(repeats):
+                products[0](hidden, out=gates)
+                products[1](cell, out=out)
+            seconds = time.perf_counter() - start
+            best = max(best, repeats * 2 * 2 * rows * 5 * lstm.projection_dim * lstm.cell_dim / seconds / 1e9)
+    return best
+
+
 def run_one(shape: str, batch_size: int, cache: bool, limit: int | None, threads: int) -> dict:
     """One configuration, in this process: returns its measurements."""
     from elmokit import BiLM, ElmoConfig, ElmoEmbedder
@@ -118,6 +147,11 @@ def main() -> None:
 
     roofline = matmul_gflops(args.threads)
     print(f"fp32 matmul roofline: {roofline:.1f} GFLOP/s (best of 8 timings, 2048x2048, {args.threads} threads)", flush=True)
+    ceilings = {(shape, batch_size): recurrent_product_gflops(shape, batch_size, args.threads)
+                for shape in args.shapes for batch_size in args.batch_sizes}
+    for (shape, batch_size), gflops in ceilings.items():
+        print(f"{shape:9s} batch {batch_size:3d} recurrent products alone: {gflops:6.1f} GFLOP/s "
+              f"({gflops / roofline:5.1%} of roofline)", flush=True)
     rows = []
     for shape in args.shapes:
         for batch_size in args.batch_sizes:
@@ -150,6 +184,17 @@ def main() -> None:
         lines.append(f"| {row['shape']} | {row['batch_size']} | {'on' if row['cache'] else 'off'} | "
                      f"{row['tokens_per_s']:,.0f} | {row['executed_gflops']:.1f} | "
                      f"{row['executed_gflops'] / roofline:.1%} | {row['model_gflops']:.1f} | {row['peak_rss_mb']:,.0f} |")
+    lines += [
+        "",
+        "The ceiling: the LSTM step's two products alone (`(R, P) x (P, 4C)` and `(R, C) x (C, P)`, both "
+        "directions, R = batch rows, the same packed-weight kernel), measured in the same run. The recurrent "
+        "5PC of the LSTM's 9PC multiply-adds per position cannot run faster than this.",
+        "",
+        "| shape | batch (rows) | recurrent products GFLOP/s | of roofline |",
+        "|---|---:|---:|---:|",
+    ]
+    lines += [f"| {shape} | {batch_size} | {gflops:.1f} | {gflops / roofline:.1%} |"
+              for (shape, batch_size), gflops in ceilings.items()]
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"\nwrote {args.output}")

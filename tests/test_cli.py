@@ -6,19 +6,17 @@ import subprocess
 import sys
 
 import h5py
-
 import torch
 
-from elmokit.weights import read_safetensors
 from elmokit.cli import build_parser, main
-
-
+from elmokit.weights import read_safetensors
 
 
 def test_every_subcommand_has_complete_help(capsys):
     parser = build_parser()
     subcommands = parser._subparsers._group_actions[0].choices
-    assert {"embed", "similar", "info", "convert"} <= set(subcommands)
+    assert set(subcommands) == {"demo", "prepare", "vocab", "train", "perplexity", "export", "embed",
+                                "similar", "info", "convert", "task"}
     for name, sub in subcommands.items():
         text = sub.format_help()
         assert sub.description, f"{name} has no description"
@@ -31,6 +29,16 @@ def test_every_subcommand_has_complete_help(capsys):
 def test_python_dash_m_runs():
     result = subprocess.run([sys.executable, "-m", "elmokit", "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "embed" in result.stdout
+
+
+def test_demo_embeds_the_samples_and_ranks_play_per_layer(model_dir, capsys):
+    assert main(["demo", "--model", str(model_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "embedded 24 sentences, 301 tokens" in out
+    # the token layer is context-free: all 24 occurrences of "play" share the query's vector
+    assert "layer 0 (context-free token layer): 24 candidates, cosine 1.0000 to 1.0000" in out
+    assert "layer 2 (biLSTM layer 2): 24 candidates" in out
+    assert "query: They [play] football on Sundays ." in out
 
 
 def test_embed_writes_hdf5(model_dir, tmp_path, capsys):

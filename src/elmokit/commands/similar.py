@@ -89,13 +89,13 @@ def run(args: argparse.Namespace) -> int:
 
     result = find_similar(embedder, query, position, args.corpus, layers, args.top_k, args.any_word,
                           plot_layer if args.plot else None, args.tokenize, args.batch_size, args.max_length)
-    _print_result(args, query, position, result)
+    print_result(args, query, position, result)
     if args.plot is not None:
         _plot(args, query, position, result, embedder, plot_layer)
     return 0
 
 
-def _print_result(args: argparse.Namespace, query: list[str], position: int, result) -> None:
+def print_result(args: argparse.Namespace, query: list[str], position: int, result) -> None:
     kind = "any word" if args.any_word else f"occurrences of {result.word!r}"
     print(f"query: {highlight(query, position)}")
     print(f"corpus: {args.corpus} ({result.n_sentences:,} sentences); ranking {kind} by cosine")
