@@ -67,7 +67,8 @@ def test_train_smoke_writes_run_files(corpus, tmp_path):
                  "best/vocab.txt", "best/config.json"):
         assert (run / name).is_file(), name
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert {"step", "tokens", "loss", "lr", "tokens_per_s"} <= set(records[0])
+    assert {"step", "tokens", "loss", "lr", "tokens_per_s", "elapsed_s"} <= set(records[0])
+    assert all(a["elapsed_s"] <= b["elapsed_s"] for a, b in zip(records, records[1:]))
     valid = [r for r in records if "valid_ppl" in r]
     assert valid and {"valid_forward_ppl", "valid_backward_ppl"} <= set(valid[-1])
     with pytest.raises(SystemExit):  # an existing run is not overwritten silently

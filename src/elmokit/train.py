@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -244,6 +245,7 @@ class Progress:
     bad_evals: int = 0
     lr_scale: float = 1.0
     done: bool = False
+    seconds: float = 0.0  # wall-clock time of the run, all its sessions (resumes) together
 
     def lr(self, config: TrainConfig) -> float:
         warmup = min(1.0, (self.step + 1) / config.warmup_steps) if config.warmup_steps else 1.0
@@ -289,6 +291,7 @@ def train(config: TrainConfig, resume: bool = False) -> Progress:
 
     bar = progress_bar(config.progress and dist_.is_main, progress.step)
     window = MetricsWindow()
+    started = time.perf_counter() - progress.seconds  # the clock goes on from the checkpoint's time
     while progress.epoch < config.epochs and not progress.done:
         batches = train_batches(config, vocab, progress.epoch, dist_)
         if data_state is not None:
@@ -301,9 +304,10 @@ def train(config: TrainConfig, resume: bool = False) -> Progress:
             progress.tokens += result.n_tokens
             window.add(result.loss, result.grad_norm, result.n_tokens)
             bar.update(1)
+            progress.seconds = time.perf_counter() - started
             if progress.step % config.log_every == 0:
                 _log(out_dir, dist_, window.record(step=progress.step, tokens=progress.tokens, epoch=progress.epoch,
-                                                   lr=progress.lr(config)), bar)
+                                                   lr=progress.lr(config), elapsed_s=round(progress.seconds, 1)), bar)
             if config.eval_every and progress.step % config.eval_every == 0:
                 run_evaluation(model, config, vocab, progress, out_dir, dist_, bar)
             if config.max_tokens and progress.tokens >= config.max_tokens:
@@ -340,7 +344,7 @@ def run_evaluation(model: LanguageModel, config: TrainConfig, vocab, progress: P
     """Validation perplexities; keeps the best model, decays the lr and stops early as configured."""
     result = evaluate(model, valid_batches(config, vocab, dist_), dist_.device, dist_)
     record = {"step": progress.step, "tokens": progress.tokens, "epoch": progress.epoch,
-              "valid_forward_ppl": result["forward_ppl"], "valid_backward_ppl": result["backward_ppl"],
+              "elapsed_s": round(progress.seconds, 1), "valid_forward_ppl": result["forward_ppl"], "valid_backward_ppl": result["backward_ppl"],
               "valid_ppl": result["ppl"]}
     _log(out_dir, dist_, record, bar)
     if result["ppl"] < progress.best_ppl:
