@@ -3,7 +3,7 @@
 # on a CPU, with elmokit's own pipeline: prepare -> vocab -> train -> export (README, "The built-in model").
 # Re-running the script continues the run from its last checkpoint (--resume).
 #   usage: scripts/train_gutenberg.sh [WORK_DIR]      (default /root/elmokit-runs/gutenberg)
-#   env:   THREADS (default 1), MAX_TOKENS (default 0 = one epoch)
+#   env:   THREADS (default 2), MAX_TOKENS (default 0 = one epoch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ELMO=${ELMO:-.venv/bin/elmo}
@@ -21,13 +21,13 @@ done
 [ -f "$WORK/valid-2k.txt" ] || zcat "$WORK/valid/shard-00000.txt.gz" | head -2000 > "$WORK/valid-2k.txt"
 # 4. Train (sampled softmax, bf16 autocast).
 if [ -f "$RUN/checkpoint.pt" ]; then
-  exec "$ELMO" train --resume --output-dir "$RUN" --threads "${THREADS:-1}"
+  exec "$ELMO" train --resume --output-dir "$RUN" --threads "${THREADS:-2}"
 fi
 exec "$ELMO" train --output-dir "$RUN" \
   --train "$WORK/train/*.txt.gz" --valid "$WORK/valid-2k.txt" --vocab "$WORK/vocab.txt" \
   --model scripts/gutenberg-cpu.json \
   --optimizer adam --lr 0.002 --lr-decay 0.5 --grad-clip 10 --dropout 0.1 \
-  --batch-size 64 --unroll-steps 20 --epochs 1 --max-tokens "${MAX_TOKENS:-0}" \
+  --batch-size 32 --unroll-steps 20 --epochs 1 --max-tokens "${MAX_TOKENS:-0}" \
   --softmax sampled --n-samples 8192 \
-  --eval-every 500 --eval-batch-size 64 --patience 0 \
-  --bf16 --log-every 10 --checkpoint-every 50 --threads "${THREADS:-1}" --seed 0
+  --eval-every 2000 --eval-batch-size 64 --patience 0 \
+  --bf16 --log-every 10 --checkpoint-every 500 --threads "${THREADS:-2}" --seed 0
