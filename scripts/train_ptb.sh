@@ -15,8 +15,8 @@ if [ -f "$RUN/checkpoint.pt" ]; then
 fi
 exec "$ELMO" train --output-dir "$RUN" \
   --train "$DATA/ptb.train.txt.gz" --valid "$DATA/ptb.valid.txt" --vocab "$VOCAB" \
-  --model scripts/ptb-cpu.json \
-  --optimizer adam --lr 0.002 --lr-decay 0.5 --grad-clip 10 --dropout 0.3 \
-  --batch-size 32 --unroll-steps 20 --epochs 10 --max-tokens 6500000 --softmax full \
+  --model scripts/ptb-small.json \
+  --optimizer adam --lr 0.003 --lr-decay 0.5 --grad-clip 10 --dropout 0.2 \
+  --batch-size 32 --unroll-steps 20 --epochs 10 --max-tokens 9000000 --softmax full \
   --eval-every 500 --eval-batch-size 64 --patience 4 \
   --bf16 --log-every 10 --checkpoint-every 50 --threads "${THREADS:-2}" --seed 0
