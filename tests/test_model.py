@@ -200,3 +200,20 @@ def test_char_cnn_is_the_convolution_with_max_pool(tiny_model):
     torch.testing.assert_close(cnn(char_ids), reference, atol=1e-6, rtol=1e-6)
     with torch.no_grad():
         torch.testing.assert_close(cnn(char_ids), reference, atol=1e-6, rtol=1e-6)
+
+
+def test_fixed_rows_products_equal_plain_batched_matmul():
+    """The MKL-packed products (inference on CPU) against torch.bmm, with and without an addend."""
+    from elmokit.model import _FixedRowsMatmul
+
+    torch.manual_seed(2)
+    weight = torch.randn(2, 24, 10)
+    x, addend = torch.randn(2, 5, 10), torch.randn(2, 5, 24)
+    with torch.no_grad():
+        product = _FixedRowsMatmul(weight, 5, {})
+        out = product(x, out=torch.empty(2, 5, 24), add=list(addend))
+        torch.testing.assert_close(out, torch.baddbmm(addend, x, weight.mT), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(product(x, out=torch.empty(2, 5, 24)), torch.bmm(x, weight.mT), atol=1e-5, rtol=1e-5)
+        bias = torch.randn(2, 24)
+        for got, expected in zip(product.products(x, bias), torch.baddbmm(bias.unsqueeze(1), x, weight.mT)):
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

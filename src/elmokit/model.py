@@ -203,8 +203,11 @@ class _FixedRowsMatmul:
             key = (weight.data_ptr(), weight._version, rows)
             if cache.get("key") != key:
                 cache.clear()
+                try:
+                    cache["packed"] = [torch.ops.mkl._mkl_reorder_linear_weight(w, rows) for w in weight.detach()]
+                except RuntimeError:  # a build whose MKL cannot pack: the plain product
+                    cache["packed"] = None
                 cache["key"] = key
-                cache["packed"] = [torch.ops.mkl._mkl_reorder_linear_weight(w, rows) for w in weight.detach()]
             self.packed = cache["packed"]
 
     def products(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> list[torch.Tensor]:
