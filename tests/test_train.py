@@ -99,7 +99,7 @@ def test_resume_after_sigkill_gives_identical_losses(corpus, tmp_path):
 def test_export_original_and_native_give_identical_bilm_outputs(corpus, tmp_path):
     from elmokit.checkpoint import load_checkpoint, model_from_checkpoint
     from elmokit.chars import batch_to_ids
-    from elmokit.weights import load_original, load_pretrained
+    from elmokit.weights import load_original, load_pretrained, read_safetensors
 
     run = tmp_path / "run"
     assert main(["train", "--config", str(corpus["train_json"]), "--output-dir", str(run), "--epochs", "1"]) == 0
@@ -113,6 +113,17 @@ def test_export_original_and_native_give_identical_bilm_outputs(corpus, tmp_path
         for got, want in zip(loaded(char_ids).layers, expected):
             torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
     assert (out / "native" / "vocab.txt").read_text() == corpus["vocab"].read_text()
+
+    # an embedding-only half-precision copy (how the built-in model ships): no softmax, float16
+    # on disk, float32 outputs within fp16 rounding of the trained model's
+    assert main(["export", str(run), "--last", "--native", str(out / "small"), "--no-softmax", "--dtype", "float16"]) == 0
+    stored = read_safetensors(out / "small" / "model.safetensors")
+    assert not any(name.startswith("softmax.") for name in stored)
+    assert {t.dtype for t in stored.values() if t.is_floating_point()} == {torch.float16}
+    assert (out / "small" / "model.safetensors").stat().st_size < (out / "native" / "model.safetensors").stat().st_size
+    for got, want in zip(load_pretrained(out / "small")(char_ids).layers, expected):
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
 
 
 def test_perplexity_command_matches_validation_and_scores_sentences(corpus, tmp_path, capsys):

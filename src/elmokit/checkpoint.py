@@ -114,11 +114,13 @@ def model_from_checkpoint(checkpoint: dict[str, Any]) -> LanguageModel:
 # Model directories: the biLM with its softmax and vocabulary
 # ---------------------------------------------------------------------------------------------
 def save_model_dir(model: LanguageModel, directory: str | Path, vocab_path: str | Path,
-                   provenance: dict[str, Any] | None = None) -> Path:
+                   provenance: dict[str, Any] | None = None, *, softmax: bool = True,
+                   dtype: torch.dtype | None = None) -> Path:
     """Write a native model directory that keeps the softmax (`softmax.weight` (V, P),
-    `softmax.bias` (V)) and its vocabulary; `load_pretrained` reads the biLM part of it."""
+    `softmax.bias` (V)) and its vocabulary; `load_pretrained` reads the biLM part of it.
+    `softmax=False` keeps only what embedding needs; `dtype` is the storage precision."""
     directory = Path(directory)
-    save_pretrained(model.bilm, directory, extra_tensors=model.softmax_tensors())
+    save_pretrained(model.bilm, directory, extra_tensors=model.softmax_tensors() if softmax else None, dtype=dtype)
     with atomic_path(directory / VOCAB_NAME) as tmp:
         shutil.copyfile(vocab_path, tmp)
     if provenance is not None:

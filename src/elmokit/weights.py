@@ -190,13 +190,16 @@ def save_original(model: BiLM, options_file: str | Path, weight_file: str | Path
 # ---------------------------------------------------------------------------------------------
 # Native format: config.json + model.safetensors
 # ---------------------------------------------------------------------------------------------
-def save_pretrained(model: BiLM, directory: str | Path, extra_tensors: dict[str, torch.Tensor] | None = None) -> None:
+def save_pretrained(model: BiLM, directory: str | Path, extra_tensors: dict[str, torch.Tensor] | None = None,
+                    dtype: torch.dtype | None = None) -> None:
     """Write `config.json` and `model.safetensors` (the biLM, plus `extra_tensors` if given,
-    e.g. the training softmax under `softmax.`)."""
+    e.g. the training softmax under `softmax.`). `dtype` (e.g. torch.float16) stores the
+    floating-point tensors at that precision; loading always gives float32."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tensors = {name: t.detach().cpu().contiguous() for name, t in model.state_dict().items()}
-    tensors.update({name: t.detach().cpu().contiguous() for name, t in (extra_tensors or {}).items()})
+    tensors = {**model.state_dict(), **(extra_tensors or {})}
+    tensors = {name: (t.to(dtype) if dtype is not None and t.is_floating_point() else t).detach().cpu().contiguous()
+               for name, t in tensors.items()}
     with atomic_path(directory / WEIGHTS_NAME) as tmp:
         save_file(tensors, str(tmp), metadata={"format": "pt", "library": "elmokit"})
     model.config.save(directory / CONFIG_NAME)

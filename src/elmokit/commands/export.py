@@ -20,6 +20,10 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser.add_argument("--native", type=Path, metavar="DIR",
                         help="write a native model directory (config.json, model.safetensors with the "
                              "softmax, vocab.txt)")
+    parser.add_argument("--no-softmax", action="store_true",
+                        help="--native without the softmax: a model for embedding only (much smaller)")
+    parser.add_argument("--dtype", choices=["float32", "float16"], default="float32",
+                        help="storage precision of --native (float16 halves the file; loading gives float32)")
     parser.set_defaults(func=run)
 
 
@@ -52,6 +56,9 @@ def run(args: argparse.Namespace) -> int:
     if args.native is not None:
         if vocab_path is None:
             raise FileNotFoundError(f"{args.source}: cannot find the vocabulary of its softmax for --native")
-        save_model_dir(model, args.native, vocab_path)
-        print(f"wrote {args.native} (native format with the softmax and vocab.txt)")
+        import torch
+
+        save_model_dir(model, args.native, vocab_path, softmax=not args.no_softmax, dtype=getattr(torch, args.dtype))
+        kept = "without the softmax" if args.no_softmax else "with the softmax"
+        print(f"wrote {args.native} (native format {kept}, {args.dtype}, and vocab.txt)")
     return 0
