@@ -78,7 +78,7 @@ def recurrent_product_gflops(shape: str, rows: int, threads: int, repeats: int =
     model uses. The recurrent part of every position (5PC of the LSTM's 9PC multiply-adds) can
     run no faster than this."""
     from elmokit import ElmoConfig
-    from elmokit.model import _FixedRowsMatmul
+    from elmokit.lstm import _FixedRowsMatmul
 
     torch.set_num_threads(threads)
     lstm = ElmoConfig.from_name(shape).lstm

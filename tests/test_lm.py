@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from elmokit.config import CharCNNConfig, ElmoConfig, LSTMConfig
 from elmokit.data import LMBatch
 from elmokit.lm import LanguageModel, LogUniformSampler
-from elmokit.model import LstmState
+from elmokit.lstm import LstmState
 
 VOCAB = 40
 

@@ -173,7 +173,7 @@ def test_sentences_streamed_through_rows_match_one_at_a_time(tiny_model, rows):
 
 
 def test_stream_layout_places_every_position_once():
-    from elmokit.model import _stream_layout
+    from elmokit.lstm import _stream_layout
 
     sizes = np.array([5, 2, 9, 3, 3, 7])
     layout = _stream_layout(sizes, rows=3)
@@ -204,7 +204,7 @@ def test_char_cnn_is_the_convolution_with_max_pool(tiny_model):
 
 def test_fixed_rows_products_equal_plain_batched_matmul():
     """The MKL-packed products (inference on CPU) against torch.bmm, with and without an addend."""
-    from elmokit.model import _FixedRowsMatmul
+    from elmokit.lstm import _FixedRowsMatmul
 
     torch.manual_seed(2)
     weight = torch.randn(2, 24, 10)

@@ -25,7 +25,8 @@ from torch.func import functional_call
 
 from elmokit.chars import MAX_CHARS
 from elmokit.config import ElmoConfig
-from elmokit.model import BiLM, BiLstm, LstmState
+from elmokit.lstm import BiLstm, LstmState
+from elmokit.model import BiLM
 
 
 class LMOutput(NamedTuple):

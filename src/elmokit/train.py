@@ -32,10 +32,10 @@ from elmokit.chars import MAX_CHARS
 from elmokit.config import ConfigError, ElmoConfig
 from elmokit.data import LMBatch, LMBatcher, eval_batches
 from elmokit.lm import LanguageModel
+from elmokit.lstm import LstmState
 from elmokit.metrics import MetricsWindow, append_metrics, plot_curves, progress_bar, truncate_metrics
-from elmokit.model import LstmState
 from elmokit.train_config import TrainConfig
-from elmokit.weights import load_original, load_pretrained, read_safetensors, WEIGHTS_NAME
+from elmokit.weights import WEIGHTS_NAME, load_original, load_pretrained, read_safetensors
 
 METRICS_NAME = "metrics.jsonl"
 CURVES_NAME = "curves.png"

@@ -1,0 +1,392 @@
+"""The forward and backward LSTM stacks of the biLM (spec §6-§7), both directions at once.
+
+    token representations (D, ..., P) -> BiLstmLayer x L (cell and projection clipping,
+    residual from layer 2 on) -> one (.., 2P) output per layer, [forward | backward]
+
+Three ways to run the same weights:
+    BiLstm.forward            right-padded sentences, packed so rows that have ended drop out;
+                              an optional carried state (spec §9); differentiable
+    BiLstm.forward_streams    LM training: each direction over full-length streams
+    BiLstm.forward_sentences  inference: many sentences streamed through R rows, each from a
+                              zero state; MKL-packed weights for the fixed-row products
+
+Shape notation (as in model.py): B batch, S positions with boundaries, N real positions,
+P projection dim, C cell dim, L layers, D = 2 directions, U steps, R rows of the recurrence.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import NamedTuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from elmokit.config import ElmoConfig
+
+# ---------------------------------------------------------------------------------------------
+# Forward and backward LSTM stacks with projection, clipping and residuals
+# ---------------------------------------------------------------------------------------------
+class LstmState(NamedTuple):
+    """Recurrent state of every layer and direction: hidden (L, D, B, P), cell (L, D, B, C)."""
+
+    hidden: torch.Tensor
+    cell: torch.Tensor
+
+
+class _PackedOrder(NamedTuple):
+    """Where each step's rows live in the flattened (B*S) positions, for both directions.
+
+    Rows are sorted by length (longest first) so that the rows still running at step t are a
+    prefix; the backward direction reads each row from its last real position to its first.
+    """
+
+    order: torch.Tensor  # (B,) sorted row -> original row
+    forward_index: torch.Tensor  # (N,) packed position -> flat position, forward direction
+    backward_index: torch.Tensor  # (N,) likewise, backward direction
+    batch_sizes: list[int]  # rows still running at each step
+
+
+def _packed_order(lengths: torch.Tensor, n_positions: int) -> _PackedOrder:
+    lengths, order = torch.sort(lengths, descending=True, stable=True)
+    steps = torch.arange(n_positions)
+    running = steps < lengths.unsqueeze(1)  # (B, S) in sorted order
+    step, row = running.t().nonzero(as_tuple=True)  # time-major: step 0's rows, then step 1's …
+    base = order[row] * n_positions
+    return _PackedOrder(
+        order=order,
+        forward_index=base + step,
+        backward_index=base + lengths[row] - 1 - step,
+        batch_sizes=running.sum(dim=0).tolist(),
+    )
+
+
+class _StreamLayout(NamedTuple):
+    """Sentences laid end to end in R streams, read one step of every stream at a time.
+
+    Each sentence still starts from a zero state (`starts` marks where the state is reset), so
+    the results are those of one sentence at a time, but all R rows of the recurrence stay busy
+    until the end instead of idling while the longest sentence of a batch finishes.
+    """
+
+    forward_index: torch.Tensor  # (U, R) flat position read at each step of each stream; N = none
+    backward_index: torch.Tensor  # (U, R) the same, every sentence read from its end
+    starts: torch.Tensor  # (U, R) bool: a sentence starts here
+    reset_steps: list[bool]  # (U,) any start at this step
+
+
+def _stream_layout(sizes: np.ndarray, rows: int) -> _StreamLayout:
+    """Place sentences of `sizes` positions (boundaries included) in `rows` streams: the longest
+    first, each in the stream that is shortest so far, so the streams end close together."""
+    n_sentences, n_positions = len(sizes), int(sizes.sum())
+    rows = max(1, min(rows, n_sentences))
+    stream, offset = np.empty(n_sentences, np.int64), np.empty(n_sentences, np.int64)
+    heap = [(0, row) for row in range(rows)]
+    for sentence in np.argsort(-sizes, kind="stable"):  # one step per sentence, not per token
+        total, row = heapq.heappop(heap)
+        stream[sentence], offset[sentence] = row, total
+        heapq.heappush(heap, (total + int(sizes[sentence]), row))
+    n_steps = max(total for total, _ in heap)
+
+    first = np.cumsum(sizes) - sizes  # flat position of each sentence's first position
+    sentence = np.repeat(np.arange(n_sentences), sizes)  # (N,)
+    within = np.arange(n_positions) - first[sentence]
+    step, row = offset[sentence] + within, stream[sentence]
+    forward = np.full((n_steps, rows), n_positions, np.int64)
+    forward[step, row] = np.arange(n_positions)
+    backward = np.full((n_steps, rows), n_positions, np.int64)
+    backward[step, row] = first[sentence] + sizes[sentence] - 1 - within
+    starts = np.zeros((n_steps, rows), bool)
+    starts[offset, stream] = True
+    return _StreamLayout(torch.from_numpy(forward), torch.from_numpy(backward),
+                         torch.from_numpy(starts), starts.any(axis=1).tolist())
+
+
+class _FixedRowsMatmul:
+    """x (D, R, in) -> (D, R, out) with weights (D, out, in), for many calls with the same R.
+
+    On a CPU with MKL the weights are packed once for R rows (`cblas_sgemm_pack`, the kernel
+    torch uses for frozen Linear layers): in the recurrence, a (32, 512) x (512, 16384) product
+    then runs at ~70 % of the machine's matmul throughput instead of ~40 %. Elsewhere, or for
+    tensors that need gradients, a plain batched matmul.
+    """
+
+    def __init__(self, weight: torch.Tensor, rows: int, cache: dict):
+        self.weight, self.rows = weight, rows
+        self.packed = None
+        if _mkl_packing_available() and weight.device.type == "cpu" and weight.dtype == torch.float32 \
+                and not (torch.is_grad_enabled() and weight.requires_grad):
+            key = (weight.data_ptr(), weight._version, rows)
+            if cache.get("key") != key:
+                cache.clear()
+                try:
+                    cache["packed"] = [torch.ops.mkl._mkl_reorder_linear_weight(w, rows) for w in weight.detach()]
+                except RuntimeError:  # a build whose MKL cannot pack: the plain product
+                    cache["packed"] = None
+                cache["key"] = key
+            self.packed = cache["packed"]
+
+    def products(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """[x[d] @ weight[d]^T + bias[d] for each direction d]; bias (D, out)."""
+        if self.packed is None or x.shape[1] != self.rows:
+            return list(torch.baddbmm(bias.unsqueeze(1), x, self.weight.mT) if bias is not None
+                        else torch.bmm(x, self.weight.mT))
+        return [torch.ops.mkl._mkl_linear(x[d], packed, self.weight[d], None if bias is None else bias[d], self.rows)
+                for d, packed in enumerate(self.packed)]
+
+    def __call__(self, x: torch.Tensor, *, out: torch.Tensor, add: list[torch.Tensor] | None = None
+                 ) -> torch.Tensor:
+        """out[d] = add[d] + x[d] @ weight[d]^T for each direction d; returns out."""
+        for d, product in enumerate(self.products(x)):
+            if add is None:
+                out[d].copy_(product)
+            else:
+                torch.add(add[d], product, out=out[d])
+        return out
+
+
+def _mkl_packing_available() -> bool:
+    return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
+
+
+def _lstm_cell(gates: torch.Tensor, cell: torch.Tensor, cell_dim: int, cell_clip: float
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gates (D, b, 4C) in the order (i, f, o, j) and the previous cell -> (new cell, o * tanh(cell))."""
+    input_gate, forget_gate, output_gate = torch.sigmoid(gates[..., :3 * cell_dim]).chunk(3, -1)
+    cell = torch.addcmul(forget_gate * cell, input_gate, torch.tanh(gates[..., 3 * cell_dim:]))
+    if cell_clip:
+        cell = cell.clamp(-cell_clip, cell_clip)
+    return cell, output_gate * torch.tanh(cell)
+
+
+class BiLstmLayer(nn.Module):
+    """One LSTM layer with projection for both directions, weights stacked on a leading D axis.
+
+    Gates are kept in the order (i, f, o, j): the three sigmoid gates, then the candidate j.
+    As in the original, the stored bias excludes the forget-gate offset: +1 is added to the forget
+    gate at run time (`FORGET_BIAS`), so the original files round-trip bit for bit.
+    """
+
+    FORGET_BIAS = 1.0
+
+    def __init__(self, input_dim: int, cell_dim: int, projection_dim: int):
+        super().__init__()
+        self.cell_dim = cell_dim
+        # Weights are (D, out, in), as in nn.Linear.
+        self.input_weight = nn.Parameter(torch.empty(2, 4 * cell_dim, input_dim))  # (D, 4C, P)
+        self.recurrent_weight = nn.Parameter(torch.empty(2, 4 * cell_dim, projection_dim))  # (D, 4C, P)
+        self.bias = nn.Parameter(torch.empty(2, 1, 4 * cell_dim))  # (D, 1, 4C)
+        self.projection = nn.Parameter(torch.empty(2, projection_dim, cell_dim))  # (D, P, C)
+        offset = torch.zeros(4 * cell_dim)
+        offset[cell_dim:2 * cell_dim] = self.FORGET_BIAS
+        self.register_buffer("forget_offset", offset, persistent=False)  # (4C,)
+
+    def forward(
+        self,
+        inputs: torch.Tensor,  # (D, N, P) packed
+        batch_sizes: list[int],
+        hidden: torch.Tensor,  # (D, B, P) initial, sorted rows
+        cell: torch.Tensor,  # (D, B, C)
+        cell_clip: float,
+        proj_clip: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Returns the packed outputs (D, N, P) and the final hidden (D, B, P) and cell (D, B, C)."""
+        gate_inputs = torch.baddbmm(self.bias + self.forget_offset, inputs, self.input_weight.mT)  # (D, N, 4C)
+        recurrent_weight, projection = self.recurrent_weight.mT, self.projection.mT
+        outputs, finished = [], []
+        # split (not slicing per step): its backward does not zero a full-size gradient per step
+        for step_inputs in gate_inputs.split(batch_sizes, dim=1):
+            batch_size = step_inputs.shape[1]
+            if batch_size < hidden.shape[1]:  # the shortest rows have ended: keep their state
+                finished.append((hidden[:, batch_size:], cell[:, batch_size:]))
+                hidden, cell = hidden[:, :batch_size], cell[:, :batch_size]
+            gates = torch.baddbmm(step_inputs, hidden, recurrent_weight)  # (D, b, 4C)
+            cell, cell_output = _lstm_cell(gates, cell, self.cell_dim, cell_clip)  # (D, b, C)
+            hidden = torch.bmm(cell_output, projection)  # (D, b, P)
+            if proj_clip:
+                hidden = hidden.clamp(-proj_clip, proj_clip)
+            outputs.append(hidden)
+        finished.append((hidden, cell))
+        final_hidden = torch.cat([h for h, _ in reversed(finished)], dim=1)  # (D, B, P)
+        final_cell = torch.cat([c for _, c in reversed(finished)], dim=1)  # (D, B, C)
+        return torch.cat(outputs, dim=1), final_hidden, final_cell
+
+    GATE_BUDGET = 1 << 23  # floats of precomputed gate inputs held at once by `stream` (32 MB)
+
+    @torch.no_grad()
+    def stream(self, inputs: torch.Tensor, layout: _StreamLayout, cell_clip: float, proj_clip: float
+               ) -> torch.Tensor:
+        """Inference: inputs (D, U, R, P) laid out by `_stream_layout` -> outputs (D, U, R, P),
+        every sentence from a zero state. The gate inputs are computed a block of steps at a
+        time (bounded memory however long the streams); the recurrent products use
+        `_FixedRowsMatmul`; the elementwise work is done in place in buffers made once."""
+        _, n_steps, rows, dim = inputs.shape
+        cell_dim = self.cell_dim
+        block = max(1, min(n_steps, self.GATE_BUDGET // (2 * rows * 4 * cell_dim)))  # steps of gate inputs at once
+        cache = self.__dict__.setdefault("_packed_weights", {"input": {}, "recurrent": {}, "projection": {}})
+        input_products = _FixedRowsMatmul(self.input_weight, block * rows, cache["input"])
+        recurrent = _FixedRowsMatmul(self.recurrent_weight, rows, cache["recurrent"])
+        projection = _FixedRowsMatmul(self.projection, rows, cache["projection"])
+        keep = (~layout.starts).to(inputs.dtype).unsqueeze(-1)  # (U, R, 1)
+        bias = (self.bias + self.forget_offset).squeeze(1)  # (D, 4C)
+        outputs = inputs.new_empty(2, n_steps, rows, dim)
+        hidden = inputs.new_zeros(2, rows, dim)
+        cell = inputs.new_zeros(2, rows, cell_dim)
+        gates = inputs.new_empty(2, rows, 4 * cell_dim)
+        cell_output = inputs.new_empty(2, rows, cell_dim)
+        sigmoid_gates, candidate = gates[..., :3 * cell_dim], gates[..., 3 * cell_dim:]
+        input_gate, forget_gate, output_gate = sigmoid_gates.chunk(3, dim=-1)
+        for first in range(0, n_steps, block):
+            block_inputs = inputs[:, first:first + block].reshape(2, -1, dim)
+            gate_inputs = [g.view(-1, rows, 4 * cell_dim) for g in input_products.products(block_inputs, bias)]
+            for offset in range(len(gate_inputs[0])):  # D x (k, R, 4C)
+                step = first + offset
+                step_inputs = [g[offset] for g in gate_inputs]
+                if layout.reset_steps[step]:  # a new sentence starts in some rows: zero their state
+                    hidden = hidden * keep[step]  # not in place: `hidden` is the last step's output
+                    cell.mul_(keep[step])
+                recurrent(hidden, add=step_inputs, out=gates)  # (D, R, 4C)
+                sigmoid_gates.sigmoid_()
+                candidate.tanh_()
+                cell.mul_(forget_gate).addcmul_(input_gate, candidate)
+                if cell_clip:
+                    cell.clamp_(-cell_clip, cell_clip)
+                torch.tanh(cell, out=cell_output).mul_(output_gate)
+                hidden = outputs[:, step]
+                projection(cell_output, out=hidden)  # (D, R, P)
+                if proj_clip:
+                    hidden.clamp_(-proj_clip, proj_clip)
+        return outputs
+
+
+class BiLstm(nn.Module):
+    """The forward and the backward LSTM stacks, run together but never mixing (spec §6).
+
+    Layer l >= 1 adds its input to its output (residual); the recurrent state is the clipped
+    projection before the residual. `dropout` is applied to every layer's input in training.
+    """
+
+    def __init__(self, config: ElmoConfig, dropout: float = 0.0):
+        super().__init__()
+        lstm = config.lstm
+        self.cell_dim, self.projection_dim = lstm.cell_dim, lstm.projection_dim
+        self.cell_clip, self.proj_clip = lstm.cell_clip, lstm.proj_clip
+        self.dropout = dropout
+        self.layers = nn.ModuleList(
+            BiLstmLayer(lstm.projection_dim, lstm.cell_dim, lstm.projection_dim)
+            for _ in range(lstm.n_layers)
+        )
+
+    def zero_state(self, batch_size: int, reference: torch.Tensor) -> LstmState:
+        shape = (len(self.layers), 2, batch_size)
+        return LstmState(reference.new_zeros(*shape, self.projection_dim),
+                         reference.new_zeros(*shape, self.cell_dim))
+
+    def forward(
+        self, inputs: torch.Tensor, lengths: torch.Tensor, state: LstmState | None = None
+    ) -> tuple[list[torch.Tensor], LstmState]:
+        """Run both directions over right-padded sequences.
+
+        Args:
+            inputs: (B, S, P) token representations; positions >= lengths are ignored.
+            lengths: (B,) number of real positions of each row (>= 1).
+            state: initial state (hidden (L, D, B, P), cell (L, D, B, C)); zeros if None.
+
+        Returns:
+            one (B, S, 2P) tensor per layer, [forward | backward], zero at padding; and the final
+            state: forward after each row's last position, backward after its first.
+        """
+        batch_size, n_positions, _ = inputs.shape
+        packing = _packed_order(lengths.cpu(), n_positions)
+        forward_index = packing.forward_index.to(inputs.device)
+        backward_index = packing.backward_index.to(inputs.device)
+        order = packing.order.to(inputs.device)
+        if state is None:
+            state = self.zero_state(batch_size, inputs)
+
+        flat = inputs.reshape(batch_size * n_positions, -1)  # (B*S, P)
+        packed = torch.stack([flat[forward_index], flat[backward_index]])  # (D, N, P)
+        sorted_state = LstmState(state.hidden[:, :, order], state.cell[:, :, order])
+        packed_outputs, final = self._run_layers(packed, packing.batch_sizes, sorted_state)
+        layer_outputs = [self._unpack(output, forward_index, backward_index, inputs.shape)
+                         for output in packed_outputs]
+        unsort = torch.empty_like(order)
+        unsort[order] = torch.arange(batch_size, device=order.device)
+        return layer_outputs, LstmState(final.hidden[:, :, unsort], final.cell[:, :, unsort])
+
+    @torch.no_grad()
+    def forward_sentences(self, tokens: torch.Tensor, sizes: np.ndarray, rows: int) -> list[torch.Tensor]:
+        """Inference (no gradients): many sentences, each from a zero state, `rows` at a time.
+
+        Args:
+            tokens: (N, P) token representations of all sentences end to end, boundaries included.
+            sizes: (n,) positions of each sentence (its tokens + 2).
+            rows: rows of the recurrence; each sentence starts in the row the last one freed.
+
+        Returns:
+            one (N, 2P) tensor per layer, [forward | backward], in the order of `tokens`.
+        """
+        n_positions, dim = tokens.shape
+        layout = _stream_layout(np.asarray(sizes, np.int64), rows)
+        indices = [index.to(tokens.device) for index in (layout.forward_index, layout.backward_index)]
+        padded = torch.cat([tokens, tokens.new_zeros(1, dim)])  # position N: the idle tail of a stream
+        layer_input = torch.stack([padded[index] for index in indices])  # (D, U, R, P)
+        outputs = []
+        for number, layer in enumerate(self.layers):
+            output = layer.stream(layer_input, layout, self.cell_clip, self.proj_clip)
+            if number > 0:
+                output = output + layer_input  # residual from layer 2 on
+            unpacked = tokens.new_empty(n_positions + 1, 2 * dim)
+            for direction, index in enumerate(indices):
+                unpacked[:, direction * dim:(direction + 1) * dim][index.flatten()] = output[direction].flatten(0, 1)
+            outputs.append(unpacked[:n_positions])
+            layer_input = output
+        return outputs
+
+    def forward_streams(self, inputs: torch.Tensor, state: LstmState | None = None
+                        ) -> tuple[list[torch.Tensor], LstmState]:
+        """Run each direction left to right over its own full-length streams (LM training).
+
+        Args:
+            inputs: (D, B, U, P): direction 0's and direction 1's token representations, each
+                read from position 0 to U-1 (the caller lays out the backward stream reversed).
+            state: the state carried from the previous window; zeros if None.
+
+        Returns:
+            one (D, B, U, P) tensor per layer, and the state after the last position.
+        """
+        _, batch_size, n_steps, dim = inputs.shape
+        if state is None:
+            state = self.zero_state(batch_size, inputs)
+        packed = inputs.transpose(1, 2).reshape(2, n_steps * batch_size, dim)  # (D, U*B, P) time-major
+        packed_outputs, final = self._run_layers(packed, [batch_size] * n_steps, state)
+        return [output.view(2, n_steps, batch_size, -1).transpose(1, 2) for output in packed_outputs], final
+
+    def _run_layers(self, layer_input: torch.Tensor, batch_sizes: list[int], state: LstmState
+                    ) -> tuple[list[torch.Tensor], LstmState]:
+        """All layers over packed time-major inputs (D, N, P); state rows in packed order."""
+        outputs, final_hidden, final_cell = [], [], []
+        for index, layer in enumerate(self.layers):
+            dropped = F.dropout(layer_input, self.dropout, self.training) if self.dropout else layer_input
+            output, hidden, cell = layer(dropped, batch_sizes, state.hidden[index], state.cell[index],
+                                         self.cell_clip, self.proj_clip)
+            if index > 0:
+                output = output + layer_input  # residual from layer 2 on
+            outputs.append(output)
+            final_hidden.append(hidden)
+            final_cell.append(cell)
+            layer_input = output
+        return outputs, LstmState(torch.stack(final_hidden), torch.stack(final_cell))
+
+    @staticmethod
+    def _unpack(packed: torch.Tensor, forward_index: torch.Tensor, backward_index: torch.Tensor,
+                shape: torch.Size) -> torch.Tensor:
+        batch_size, n_positions, dim = shape
+        blank = packed.new_zeros(batch_size * n_positions, dim)
+        forward = blank.index_copy(0, forward_index, packed[0])  # (B*S, P)
+        backward = blank.index_copy(0, backward_index, packed[1])
+        return torch.cat([forward, backward], dim=-1).view(batch_size, n_positions, 2 * dim)
+
+
