@@ -99,9 +99,10 @@ def test_embedder_is_batch_and_order_invariant(tiny_model):
 
 
 @pytest.mark.parametrize("cache_tokens", [True, False])
-@pytest.mark.parametrize("rows", [1, 2, 64])
-def test_embed_many_matches_sentence_by_sentence(tiny_model, cache_tokens, rows):
+@pytest.mark.parametrize("rows, position_budget", [(1, 16_384), (2, 16_384), (64, 16_384), (3, 7)])
+def test_embed_many_matches_sentence_by_sentence(tiny_model, cache_tokens, rows, position_budget):
     embedder = ElmoEmbedder(module=tiny_model, cache_tokens=cache_tokens)
+    embedder.POSITION_BUDGET = position_budget  # 7: groups of one or two sentences
     sentences = SENTENCES * 3
     for many, sentence in zip(embedder.embed_many(sentences, rows=rows), sentences):
         alone = embedder.embed_sentence(sentence)

@@ -241,6 +241,7 @@ class ElmoEmbedder:
     """
 
     STREAM_WINDOW = 16  # batches that `embed_sentences` runs through `embed_many` at once
+    POSITION_BUDGET = 16_384  # positions `embed_many` runs at once (the original shape: ~200 MB of outputs)
 
     def __init__(self, options_file: str | Path | None = None, weight_file: str | Path | None = None,
                  cuda_device: int = -1, *, stateful: bool = False, cache_tokens: bool = True,
@@ -296,16 +297,25 @@ class ElmoEmbedder:
     def embed_sentence(self, sentence: Sequence[str]) -> np.ndarray:
         return self.embed_batch([sentence])[0]
 
-    @torch.no_grad()
     def embed_many(self, sentences: Sequence[Sequence[str]], rows: int = 64) -> list[np.ndarray]:
         """Stateless: one float32 array (L+1, n_i, 2P) per sentence, `rows` sentences in the
         recurrence at a time, each new sentence taking the row the last one freed (no row idles
-        while a long sentence finishes). The same numbers as `embed_batch`, sentence by sentence."""
+        while a long sentence finishes). The same numbers as `embed_batch`, sentence by sentence.
+        Memory is bounded: at most `POSITION_BUDGET` positions (or one sentence) run at once."""
         if self.carried is not None:
             raise ValueError("embed_many is stateless; a stateful embedder embeds with embed_batch")
+        sizes = np.fromiter(map(len, sentences), np.int64, len(sentences)) + 2
+        results: list[np.ndarray] = []
+        start = 0
+        while start < len(sentences):  # consecutive groups of at most POSITION_BUDGET positions
+            end = max(start + 1, int(np.searchsorted(np.cumsum(sizes[start:]), self.POSITION_BUDGET, "right")) + start)
+            results.extend(self._embed_streamed(sentences[start:end], rows))
+            start = end
+        return results
+
+    @torch.no_grad()
+    def _embed_streamed(self, sentences: Sequence[Sequence[str]], rows: int) -> list[np.ndarray]:
         lengths = np.fromiter(map(len, sentences), np.int64, len(sentences))
-        if len(sentences) == 0:
-            return []
         tokens = [BOS_TOKEN, EOS_TOKEN, *itertools.chain.from_iterable(sentences)]
         if self.cache is not None:
             rows_of_tokens = self.cache.rows(tokens)
