@@ -96,6 +96,32 @@ def test_resume_after_sigkill_gives_identical_losses(corpus, tmp_path):
     assert losses(killed) == expected  # every step's loss, bit for bit
 
 
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_signal_checkpoints_the_step_it_stops_at(corpus, tmp_path, stop_signal):
+    """Ctrl-C or SIGTERM: the run finishes its step, writes a checkpoint there (not only every
+    checkpoint_every steps), exits with 130, and --resume gives the uninterrupted run's losses."""
+    reference = tmp_path / "reference"
+    done = elmo("train", "--config", str(corpus["train_json"]), "--output-dir", str(reference))
+    assert done.wait(timeout=60) == 0, done.stderr.read()
+    expected = losses(reference)
+
+    stopped = tmp_path / "stopped"
+    stop_at = random.Random().randint(4, max(expected) - 8)
+    process = elmo("train", "--config", str(corpus["train_json"]), "--output-dir", str(stopped),
+                   "--checkpoint-every", "1000")
+    while process.poll() is None and not ((stopped / "metrics.jsonl").exists() and max(losses(stopped), default=0) >= stop_at):
+        time.sleep(0.01)
+    process.send_signal(stop_signal)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    last = max(losses(stopped))
+    assert last < max(expected), "the run finished before the signal"
+    assert f"at step {last}: checkpoint written" in stderr
+    resumed = elmo("train", "--resume", "--output-dir", str(stopped))
+    assert resumed.wait(timeout=60) == 0, resumed.stderr.read()
+    assert losses(stopped) == expected
+
+
 def test_export_original_and_native_give_identical_bilm_outputs(corpus, tmp_path):
     from elmokit.checkpoint import load_checkpoint, model_from_checkpoint
     from elmokit.chars import batch_to_ids

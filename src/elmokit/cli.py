@@ -37,8 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     except (UserError, FileNotFoundError, IsADirectoryError, ValueError) as error:
         print(f"elmo {args.command}: error: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"elmo {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as interrupt:
+        detail = f": {interrupt}" if str(interrupt) else ""
+        print(f"elmo {args.command}: interrupted{detail}", file=sys.stderr)
         return 130
 
 

@@ -2,7 +2,7 @@
 
 The loop is visible: `train` calls `train_step` for each window of each epoch, `run_evaluation`
 every `eval_every` steps and at the end of every epoch, and `save_training_checkpoint` every
-`checkpoint_every` steps. The options are `TrainConfig` (train_config.py); the metrics, the
+`checkpoint_every` steps (and at once on SIGINT or SIGTERM, then it stops). The options are `TrainConfig` (train_config.py); the metrics, the
 progress bar and the curves are in metrics.py. Everything needed to continue exactly where a run stopped (model, optimizer, schedule,
 RNGs, the carried LSTM state and the data position of every rank) is in `checkpoint.pt`.
 
@@ -18,6 +18,8 @@ from __future__ import annotations
 import io
 import math
 import os
+import signal
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -292,40 +294,86 @@ def train(config: TrainConfig, resume: bool = False) -> Progress:
     bar = progress_bar(config.progress and dist_.is_main, progress.step)
     window = MetricsWindow()
     started = time.perf_counter() - progress.seconds  # the clock goes on from the checkpoint's time
-    while progress.epoch < config.epochs and not progress.done:
-        batches = train_batches(config, vocab, progress.epoch, dist_)
-        if data_state is not None:
-            batches.load_state_dict(data_state)
-            data_state = None
-        while (batch := next_batch(batches, config, dist_)) is not None:
-            result = train_step(wrapped, optimizer, batch, state, progress.lr(config), config, dist_)
-            state = result.state
-            progress.step += 1
-            progress.tokens += result.n_tokens
-            window.add(result.loss, result.grad_norm, result.n_tokens)
-            bar.update(1)
-            progress.seconds = time.perf_counter() - started
-            if progress.step % config.log_every == 0:
-                _log(out_dir, dist_, window.record(step=progress.step, tokens=progress.tokens, epoch=progress.epoch,
-                                                   lr=progress.lr(config), elapsed_s=round(progress.seconds, 1)), bar)
-            if config.eval_every and progress.step % config.eval_every == 0:
-                run_evaluation(model, config, vocab, progress, out_dir, dist_, bar)
-            if config.max_tokens and progress.tokens >= config.max_tokens:
-                progress.done = True
-            if progress.step % config.checkpoint_every == 0 or progress.done:
-                save_training_checkpoint(out_dir, config, model, optimizer, progress, state, batches, dist_)
-            if progress.done:
-                break
-        else:  # every process ran out of data: the epoch is over
-            progress.epoch += 1
-            state = None  # the next epoch's rows start fresh
-            if config.valid_files and not (config.eval_every and progress.step % config.eval_every == 0):
-                run_evaluation(model, config, vocab, progress, out_dir, dist_, bar)
-            save_training_checkpoint(out_dir, config, model, optimizer, progress, state, None, dist_)
+    with StopSignals() as stop:
+        while progress.epoch < config.epochs and not progress.done:
+            batches = train_batches(config, vocab, progress.epoch, dist_)
+            if data_state is not None:
+                batches.load_state_dict(data_state)
+                data_state = None
+            while (batch := next_batch(batches, config, dist_)) is not None:
+                result = train_step(wrapped, optimizer, batch, state, progress.lr(config), config, dist_)
+                state = result.state
+                progress.step += 1
+                progress.tokens += result.n_tokens
+                window.add(result.loss, result.grad_norm, result.n_tokens)
+                bar.update(1)
+                progress.seconds = time.perf_counter() - started
+                if progress.step % config.log_every == 0:
+                    _log(out_dir, dist_, window.record(step=progress.step, tokens=progress.tokens, epoch=progress.epoch,
+                                                       lr=progress.lr(config), elapsed_s=round(progress.seconds, 1)), bar)
+                if config.eval_every and progress.step % config.eval_every == 0:
+                    run_evaluation(model, config, vocab, progress, out_dir, dist_, bar)
+                if config.max_tokens and progress.tokens >= config.max_tokens:
+                    progress.done = True
+                stopping = stop.requested(dist_)
+                if progress.step % config.checkpoint_every == 0 or progress.done or stopping:
+                    save_training_checkpoint(out_dir, config, model, optimizer, progress, state, batches, dist_)
+                if stopping:
+                    bar.close()
+                    raise TrainingStopped(f"{stop.name} at step {progress.step}: checkpoint written; "
+                                          f"continue with --resume --output-dir {out_dir}")
+                if progress.done:
+                    break
+            else:  # every process ran out of data: the epoch is over
+                progress.epoch += 1
+                state = None  # the next epoch's rows start fresh
+                if config.valid_files and not (config.eval_every and progress.step % config.eval_every == 0):
+                    run_evaluation(model, config, vocab, progress, out_dir, dist_, bar)
+                save_training_checkpoint(out_dir, config, model, optimizer, progress, state, None, dist_)
     bar.close()
     if dist_.is_main and not config.valid_files:  # nothing to select on: the last model is the best
         ckpt.save_model_dir(model, out_dir / BEST_DIR, config.vocab, _provenance(config, progress, None))
     return progress
+
+
+class TrainingStopped(KeyboardInterrupt):
+    """The run stopped on a signal after writing a checkpoint (the CLI exits with status 130)."""
+
+
+class StopSignals:
+    """SIGINT (Ctrl-C) and SIGTERM (kill, torchrun, a batch scheduler) ask the loop to stop after the
+    step it is taking, with a checkpoint written there, so that --resume loses nothing. A second
+    signal acts at once, as without this handler. All ranks stop at the same step."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.received).name if self.received is not None else "a stop on another rank"
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {number: signal.signal(number, self._receive) for number in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._restore()
+
+    def _receive(self, number: int, frame) -> None:
+        self.received = number
+        self._restore()
+
+    def _restore(self) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+        self._previous = {}
+
+    def requested(self, dist_: Dist) -> bool:
+        return dist_.all_sum([float(self.received is not None)])[0] > 0
 
 
 def next_batch(batches, config: TrainConfig, dist_: Dist) -> LMBatch | None:
