@@ -5,7 +5,8 @@ with the number of tokens.
     .venv/bin/python bench/embed_memory.py --tokens 20000 100000 --format all
 
 Inputs: the first lines of the shared Gutenberg validation text (whitespace tokens) up to each
-size; model: `small` with random weights (saved with save_pretrained to a temporary directory).
+size; model: the built-in English model (`--model small` for the `small` preset with random
+weights, saved with save_pretrained to a temporary directory, or any model directory).
 Each run is its own `python -m elmokit embed` process, started by a small wrapper process whose
 RUSAGE_CHILDREN peak RSS is therefore that run's alone.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import os
 import platform
 import subprocess
 import sys
@@ -61,23 +63,32 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, nargs="+", default=[100_000, 1_000_000], help="input sizes")
     parser.add_argument("--format", choices=["all", "top", "average"], default="top",
                         help="what to store (default: top; --all writes 3x the bytes)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads of the embed process")
+    parser.add_argument("--model", default="builtin",
+                        help="builtin (default), a preset name with random weights, or a model directory")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of the embed process")
     parser.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "embed_memory.md")
     args = parser.parse_args()
     if not GUTENBERG_VALID.is_file():
         sys.exit(f"needs {GUTENBERG_VALID} (the shared data folder beside the repo)")
     from elmokit import BiLM, ElmoConfig, save_pretrained
+    from elmokit.builtin import builtin_model_dir
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="embed-memory-") as tmp:
         work = Path(tmp)
-        torch.manual_seed(0)
-        save_pretrained(BiLM(ElmoConfig.from_name("small")), work / "model")
+        if args.model == "builtin":
+            model_dir, model_name = builtin_model_dir(), "the built-in model (gutenberg-en)"
+        elif Path(args.model).is_dir():
+            model_dir, model_name = Path(args.model), f"`{args.model}`"
+        else:
+            torch.manual_seed(0)
+            model_dir, model_name = work / "model", f"`{args.model}` preset, random weights"
+            save_pretrained(BiLM(ElmoConfig.from_name(args.model)), model_dir)
         for n_tokens in args.tokens:
             source = work / f"in-{n_tokens}.txt"
             sentences, tokens = write_input(source, n_tokens)
             output = work / f"out-{n_tokens}.h5"
-            peak_mb, seconds = measure(work / "model", source, output, args.format, args.threads)
+            peak_mb, seconds = measure(model_dir, source, output, args.format, args.threads)
             size_mb = output.stat().st_size / 2 ** 20
             rows.append((sentences, tokens, source.stat().st_size / 2 ** 20, size_mb, peak_mb, seconds))
             print(f"{tokens:>10,} tokens {sentences:>7,} sentences: peak RSS {peak_mb:7.0f} MB, "
@@ -87,8 +98,8 @@ def main() -> None:
     lines = [
         "# Peak memory of `elmo embed` (`bench/embed_memory.py`)",
         "",
-        f"Machine: {platform.processor() or platform.machine()}, shared with other jobs; {args.threads} torch "
-        f"thread(s), torch {torch.__version__}. Model: `small` preset, random weights. Input: the first lines "
+        f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; {args.threads} torch "
+        f"thread(s), torch {torch.__version__}. Model: {model_name}. Input: the first lines "
         f"of Gutenberg valid.txt.gz (whitespace tokens), `--{args.format}`, HDF5, default batch 64, "
         "max-length 256. Peak RSS is that of the `elmo embed` process (RUSAGE_CHILDREN of a wrapper).",
         "",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from elmokit.builtin import builtin_model_dir
 from elmokit.commands.common import add_model_arguments, model_from_args
 
 
@@ -29,7 +30,10 @@ def run(args: argparse.Namespace) -> int:
         "parameters": sum(p.numel() for p in model.parameters()),
     }
     directory = args.model
+    if directory is None and args.options_file is None:
+        directory = builtin_model_dir()
     if directory is not None:
+        facts["model"] = str(directory)
         vocab = directory / "vocab.txt"
         if vocab.is_file():
             with open(vocab, encoding="utf-8") as handle:
@@ -41,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(facts, indent=2, default=list))
         return 0
     cnn, lstm = config.char_cnn, config.lstm
+    if "model" in facts:
+        print(f"model: {facts['model']}")
     print(f"ELMo biLM: {lstm.n_layers} layers x {lstm.cell_dim} cells, projection {lstm.projection_dim}, "
           f"{cnn.n_filters} char filters, {cnn.n_highway} highway")
     print(f"  output: {config.n_output_layers} layers x {config.output_dim} dims")
@@ -48,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"  char CNN: embedding {cnn.embedding_dim}, filters {[list(f) for f in cnn.filters]}, {cnn.activation}")
     print(f"  clipping: cell {lstm.cell_clip}, projection {lstm.proj_clip}")
     if "vocabulary_size" in facts:
-        print(f"  softmax vocabulary: {facts['vocabulary_size']:,} tokens")
+        print(f"  vocabulary (of its training softmax): {facts['vocabulary_size']:,} tokens")
     for key, value in facts.get("provenance", {}).items():
         print(f"  {key}: {value}")
     return 0

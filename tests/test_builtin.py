@@ -1,0 +1,73 @@
+"""The built-in English model (src/elmokit/models/gutenberg-en): what ships, that every model
+argument defaults to it, and that its vectors tell the senses of "play" apart as the paper shows."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from safetensors import safe_open
+
+from elmokit import ElmoEmbedder
+from elmokit.builtin import MODELS_DIR, BUILTIN_MODEL, builtin_model_dir
+from elmokit.cli import main
+from elmokit.commands.demo import SAMPLES
+
+MODEL_DIR = MODELS_DIR / BUILTIN_MODEL
+pytestmark = pytest.mark.skipif(not (MODEL_DIR / "model.safetensors").is_file(),
+                                reason=f"the built-in model is not in this checkout ({MODEL_DIR})")
+
+# The senses of "play" in demo/play.txt, line by line: 8 of sport and games, 8 of theatre, 5 of
+# music, 3 others (light playing on water, a smile, foul play).
+SENSES = ["sport"] * 8 + ["theatre"] * 8 + ["music"] * 5 + ["other"] * 3
+
+
+@pytest.fixture(scope="module")
+def embedder() -> ElmoEmbedder:
+    return ElmoEmbedder()  # no model argument: the built-in model
+
+
+def test_the_package_holds_the_model_its_vocabulary_and_its_record():
+    assert builtin_model_dir() == MODEL_DIR
+    size = sum(path.stat().st_size for path in MODEL_DIR.rglob("*") if path.is_file())
+    assert size <= 30 * 2 ** 20, f"{size / 2 ** 20:.1f} MB"
+    with safe_open(MODEL_DIR / "model.safetensors", "pt") as weights:
+        names = list(weights.keys())
+        assert {str(weights.get_tensor(name).dtype) for name in names} == {"torch.float16"}
+    assert not any(name.startswith("softmax.") for name in names)  # embedding only
+    vocab = (MODEL_DIR / "vocab.txt").read_text(encoding="utf-8").split("\n")
+    assert vocab[:3] == ["<S>", "</S>", "<UNK>"] and len([w for w in vocab if w]) == 100_000
+    card = json.loads((MODEL_DIR / "provenance.json").read_text())
+    for split in ("valid", "test"):
+        scores = next(value for key, value in card.items() if key.startswith(split + "_first_"))
+        assert 1 < scores["ppl"] < 1000 and scores["n_tokens"] > 50_000
+    for name in ("curves.png", "metrics.jsonl", "train_gutenberg.sh", "gutenberg-cpu.json", "config.json"):
+        assert (MODEL_DIR / name).is_file(), name
+
+
+def test_vectors_are_float32_and_do_not_depend_on_the_batch(embedder):
+    alone = embedder.embed_sentence(["The", "play", "was", "a", "success", "."])
+    batch = embedder.embed_batch([["I", "play", "the", "violin"], ["The", "play", "was", "a", "success", "."], []])
+    dim = 2 * embedder.bilm.config.lstm.projection_dim
+    assert alone.dtype == np.float32 and alone.shape == (3, 6, dim)
+    assert batch[2].shape == (3, 0, dim)
+    np.testing.assert_allclose(batch[1], alone, atol=1e-5)
+
+
+def test_every_command_defaults_to_the_builtin_model(tmp_path, capsys):
+    source = tmp_path / "in.txt"
+    source.write_text("They play football .\n\nThe play was long .\n", encoding="utf-8")
+    assert main(["embed", str(source), str(tmp_path / "out.hdf5"), "--top", "--quiet"]) == 0
+    assert main(["info"]) == 0
+    assert "gutenberg" in capsys.readouterr().out.lower()
+
+
+def test_elmo_module_defaults_to_the_builtin_model():
+    from elmokit import Elmo, batch_to_ids
+
+    elmo = Elmo(num_output_representations=2, dropout=0.0)
+    out = elmo(batch_to_ids([["They", "play", "football"], ["A", "play"]]))
+    assert len(out["elmo_representations"]) == 2
+    assert out["elmo_representations"][0].shape == (2, 3, elmo.get_output_dim())
+    assert out["mask"].tolist() == [[True, True, True], [True, True, False]]
