@@ -6,7 +6,8 @@
 Writes the results page (mean ± sample std over seeds of the test score, dev beside it, CPU
 seconds a run), results.json with every run, and one PNG per task with the learned scalar-mix
 weights. Run directories go under --runs-dir. The frozen biLM's layers are computed once per task
-and shared by all seeds (and cached on disk under RUNS_DIR/elmo-cache for later runs).
+and shared by all seeds (and cached on disk under RUNS_DIR/elmo-cache for later runs). Interrupted, it resumes: rerun the
+same command and every finished run (its results.json) is reused; --fresh reruns them all.
 --quick writes under runs/ unless --out is given, so smoke-test numbers never land in docs/.
 """
 
@@ -45,6 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--max-epochs", type=int, help="override the epoch cap of every run")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--fresh", action="store_true",
+                        help="rerun every run (default: a run whose results.json exists is reused, so an "
+                             "interrupted table resumes where it stopped)")
     args = parser.parse_args(argv)
     if args.quick:
         args.seeds = args.seeds[:1]
@@ -63,15 +67,22 @@ def run_task(task: str, bilm, args: argparse.Namespace) -> dict[str, list[dict]]
     splits = load_splits(TaskConfig(**base))
     runs: dict[str, list[dict]] = {}
     for condition, model in (("no_elmo", None), ("elmo", str(args.model))):
-        config = TaskConfig(model=model, **base)
-        start = time.process_time()
-        data = TaskData(config, splits, bilm if model else None)
-        feature_cpu = time.process_time() - start
-        runs[condition] = []
+        condition_dir = args.runs_dir / task / condition
+        features_record = condition_dir / "features.json"
+        data, runs[condition] = None, []
         for seed in args.seeds:
-            config = TaskConfig(model=model, seed=seed, out=str(args.runs_dir / task / condition / f"seed{seed}"), **base)
-            result = train_task(config, bilm if model else None, data)
-            result["feature_cpu_seconds"] = round(feature_cpu, 1)
+            out = condition_dir / f"seed{seed}"
+            if (out / "results.json").is_file() and features_record.is_file() and not args.fresh:
+                result = json.loads((out / "results.json").read_text(encoding="utf-8"))  # a finished run: resume
+            else:
+                if data is None:
+                    start = time.process_time()
+                    data = TaskData(TaskConfig(model=model, **base), splits, bilm if model else None)
+                    atomic_write_text(features_record, json.dumps(
+                        {"feature_cpu_seconds": round(time.process_time() - start, 1)}) + "\n")
+                config = TaskConfig(model=model, seed=seed, out=str(out), **base)
+                result = train_task(config, bilm if model else None, data)
+            result.update(json.loads(features_record.read_text(encoding="utf-8")))
             runs[condition].append(result)
             print(json.dumps({k: result[k] for k in ("task", "elmo", "seed", "dev", "test", "cpu_seconds")}),
                   flush=True)
