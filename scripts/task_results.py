@@ -1,13 +1,15 @@
 """ELMo in real tasks: every task x {no ELMo, ELMo} x seeds, written up as a Markdown table.
 
-    .venv/bin/python scripts/task_results.py --model DIR            # the full table -> docs/results.md
+    .venv/bin/python scripts/task_results.py --probes        # built-in model, full table -> docs/results.md
     .venv/bin/python scripts/task_results.py --model DIR --quick    # smoke test: subsampled, 1 seed
+    .venv/bin/python scripts/task_results.py --conditions no_elmo   # only the baselines (no biLM needed)
 
 Writes the results page (mean ± sample std over seeds of the test score, dev beside it, CPU
 seconds a run), results.json with every run, and one PNG per task with the learned scalar-mix
 weights. Run directories go under --runs-dir. The frozen biLM's layers are computed once per task
-and shared by all seeds (and cached on disk under RUNS_DIR/elmo-cache for later runs). Interrupted, it resumes: rerun the
-same command and every finished run (its results.json) is reused; --fresh reruns them all.
+and shared by all seeds (and cached on disk under RUNS_DIR/elmo-cache for later runs).
+Interrupted, it resumes: rerun the same command and every finished run (its results.json) is
+reused; --fresh reruns them all.
 --quick writes under runs/ unless --out is given, so smoke-test numbers never land in docs/.
 """
 
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from elmokit.builtin import builtin_model_dir
 from elmokit.io import atomic_write_text
 from elmokit.tasks.report import plot_layer_weights, plot_probes
 from elmokit.tasks.train import DEFAULT_DATA_DIR, TASKS, TaskConfig, TaskData, load_splits, train_task
@@ -35,7 +38,10 @@ TASK_NAMES = {"pos": "POS (UD EWT, UPOS acc.)", "ner": "NER (CoNLL-2003, span F1
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, type=Path, help="biLM directory (config.json + model.safetensors)")
+    parser.add_argument("--model", type=Path, help="biLM directory (config.json + model.safetensors); "
+                        "default: the built-in English model")
+    parser.add_argument("--conditions", nargs="+", choices=["no_elmo", "elmo"], default=["no_elmo", "elmo"],
+                        help="run only these (e.g. the baselines while the biLM trains); the table needs both")
     parser.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=["pos", "ner", "sst5", "sst2"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--quick", action="store_true", help="smoke test: subsampled data, 2 epochs, 1 seed")
@@ -67,6 +73,8 @@ def run_task(task: str, bilm, args: argparse.Namespace) -> dict[str, list[dict]]
     splits = load_splits(TaskConfig(**base))
     runs: dict[str, list[dict]] = {}
     for condition, model in (("no_elmo", None), ("elmo", str(args.model))):
+        if condition not in args.conditions:
+            continue
         condition_dir = args.runs_dir / task / condition
         features_record = condition_dir / "features.json"
         data, runs[condition] = None, []
@@ -172,8 +180,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     start = time.process_time()
-    bilm = load_model(args.model)
+    if args.model is None and "elmo" in args.conditions:
+        args.model = builtin_model_dir()
+    bilm = load_model(args.model) if "elmo" in args.conditions else None
     all_runs = {task: run_task(task, bilm, args) for task in args.tasks}
+    if set(args.conditions) != {"no_elmo", "elmo"}:
+        print(f"ran {', '.join(args.conditions)} only: no table ({(time.process_time() - start) / 60:.1f} CPU min)")
+        return 0
     figures = args.out.parent / ("results" if not args.quick else "")
     for task, runs in all_runs.items():
         plot_layer_weights([r["layer_weights"] for r in runs["elmo"]], f"{task}: learned ELMo layer weights",
