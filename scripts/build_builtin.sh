@@ -13,7 +13,7 @@ OUT=src/elmokit/models/gutenberg-en
 N=${EVAL_SENTENCES:-5000}
 
 for split in valid test; do
-  zcat "$WORK/$split"/shard-*.txt.gz | head -"$N" > "$WORK/$split-$N.txt"
+  zcat "$WORK/$split"/shard-*.txt.gz | awk -v n="$N" 'NR <= n' > "$WORK/$split-$N.txt"  # awk reads on: no SIGPIPE
   "$ELMO" perplexity "$RUN" "$WORK/$split-$N.txt" --json > "$WORK/perplexity-$split-$N.json"
 done
 rm -rf "$OUT.partial" && mkdir -p "$OUT.partial"

@@ -71,3 +71,31 @@ def test_elmo_module_defaults_to_the_builtin_model():
     assert len(out["elmo_representations"]) == 2
     assert out["elmo_representations"][0].shape == (2, 3, elmo.get_output_dim())
     assert out["mask"].tolist() == [[True, True, True], [True, True, False]]
+
+
+def _play_vectors(embedder) -> np.ndarray:
+    """(L+1, 24, 2P): the vector of "play" in each demo sentence."""
+    sentences = [line.split() for line in SAMPLES.read_text(encoding="utf-8").splitlines() if line.strip()]
+    positions = [[word.lower() for word in sentence].index("play") for sentence in sentences]
+    vectors = embedder.embed_batch(sentences)
+    return np.stack([layers[:, position] for layers, position in zip(vectors, positions)], axis=1)
+
+
+def test_contextual_layers_tell_the_senses_of_play_apart(embedder):
+    """Hand-labelled senses (independent of the model): at layer 0 every "play" is the same vector;
+    at layers 1 and 2 occurrences of the same sense are closer than occurrences of different senses,
+    and the nearest other occurrence shares the sense well above the majority-class rate (8/24)."""
+    vectors = _play_vectors(embedder)
+    labels = np.array(SENSES)
+    assert len(labels) == vectors.shape[1]
+    np.testing.assert_allclose(vectors[0], np.broadcast_to(vectors[0, :1], vectors[0].shape), atol=1e-5)
+    for layer in (1, 2):
+        unit = vectors[layer] / np.linalg.norm(vectors[layer], axis=1, keepdims=True)
+        cosine = unit @ unit.T
+        np.fill_diagonal(cosine, -np.inf)
+        nearest_agrees = (labels[cosine.argmax(axis=1)] == labels).mean()
+        assert nearest_agrees >= 0.45, (layer, nearest_agrees)
+        known = labels != "other"
+        same = (labels[:, None] == labels[None]) & known[:, None] & ~np.eye(len(labels), dtype=bool)
+        different = (labels[:, None] != labels[None]) & known[:, None] & known[None]
+        assert cosine[same].mean() > cosine[different].mean() + 0.05, layer

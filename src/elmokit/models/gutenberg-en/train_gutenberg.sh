@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Train the built-in English model (src/elmokit/models/gutenberg-en) on ../shared/data/gutenberg-en
+# on a CPU, with elmokit's own pipeline: prepare -> vocab -> train -> export (README, "The built-in model").
+# Re-running the script continues the run from its last checkpoint (--resume).
+#   usage: scripts/train_gutenberg.sh [WORK_DIR]      (default /root/elmokit-runs/gutenberg)
+#   env:   THREADS (default 2), MAX_TOKENS (default 0 = one epoch),
+#          TRAIN_SHARDS (default 'train.0[0-2]': the first 3 of the 10 book shards, ~13M words,
+#          more than a few CPU hours can read; 'train.*' for all of them)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ELMO=${ELMO:-.venv/bin/elmo}
+DATA=${GUTENBERG_DATA:-$(cd .. && pwd)/shared/data/gutenberg-en}
+WORK=${1:-/root/elmokit-runs/gutenberg}
+RUN=$WORK/run
+
+# 1. Sentences and Moses tokens (sentencex + sacremoses), on all cores.
+[ -f "$WORK/train/prepare.json" ] || "$ELMO" prepare "$DATA/${TRAIN_SHARDS:-train.0[0-2]}.txt.gz" -o "$WORK/train"
+for split in valid test; do
+  [ -f "$WORK/$split/prepare.json" ] || "$ELMO" prepare "$DATA/$split.txt.gz" -o "$WORK/$split"
+done
+# 2. The softmax vocabulary: the 100,000 most frequent training tokens.
+[ -f "$WORK/vocab.txt" ] || "$ELMO" vocab "$WORK/train/*.txt.gz" -o "$WORK/vocab.txt" --max-size 100000
+# 3. Validation during training on the first 2,000 valid sentences (full valid and test at the end).
+[ -f "$WORK/valid-2k.txt" ] || zcat "$WORK/valid/shard-00000.txt.gz" | head -2000 > "$WORK/valid-2k.txt"
+# 4. Train (sampled softmax, bf16 autocast).
+if [ -f "$RUN/checkpoint.pt" ]; then
+  exec "$ELMO" train --resume --output-dir "$RUN" --threads "${THREADS:-2}"
+fi
+exec "$ELMO" train --output-dir "$RUN" \
+  --train "$WORK/train/*.txt.gz" --valid "$WORK/valid-2k.txt" --vocab "$WORK/vocab.txt" \
+  --model scripts/gutenberg-cpu.json \
+  --optimizer adam --lr 0.002 --lr-decay 0.5 --grad-clip 10 --dropout 0.1 \
+  --batch-size 32 --unroll-steps 20 --epochs 1 --max-tokens "${MAX_TOKENS:-0}" \
+  --softmax sampled --n-samples 8192 \
+  --eval-every 1000 --eval-batch-size 64 --patience 0 \
+  --bf16 --log-every 10 --checkpoint-every 500 --threads "${THREADS:-2}" --seed 0
