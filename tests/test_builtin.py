@@ -61,6 +61,11 @@ def test_every_command_defaults_to_the_builtin_model(tmp_path, capsys):
     assert main(["embed", str(source), str(tmp_path / "out.hdf5"), "--top", "--quiet"]) == 0
     assert main(["info"]) == 0
     assert "gutenberg" in capsys.readouterr().out.lower()
+    options, weights = tmp_path / "options.json", tmp_path / "weights.hdf5"
+    assert main(["convert", "--to-original", str(options), str(weights)]) == 0
+    sentence = ["They", "play", "football", "."]
+    np.testing.assert_array_equal(ElmoEmbedder(options, weights).embed_sentence(sentence),
+                                  ElmoEmbedder().embed_sentence(sentence))
 
 
 def test_elmo_module_defaults_to_the_builtin_model():

@@ -14,7 +14,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
         description="Convert a model. Original -> native: `elmo convert --options-file O "
                     "--weight-file W --to-native DIR`. Native -> original: `elmo convert --model DIR "
                     "--to-original OPTIONS.json WEIGHTS.hdf5`.")
-    parser.add_argument("--model", type=Path, help="native model directory to read")
+    parser.add_argument("--model", type=Path, help="native model directory to read (default: the built-in model)")
     parser.add_argument("--options-file", type=Path, help="original options JSON to read")
     parser.add_argument("--weight-file", type=Path, help="original HDF5 weights to read")
     target = parser.add_mutually_exclusive_group(required=True)
@@ -26,9 +26,12 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.model is None and (args.options_file is None or args.weight_file is None):
-        raise ValueError("give the model to read: --model DIR, or --options-file and --weight-file")
-    model = load_model(args.options_file, args.weight_file) if args.model is None else load_model(args.model)
+    if (args.options_file is None) != (args.weight_file is None):
+        raise ValueError("--options-file and --weight-file go together: give both (or --model DIR)")
+    if args.options_file is not None:
+        model = load_model(args.options_file, args.weight_file)
+    else:
+        model = load_model(args.model)  # None: the built-in model
     outputs = [args.to_native / "model.safetensors"] if args.to_native else list(args.to_original)
     existing = [str(path) for path in outputs if path.exists()]
     if existing and not args.overwrite:

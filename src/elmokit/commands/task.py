@@ -46,8 +46,9 @@ def _register_train(actions: argparse._SubParsersAction) -> None:
                     "OUT/task_config.json and OUT/task_model.safetensors.")
     defaults = TaskConfig()
     parser.add_argument("--task", required=True, choices=sorted(TASKS), help="which task")
-    parser.add_argument("--model", required=True,
-                        help="biLM directory for ELMo, or 'none' for the model without ELMo")
+    parser.add_argument("--model", default=None,
+                        help="biLM directory for ELMo (default: the built-in model), or 'none' for the "
+                             "model without ELMo")
     parser.add_argument("--out", required=True, type=Path, help="run directory to write")
     parser.add_argument("--seed", type=int, default=defaults.seed, help=f"random seed (default {defaults.seed})")
     parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR,
@@ -84,7 +85,7 @@ def _register_probe(actions: argparse._SubParsersAction) -> None:
         description="Probe each biLM layer: a linear UPOS probe on UD EWT and a 1-nearest-neighbour "
                     "word-sense classifier on SemCor (held-out documents). Writes OUT/probes.json "
                     "and OUT/probes.png.")
-    parser.add_argument("--model", required=True, type=Path, help="biLM directory")
+    parser.add_argument("--model", type=Path, help="biLM directory (default: the built-in model)")
     parser.add_argument("--out", required=True, type=Path, help="folder for probes.json and probes.png")
     parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help=f"data folder (default {DEFAULT_DATA_DIR})")
     parser.add_argument("--probes", nargs="+", choices=("pos", "wsd"), default=["pos", "wsd"], help="which probes")
@@ -103,6 +104,10 @@ def run_train(args: argparse.Namespace) -> int:
 
     names = {spec.name for spec in dataclasses.fields(TaskConfig)}
     values = {name: value for name, value in vars(args).items() if name in names}
+    if args.model is None:
+        from elmokit.builtin import builtin_model_dir
+
+        args.model = str(builtin_model_dir())
     values.update(model=None if args.model.lower() == "none" else args.model, out=str(args.out),
                   progress=not args.no_progress)
     results = train_task(TaskConfig(**values))
