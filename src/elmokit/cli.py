@@ -8,6 +8,7 @@ option) are printed as one line and exit with status 2; nothing is half-written.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from elmokit import __version__
@@ -37,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     except (UserError, FileNotFoundError, IsADirectoryError, ValueError) as error:
         print(f"elmo {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `elmo ... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
     except KeyboardInterrupt as interrupt:
         detail = f": {interrupt}" if str(interrupt) else ""
         print(f"elmo {args.command}: interrupted{detail}", file=sys.stderr)
