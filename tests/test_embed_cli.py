@@ -200,3 +200,15 @@ def test_torchrun_two_processes_equal_one(model_dir, tmp_path):
         np.testing.assert_allclose(two[key], one[key], atol=1e-6)
     assert str(one["sentence_to_index"]) == str(two["sentence_to_index"])
     assert not (tmp_path / "two.npz.partial").exists()
+
+
+def test_windows_bound_sentences_and_tokens_held_at_once():
+    from elmokit.embedding import _windows
+
+    sentences = [["w"] * n for n in (3, 4, 10, 1, 1, 1, 2, 30, 2)]
+    windows = list(_windows(sentences, max_sentences=3, max_positions=8))
+    assert [s for window in windows for s in window] == sentences  # everything, in order
+    for window in windows:
+        assert len(window) <= 3
+        assert sum(map(len, window)) <= 8 or len(window) == 1  # a longer sentence goes alone
+    assert [list(map(len, w)) for w in windows] == [[3, 4], [10], [1, 1, 1], [2], [30], [2]]

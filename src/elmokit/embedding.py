@@ -187,16 +187,37 @@ def split_windows(n_tokens: int, max_length: int, overlap: int) -> list[tuple[in
     return windows
 
 
+WINDOW_POSITIONS = 4 * ElmoEmbedder.POSITION_BUDGET  # tokens whose vectors are held at once
+
+
+def _windows(sentences: Iterable[Sequence[str]], max_sentences: int, max_positions: int) -> Iterator[list]:
+    """Consecutive groups of at most `max_sentences` sentences and `max_positions` tokens (a longer
+    sentence alone): what is in memory at once depends on these, not on the input's size."""
+    window: list[Sequence[str]] = []
+    positions = 0
+    for sentence in sentences:
+        if window and (len(window) == max_sentences or positions + len(sentence) > max_positions):
+            yield window
+            window, positions = [], 0
+        window.append(sentence)
+        positions += len(sentence)
+    if window:
+        yield window
+
+
 def embed_sentences(embedder: ElmoEmbedder, sentences: Iterable[Sequence[str]], batch_size: int = 64,
                     max_length: int = 256, overlap: int = 32) -> Iterator[np.ndarray]:
     """(L+1, n_i, 2P) float32 per sentence, in order; no sentence is ever longer than `max_length`
     for the model (see `split_windows`). Stateless, a window of `STREAM_WINDOW` batches streams
     through `batch_size` rows of the recurrence (`ElmoEmbedder.embed_many`); stateful, batches
     of `batch_size` consecutive pieces carry the state, as in the original."""
-    iterator = iter(sentences)
     stateful = embedder.carried is not None
-    window = batch_size if stateful else batch_size * ElmoEmbedder.STREAM_WINDOW
-    while batch := list(itertools.islice(iterator, window)):
+    if stateful:  # the original's batches: `batch_size` consecutive sentences share the carried state
+        iterator = iter(sentences)
+        batches = iter(lambda: list(itertools.islice(iterator, batch_size)), [])
+    else:
+        batches = _windows(sentences, batch_size * ElmoEmbedder.STREAM_WINDOW, WINDOW_POSITIONS)
+    for batch in batches:
         pieces = [(row, piece) for row, sentence in enumerate(batch)
                   for piece in split_windows(len(sentence), max_length, overlap)]
         texts = [batch[row][start:end] for row, (start, end, _, _) in pieces]
