@@ -37,7 +37,8 @@ from elmokit.vocab import Vocabulary, make_vocab
 
 REPO = Path(__file__).resolve().parents[1]
 PTB = Path(os.environ.get("PTB_DATA", REPO.parent / "shared" / "data" / "ptb"))
-SHAPES = {"small": ElmoConfig.from_name("small"), "ptb-cpu": ElmoConfig.load(REPO / "scripts" / "ptb-cpu.json")}
+SHAPES = {"small": ElmoConfig.from_name("small"), "ptb-cpu": ElmoConfig.load(REPO / "scripts" / "ptb-cpu.json"),
+          "gutenberg-cpu": ElmoConfig.load(REPO / "scripts" / "gutenberg-cpu.json")}  # = ptb-small.json
 
 
 class TorchLstmLM(nn.Module):
