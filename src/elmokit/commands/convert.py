@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from elmokit.weights import load_model, save_original, save_pretrained
+from elmokit.commands.common import add_model_arguments, model_from_args
+from elmokit.weights import save_original, save_pretrained
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
@@ -14,9 +15,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
         description="Convert a model. Original -> native: `elmo convert --options-file O "
                     "--weight-file W --to-native DIR`. Native -> original: `elmo convert --model DIR "
                     "--to-original OPTIONS.json WEIGHTS.hdf5`.")
-    parser.add_argument("--model", type=Path, help="native model directory to read (default: the built-in model)")
-    parser.add_argument("--options-file", type=Path, help="original options JSON to read")
-    parser.add_argument("--weight-file", type=Path, help="original HDF5 weights to read")
+    add_model_arguments(parser)
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--to-native", type=Path, metavar="DIR", help="write a native model directory")
     target.add_argument("--to-original", type=Path, nargs=2, metavar=("OPTIONS", "WEIGHTS"),
@@ -26,12 +25,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if (args.options_file is None) != (args.weight_file is None):
-        raise ValueError("--options-file and --weight-file go together: give both (or --model DIR)")
-    if args.options_file is not None:
-        model = load_model(args.options_file, args.weight_file)
-    else:
-        model = load_model(args.model)  # None: the built-in model
+    model = model_from_args(args)
     outputs = [args.to_native / "model.safetensors"] if args.to_native else list(args.to_original)
     existing = [str(path) for path in outputs if path.exists()]
     if existing and not args.overwrite:

@@ -107,8 +107,10 @@ def run_train(args: argparse.Namespace) -> int:
     if args.model is None:
         from elmokit.builtin import builtin_model_dir
 
-        args.model = str(builtin_model_dir())
-    values.update(model=None if args.model.lower() == "none" else args.model, out=str(args.out),
+        model = str(builtin_model_dir())
+    else:
+        model = None if args.model.lower() == "none" else args.model
+    values.update(model=model, out=str(args.out),
                   progress=not args.no_progress)
     results = train_task(TaskConfig(**values))
     print(json.dumps(results))
