@@ -121,6 +121,24 @@ def test_token_cache_is_exact(tiny_model):
     assert len(cached.cache.index) == len({t for s in SENTENCES for t in s}) + 2
 
 
+def test_token_cache_stays_within_its_bound_and_exact(tiny_model):
+    from elmokit import TokenCache
+
+    plain = ElmoEmbedder(module=tiny_model, cache_tokens=False)
+    cached = ElmoEmbedder(module=tiny_model)
+    projection = tiny_model.config.lstm.projection_dim
+    cached.cache = TokenCache(tiny_model, max_bytes=1024 * 4 * projection)  # 1,024 words
+    sentences = [[f"w{i}x{j}" for j in range(40)] for i in range(100)]  # 4,000 distinct words
+    sizes = []
+    for sentence in sentences:
+        np.testing.assert_allclose(cached.embed_sentence(sentence), plain.embed_sentence(sentence), atol=1e-6)
+        sizes.append(len(cached.cache.index))
+    assert max(sizes) <= 1024 and any(b < a for a, b in zip(sizes, sizes[1:]))  # full, then started over
+    wide = ["a"] * 1500 + [f"z{k}" for k in range(1500)]  # one call with more words than it holds
+    np.testing.assert_allclose(cached.embed_sentence(wide), plain.embed_sentence(wide), atol=1e-6)
+    assert cached.cache.max_size == 1503  # 1,500 + "a" + the two boundary tokens
+
+
 def test_stateful_embedder_depends_on_history(tiny_model):
     embedder = ElmoEmbedder(module=tiny_model, stateful=True)
     first = embedder.embed_batch(SENTENCES)

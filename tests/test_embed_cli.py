@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -203,12 +204,24 @@ def test_torchrun_two_processes_equal_one(model_dir, tmp_path):
 
 
 def test_windows_bound_sentences_and_tokens_held_at_once():
-    from elmokit.embedding import _windows
+    from elmokit.elmo import position_windows
 
     sentences = [["w"] * n for n in (3, 4, 10, 1, 1, 1, 2, 30, 2)]
-    windows = list(_windows(sentences, max_sentences=3, max_positions=8))
+    windows = list(position_windows(sentences, max_sentences=3, max_positions=12))
     assert [s for window in windows for s in window] == sentences  # everything, in order
-    for window in windows:
+    for window in windows:  # positions = tokens + 2 boundaries a sentence
         assert len(window) <= 3
-        assert sum(map(len, window)) <= 8 or len(window) == 1  # a longer sentence goes alone
+        assert sum(len(s) + 2 for s in window) <= 12 or len(window) == 1  # a longer sentence goes alone
     assert [list(map(len, w)) for w in windows] == [[3, 4], [10], [1, 1, 1], [2], [30], [2]]
+
+
+def test_malloc_threshold_is_set_unless_the_user_chose_one(monkeypatch):
+    import ctypes.util
+
+    from elmokit.embedding import fix_malloc_mmap_threshold
+
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "33554432")
+    assert fix_malloc_mmap_threshold() is False  # the user's choice stands
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
+    is_glibc = platform.libc_ver()[0] == "glibc" and ctypes.util.find_library("c") is not None
+    assert fix_malloc_mmap_threshold() is is_glibc

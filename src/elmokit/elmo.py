@@ -188,18 +188,20 @@ class TokenCache:
     """Token string -> its context-free representation (P floats), computed once per word.
 
     The char CNN and highway are most of a small model's FLOPs; in running text most tokens are
-    words already seen. Unseen words go through the encoder in one batch. Bounded: when full it
-    starts over.
+    words already seen. Unseen words go through the encoder in one batch. Bounded: it holds at
+    most `max_bytes` of vectors (65,536 words at P = 128, 16,384 at P = 512) and starts over when
+    full, so a long input never makes it grow further; the frequent words come back at once.
     """
 
-    def __init__(self, bilm: BiLM, max_size: int = 500_000):
+    def __init__(self, bilm: BiLM, max_bytes: int = 32 * 2**20):
         self.bilm = bilm
-        self.max_size = max_size
+        row_bytes = 4 * bilm.config.lstm.projection_dim
+        self.max_size = max(1024, max_bytes // row_bytes)
+        self.vectors = torch.empty(self.max_size, bilm.config.lstm.projection_dim)  # pages touched as filled
         self.clear()
 
     def clear(self) -> None:
         self.index: dict[str, int] = {}
-        self.vectors = torch.empty(1024, self.bilm.config.lstm.projection_dim)
 
     def rows(self, tokens: list[str]) -> np.ndarray:
         rows = np.fromiter(map(self.index.get, tokens, itertools.repeat(-1)), np.int64, len(tokens))
@@ -209,6 +211,9 @@ class TokenCache:
             if len(self.index) + len(new_tokens) > self.max_size:
                 self.clear()
                 new_tokens = list(dict.fromkeys(tokens))
+                if len(new_tokens) > self.max_size:  # one call with more distinct words than it holds
+                    self.max_size = len(new_tokens)
+                    self.vectors = self.vectors.new_empty(self.max_size, self.vectors.shape[1])
             self._add(new_tokens)
             rows = np.fromiter(map(self.index.__getitem__, tokens), np.int64, len(tokens))
         return rows
@@ -216,13 +221,27 @@ class TokenCache:
     def _add(self, tokens: list[str]) -> None:
         start = len(self.index)
         with torch.no_grad():
-            vectors = self.bilm.encode_tokens(torch.from_numpy(tokens_to_char_ids(tokens)))  # (n, P)
-        if start + len(tokens) > len(self.vectors):
-            grown = self.vectors.new_empty(max(2 * len(self.vectors), start + len(tokens)), self.vectors.shape[1])
-            grown[:start] = self.vectors[:start]
-            self.vectors = grown
-        self.vectors[start:start + len(tokens)] = vectors
+            self.vectors[start:start + len(tokens)] = self.bilm.encode_tokens(
+                torch.from_numpy(tokens_to_char_ids(tokens)))  # (n, P)
         self.index.update(zip(tokens, range(start, start + len(tokens))))
+
+
+def position_windows(sentences: Iterable[Sequence[str]], max_sentences: int, max_positions: int
+                     ) -> Iterator[list[Sequence[str]]]:
+    """Consecutive groups of at most `max_sentences` sentences and `max_positions` positions
+    (tokens plus the two boundaries; a longer sentence goes alone): what a stream holds at once
+    depends on these, never on the input's length."""
+    window: list[Sequence[str]] = []
+    positions = 0
+    for sentence in sentences:
+        size = len(sentence) + 2
+        if window and (len(window) == max_sentences or positions + size > max_positions):
+            yield window
+            window, positions = [], 0
+        window.append(sentence)
+        positions += size
+    if window:
+        yield window
 
 
 # ---------------------------------------------------------------------------------------------
@@ -326,25 +345,26 @@ class ElmoEmbedder:
             table_rows = _boundary_rows(lengths, np.arange(2, len(tokens)))
         token_embeddings = table[torch.from_numpy(table_rows).to(table.device)]  # (N, P)
         layers = self.bilm.contextualize_sentences(token_embeddings, lengths + 2, rows)
-        layers = torch.stack(layers).float().cpu().numpy()  # (L+1, N, 2P)
+        layers = [layer.float().cpu().numpy() for layer in layers]  # L+1 of (N, 2P)
         first = np.cumsum(lengths + 2) - (lengths + 2) + 1  # each sentence's first token
-        return [layers[:, start:start + n].copy() for start, n in zip(first.tolist(), lengths.tolist())]
+        return [np.stack([layer[start:start + n] for layer in layers])  # (L+1, n, 2P), its own copy
+                for start, n in zip(first.tolist(), lengths.tolist())]
 
     def embed_sentences(self, sentences: Iterable[Sequence[str]], batch_size: int = 64) -> Iterator[np.ndarray]:
         """A generator: the sentences in order, embedded `batch_size` at a time.
 
-        Stateless, a window of `STREAM_WINDOW` batches goes through `embed_many` with
-        `batch_size` rows in the recurrence (the results do not depend on the batching). Stateful,
+        Stateless, windows of up to `STREAM_WINDOW` batches and `POSITION_BUDGET` positions go
+        through `embed_many` with `batch_size` rows in the recurrence (the results do not depend on the batching). Stateful,
         batches are consecutive groups, as in the original.
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        iterator = iter(sentences)
         if self.carried is not None:
+            iterator = iter(sentences)
             while batch := list(itertools.islice(iterator, batch_size)):
                 yield from self.embed_batch(batch)
             return
-        while window := list(itertools.islice(iterator, batch_size * self.STREAM_WINDOW)):
+        for window in position_windows(sentences, batch_size * self.STREAM_WINDOW, self.POSITION_BUDGET):
             yield from self.embed_many(window, rows=batch_size)
 
     def embed_file(self, input_file: str | Path, output_file_path: str | Path, output_format: str = "all",

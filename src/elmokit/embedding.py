@@ -37,6 +37,8 @@ built by re-reading the input); the vectors are never all held.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import dataclasses
 import hashlib
 import itertools
@@ -54,7 +56,7 @@ import numpy as np
 import torch
 
 from elmokit.corpus import CorpusError, open_binary
-from elmokit.elmo import OUTPUT_FORMATS, ElmoEmbedder, select_layers
+from elmokit.elmo import OUTPUT_FORMATS, ElmoEmbedder, position_windows, select_layers
 from elmokit.io import atomic_write_text
 
 FILE_FORMATS = ("hdf5", "npz")
@@ -187,24 +189,6 @@ def split_windows(n_tokens: int, max_length: int, overlap: int) -> list[tuple[in
     return windows
 
 
-WINDOW_POSITIONS = 4 * ElmoEmbedder.POSITION_BUDGET  # tokens whose vectors are held at once
-
-
-def _windows(sentences: Iterable[Sequence[str]], max_sentences: int, max_positions: int) -> Iterator[list]:
-    """Consecutive groups of at most `max_sentences` sentences and `max_positions` tokens (a longer
-    sentence alone): what is in memory at once depends on these, not on the input's size."""
-    window: list[Sequence[str]] = []
-    positions = 0
-    for sentence in sentences:
-        if window and (len(window) == max_sentences or positions + len(sentence) > max_positions):
-            yield window
-            window, positions = [], 0
-        window.append(sentence)
-        positions += len(sentence)
-    if window:
-        yield window
-
-
 def embed_sentences(embedder: ElmoEmbedder, sentences: Iterable[Sequence[str]], batch_size: int = 64,
                     max_length: int = 256, overlap: int = 32) -> Iterator[np.ndarray]:
     """(L+1, n_i, 2P) float32 per sentence, in order; no sentence is ever longer than `max_length`
@@ -216,7 +200,8 @@ def embed_sentences(embedder: ElmoEmbedder, sentences: Iterable[Sequence[str]], 
         iterator = iter(sentences)
         batches = iter(lambda: list(itertools.islice(iterator, batch_size)), [])
     else:
-        batches = _windows(sentences, batch_size * ElmoEmbedder.STREAM_WINDOW, WINDOW_POSITIONS)
+        batches = position_windows(sentences, batch_size * ElmoEmbedder.STREAM_WINDOW,
+                                   ElmoEmbedder.POSITION_BUDGET)
     for batch in batches:
         pieces = [(row, piece) for row, sentence in enumerate(batch)
                   for piece in split_windows(len(sentence), max_length, overlap)]
@@ -483,6 +468,28 @@ def _sentence_index(input_path: Path, use_sentence_keys: bool, file_format: str)
     if file_format == "npz":
         return np.array(text)
     return np.array([text], dtype=h5py.string_dtype())
+
+
+def fix_malloc_mmap_threshold(threshold: int = 256 * 2**10) -> bool:
+    """Keep a long embedding run's resident memory from creeping up with the input (glibc only).
+
+    glibc raises its mmap threshold each time it frees a large mapped block (up to 32 MB); from
+    then on the batches' tensors come from the heap, where blocks of ever-different sizes leave
+    free fragments it cannot return: peak RSS grew from 0.64 GB (100k tokens) to 0.99 GB (2M
+    tokens). A fixed threshold (which also switches the adjustment off) gives every block above
+    it its own mapping, returned to the system when freed: 0.49 GB to 0.58 GB. The price is
+    page faults, some 15-20 % of the speed (bench/results/embed_memory.md). A threshold the user
+    set (MALLOC_MMAP_THRESHOLD_) is left alone. Returns whether it was set here.
+    """
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    name = ctypes.util.find_library("c")
+    try:
+        mallopt = ctypes.CDLL(name).mallopt if name else None
+    except (OSError, AttributeError):  # not glibc
+        return False
+    M_MMAP_THRESHOLD = -3
+    return mallopt is not None and mallopt(M_MMAP_THRESHOLD, threshold) == 1
 
 
 def distributed_from_env() -> tuple[int, int, Callable[[], None]]:

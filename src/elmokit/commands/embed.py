@@ -17,6 +17,7 @@ from elmokit.embedding import (
     close_distributed,
     distributed_from_env,
     embed_file,
+    fix_malloc_mmap_threshold,
     format_for_path,
 )
 
@@ -35,7 +36,12 @@ numpy.load) when it ends in .npz or with --format npz.
 Sentences longer than --max-length tokens are embedded in overlapping windows and stitched back.
 Work goes to OUTPUT.partial/ and OUTPUT appears only when complete; after an interruption,
 the same command with --resume continues from the last checkpoint. Several processes:
-`torchrun --nproc_per_node N -m elmokit embed ...` (each embeds every N-th line; rank 0 merges)."""
+`torchrun --nproc_per_node N -m elmokit embed ...` (each embeds every N-th line; rank 0 merges).
+
+Memory stays flat however long INPUT is (0.49 GB at 100k tokens, 0.58 GB at 2M with the built-in
+model): on glibc, blocks above 256 kB get their own mappings, returned when freed. That costs
+some speed in page faults; MALLOC_MMAP_THRESHOLD_=33554432 in the environment trades it back for
+memory that grows with the input."""
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
@@ -92,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
+    fix_malloc_mmap_threshold()  # peak memory flat however long the input
     rank, world_size, barrier = distributed_from_env()
     try:
         device = args.cuda_device
