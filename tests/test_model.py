@@ -7,6 +7,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from elmokit import BiLM, ScalarMix, batch_to_ids, save_original
 from elmokit.chars import tokens_to_char_ids
@@ -202,18 +203,38 @@ def test_char_cnn_is_the_convolution_with_max_pool(tiny_model):
         torch.testing.assert_close(cnn(char_ids), reference, atol=1e-6, rtol=1e-6)
 
 
-def test_fixed_rows_products_equal_plain_batched_matmul():
-    """The MKL-packed products (inference on CPU) against torch.bmm, with and without an addend."""
-    from elmokit.lstm import _FixedRowsMatmul
+def test_inference_products_equal_the_plain_ones():
+    """elmokit.kernels (oneDNN without gradients on the CPU, the weight reordered once) against
+    F.linear and addmm, for any row count; with gradients it is F.linear itself."""
+    from elmokit.kernels import PackedLinear, linear
 
     torch.manual_seed(2)
-    weight = torch.randn(2, 24, 10)
-    x, addend = torch.randn(2, 5, 10), torch.randn(2, 5, 24)
+    weight, bias = torch.randn(24, 10), torch.randn(24)
     with torch.no_grad():
-        product = _FixedRowsMatmul(weight, 5, {})
-        out = product(x, out=torch.empty(2, 5, 24), add=list(addend))
-        torch.testing.assert_close(out, torch.baddbmm(addend, x, weight.mT), atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(product(x, out=torch.empty(2, 5, 24)), torch.bmm(x, weight.mT), atol=1e-5, rtol=1e-5)
-        bias = torch.randn(2, 24)
-        for got, expected in zip(product.products(x, bias), torch.baddbmm(bias.unsqueeze(1), x, weight.mT)):
-            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+        product = PackedLinear(weight, rows=5)
+        for rows in (1, 5, 33):
+            x, addend = torch.randn(rows, 10), torch.randn(rows, 24)
+            torch.testing.assert_close(linear(x, weight, bias), F.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(product(x, bias), F.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(product(x), x @ weight.T, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(product.add(addend, x), torch.addmm(addend, x, weight.T), atol=1e-5, rtol=1e-5)
+        assert linear(torch.randn(3, 4, 10), weight).shape == (3, 4, 24)
+    weight.requires_grad_(True)
+    x = torch.randn(5, 10)
+    linear(x, weight, bias).sum().backward()
+    torch.testing.assert_close(weight.grad, torch.ones(5, 24).T @ x)
+
+
+def test_stream_follows_weights_changed_in_place(tiny_model):
+    """The reordered weights are remade when a weight changes (e.g. loaded in place)."""
+    from elmokit import ElmoEmbedder
+
+    embedder = ElmoEmbedder(module=tiny_model, cache_tokens=False)
+    before = embedder.embed_sentence(SENTENCES[0])
+    with torch.no_grad():
+        for layer in tiny_model.lstm.layers:
+            layer.recurrent_weight.mul_(0.5)
+    after = embedder.embed_sentence(SENTENCES[0])
+    reference = tiny_model(batch_to_ids([SENTENCES[0]])).layers  # the differentiable path, no packing
+    assert not np.allclose(before[1], after[1])
+    np.testing.assert_allclose(after[1], reference[1][0, 1:-1].detach().numpy(), atol=1e-5)

@@ -28,6 +28,7 @@ from torch import nn
 
 from elmokit.chars import MAX_CHARS, N_CHAR_IDS, add_boundaries
 from elmokit.config import ElmoConfig
+from elmokit.kernels import linear
 from elmokit.lstm import BiLstm, LstmState
 
 _ACTIVATIONS = {"relu": torch.relu, "tanh": torch.tanh}
@@ -69,7 +70,7 @@ class CharCNN(nn.Module):
         for conv, kernel in zip(self.convolutions, kernels):
             width = conv.kernel_size[0]
             windows = chars.unfold(1, width, 1).transpose(2, 3).reshape(-1, kernel.shape[1])  # (N*(W-w+1), w*E)
-            pooled.append((windows @ kernel.T).view(n_tokens, n_chars - width + 1, -1).amax(dim=1))  # (N, n_i)
+            pooled.append(linear(windows, kernel).view(n_tokens, n_chars - width + 1, -1).amax(dim=1))  # (N, n_i)
         return torch.cat(pooled, dim=-1)
 
 
@@ -83,7 +84,7 @@ class Highway(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
-            transform, carry = layer(x).chunk(2, dim=-1)  # (N, F) each
+            transform, carry = linear(x, layer.weight, layer.bias).chunk(2, dim=-1)  # (N, F) each
             carry = torch.sigmoid(carry)
             x = carry * torch.relu(transform) + (1 - carry) * x
         return x
@@ -103,7 +104,8 @@ class TokenEncoder(nn.Module):
         self.projection = nn.Linear(cnn.n_filters, config.lstm.projection_dim)
 
     def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
-        return self.projection(self.highway(self.char_cnn(char_ids)))  # (N, P)
+        features = self.highway(self.char_cnn(char_ids))  # (N, F)
+        return linear(features, self.projection.weight, self.projection.bias)  # (N, P)
 
 
 # ---------------------------------------------------------------------------------------------
