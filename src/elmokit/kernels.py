@@ -15,8 +15,17 @@ reduced-precision shortcut): they differ only in the order of the sums.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
+
+# oneDNN keeps a compiled primitive for every product shape it has run, in two caches of 1,024
+# entries each (oneDNN's and ideep's); an embedding run meets a new row count at nearly every
+# call, and 2,000 of them held ~0.7 GB. 64 entries hold every shape a biLM reuses. Read when
+# oneDNN first runs a product, so set here, before that; a value the user set is kept.
+for _variable in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+    os.environ.setdefault(_variable, "64")
 
 
 def _onednn_linear_available() -> bool:
