@@ -38,7 +38,7 @@ Work goes to OUTPUT.partial/ and OUTPUT appears only when complete; after an int
 the same command with --resume continues from the last checkpoint. Several processes:
 `torchrun --nproc_per_node N -m elmokit embed ...` (each embeds every N-th line; rank 0 merges).
 
-Memory stays flat however long INPUT is (0.49 GB at 100k tokens, 0.58 GB at 2M with the built-in
+Memory stays flat however long INPUT is (0.67 GB at 1M tokens, 0.70 GB at 2M with the built-in
 model): on glibc, blocks above 256 kB get their own mappings, returned when freed. That costs
 some speed in page faults; MALLOC_MMAP_THRESHOLD_=33554432 in the environment trades it back for
 memory that grows with the input."""
