@@ -62,13 +62,13 @@ def matmul_gflops(threads: int, size: int = 2048, repeats: int = 10, trials: int
     (`torch.mm`, what a plain product runs) and oneDNN (what `elmokit.kernels` runs without
     gradients); the best of `trials` timings of `repeats` (size x size) products, after the first
     trials have warmed the cores up. The roofline is the larger of the two."""
-    from elmokit.kernels import ONEDNN
+    from elmokit.kernels import ONEDNN, linear
 
     torch.set_num_threads(threads)
     a, b = torch.randn(size, size), torch.randn(size, size)
     kernels = {"mkl": lambda: a @ b}
     if ONEDNN:
-        kernels["onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
+        kernels["onednn"] = lambda: linear(a, b)  # no gradients here: oneDNN's kernel
     results = {}
     for name, product in kernels.items():
         best = 0.0

@@ -219,6 +219,10 @@ def test_inference_products_equal_the_plain_ones():
             torch.testing.assert_close(product(x), x @ weight.T, atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(product.add(addend, x), torch.addmm(addend, x, weight.T), atol=1e-5, rtol=1e-5)
         assert linear(torch.randn(3, 4, 10), weight).shape == (3, 4, 24)
+        plain = PackedLinear(weight.double(), rows=5)  # not fp32: the plain product, no oneDNN
+        x, addend = torch.randn(4, 10, dtype=torch.float64), torch.randn(4, 24, dtype=torch.float64)
+        torch.testing.assert_close(plain(x, bias.double()), F.linear(x, weight.double(), bias.double()))
+        torch.testing.assert_close(plain.add(addend, x), addend + x @ weight.double().T)
     weight.requires_grad_(True)
     x = torch.randn(5, 10)
     linear(x, weight, bias).sum().backward()

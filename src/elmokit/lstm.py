@@ -233,9 +233,9 @@ class BiLstmLayer(nn.Module):
         cache = self.__dict__.get("_packed_products")
         if cache is None or cache[0] != key:
             block_rows = max(rows, self.GATE_BUDGET // (2 * 4 * self.cell_dim))  # input products: a block of steps
-            doubled = self._candidate_doubled()
-            products = tuple([PackedLinear(weight[d] * scale[:, None], hint) for d in range(2)]
-                             for weight, scale, hint in zip(weights, (doubled, doubled, torch.ones(1)), (block_rows, rows, rows)))
+            doubled = self._candidate_doubled()[:, None]  # (4C, 1)
+            products = tuple([PackedLinear(weight[d] * scale, hint) for d in range(2)]
+                             for weight, scale, hint in zip(weights, (doubled, doubled, 1.0), (block_rows, rows, rows)))
             self.__dict__["_packed_products"] = cache = (key, products)
         return cache[1]
 
