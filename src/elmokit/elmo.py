@@ -3,11 +3,17 @@ and files) and `HubElmo` (the TF-Hub output names). Drop-in for AllenNLP's class
 
 Stateless by default: the same sentence gives the same vectors whatever else is in the batch and
 whatever came before. `stateful=True` reproduces the original carried LSTM state (spec §9).
+
+Threads: one `ElmoEmbedder`, or one `Elmo` in eval mode, may be called from many threads at once
+and gives each call what a call alone would give. What they share that changes (the token cache,
+the carried state) is behind a lock; the biLM's forward pass changes nothing shared.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -28,10 +34,20 @@ OUTPUT_FORMATS = ("all", "top", "average")
 class CarriedState:
     """The original stateful behaviour: row b of a call starts from the final state of row b of
     the previous calls. Rows beyond the current batch keep their values for a later, larger batch.
+
+    Calls from several threads take turns: `lock` is held from `take` to `store` (`carrying`).
     """
 
     def __init__(self) -> None:
         self.state: LstmState | None = None  # hidden (L, D, S, P), cell (L, D, S, C)
+        self.lock = threading.Lock()
+
+    def __getstate__(self) -> dict:  # copy.deepcopy of a module holding it
+        return {"state": self.state}
+
+    def __setstate__(self, record: dict) -> None:
+        self.__init__()
+        self.state = record["state"]
 
     def reset(self) -> None:
         self.state = None
@@ -55,11 +71,17 @@ class CarriedState:
                                      for new, old in zip(final, self.state)))
 
 
+def carrying(carried: CarriedState | None) -> contextlib.AbstractContextManager:
+    """Hold the carried state's lock for one call (take, forward, store); nothing when stateless."""
+    return carried.lock if carried is not None else contextlib.nullcontext()
+
+
 def _run_bilm(bilm: BiLM, char_ids: torch.Tensor, carried: CarriedState | None) -> BiLMOutput:
-    state = carried.take(char_ids.shape[0]) if carried is not None else None
-    output = bilm(char_ids, state)
-    if carried is not None:
-        carried.store(output.state)
+    with carrying(carried):
+        state = carried.take(char_ids.shape[0]) if carried is not None else None
+        output = bilm(char_ids, state)
+        if carried is not None:
+            carried.store(output.state)
     return output
 
 
@@ -155,10 +177,11 @@ class Elmo(nn.Module):
         # table rows: 0 = <S>, 1 = </S>, 2 + i = vocab_to_cache[i]
         rows = _boundary_rows(lengths.cpu().numpy(), word_ids[word_ids > 0].cpu().numpy() + 2)
         token_embeddings = self.word_embedding[torch.from_numpy(rows).to(self.word_embedding.device)]
-        state = self.carried.take(len(lengths)) if self.carried is not None else None
-        output = self.bilm.contextualize(token_embeddings, _boundary_mask(lengths), state)
-        if self.carried is not None:
-            self.carried.store(output.state)
+        with carrying(self.carried):
+            state = self.carried.take(len(lengths)) if self.carried is not None else None
+            output = self.bilm.contextualize(token_embeddings, _boundary_mask(lengths), state)
+            if self.carried is not None:
+                self.carried.store(output.state)
         return output
 
 
@@ -191,6 +214,9 @@ class TokenCache:
     words already seen. Unseen words go through the encoder in one batch. Bounded: it holds at
     most `max_bytes` of vectors (65,536 words at P = 128, 16,384 at P = 512) and starts over when
     full, so a long input never makes it grow further; the frequent words come back at once.
+
+    Threads: a call that adds words may start over and overwrite any row, so `embeddings` looks
+    the rows up and reads them under one lock (`rows` alone is valid until the next addition).
     """
 
     def __init__(self, bilm: BiLM, max_bytes: int = 32 * 2**20):
@@ -198,12 +224,26 @@ class TokenCache:
         row_bytes = 4 * bilm.config.lstm.projection_dim
         self.max_size = max(1024, max_bytes // row_bytes)
         self.vectors = torch.empty(self.max_size, bilm.config.lstm.projection_dim)  # pages touched as filled
+        self.lock = threading.RLock()
         self.clear()
 
     def clear(self) -> None:
         self.index: dict[str, int] = {}
 
+    def embeddings(self, sentences: Sequence[Sequence[str]]) -> torch.Tensor:
+        """The token layer of every position of `sentences` with boundaries, row-major
+        ([<S>, tokens of sentence 0, </S>, <S>, ...]): (N, P), a copy."""
+        lengths = np.fromiter(map(len, sentences), np.int64, len(sentences))
+        tokens = [BOS_TOKEN, EOS_TOKEN, *itertools.chain.from_iterable(sentences)]
+        with self.lock:
+            rows = self.rows(tokens)
+            return self.vectors[torch.from_numpy(_boundary_rows(lengths, rows[2:], rows[0], rows[1]))]  # (N, P)
+
     def rows(self, tokens: list[str]) -> np.ndarray:
+        with self.lock:
+            return self._rows(tokens)
+
+    def _rows(self, tokens: list[str]) -> np.ndarray:
         rows = np.fromiter(map(self.index.get, tokens, itertools.repeat(-1)), np.int64, len(tokens))
         missing = rows < 0
         if missing.any():
@@ -291,15 +331,13 @@ class ElmoEmbedder:
         return layers, output.mask.sum(dim=1) - 2
 
     def _run_cached(self, batch: Sequence[Sequence[str]]) -> BiLMOutput:
-        lengths = np.fromiter(map(len, batch), np.int64, len(batch))
-        tokens = [BOS_TOKEN, EOS_TOKEN, *itertools.chain.from_iterable(batch)]
-        rows = self.cache.rows(tokens)
-        table_rows = _boundary_rows(lengths, rows[2:], bos_row=rows[0], eos_row=rows[1])
-        token_embeddings = self.cache.vectors[torch.from_numpy(table_rows)]  # (N, P)
-        state = self.carried.take(len(batch)) if self.carried is not None else None
-        output = self.bilm.contextualize(token_embeddings, _boundary_mask(torch.from_numpy(lengths)), state)
-        if self.carried is not None:
-            self.carried.store(output.state)
+        lengths = torch.from_numpy(np.fromiter(map(len, batch), np.int64, len(batch)))
+        token_embeddings = self.cache.embeddings(batch)  # (N, P)
+        with carrying(self.carried):
+            state = self.carried.take(len(batch)) if self.carried is not None else None
+            output = self.bilm.contextualize(token_embeddings, _boundary_mask(lengths), state)
+            if self.carried is not None:
+                self.carried.store(output.state)
         return output
 
     def embed_batch(self, batch: Sequence[Sequence[str]]) -> list[np.ndarray]:
@@ -335,15 +373,13 @@ class ElmoEmbedder:
     @torch.no_grad()
     def _embed_streamed(self, sentences: Sequence[Sequence[str]], rows: int) -> list[np.ndarray]:
         lengths = np.fromiter(map(len, sentences), np.int64, len(sentences))
-        tokens = [BOS_TOKEN, EOS_TOKEN, *itertools.chain.from_iterable(sentences)]
         if self.cache is not None:
-            rows_of_tokens = self.cache.rows(tokens)
-            table, table_rows = self.cache.vectors, _boundary_rows(lengths, rows_of_tokens[2:],
-                                                                   rows_of_tokens[0], rows_of_tokens[1])
+            token_embeddings = self.cache.embeddings(sentences)  # (N, P)
         else:
+            tokens = [BOS_TOKEN, EOS_TOKEN, *itertools.chain.from_iterable(sentences)]
             table = self.bilm.encode_tokens(torch.from_numpy(tokens_to_char_ids(tokens)).to(self.device))
             table_rows = _boundary_rows(lengths, np.arange(2, len(tokens)))
-        token_embeddings = table[torch.from_numpy(table_rows).to(table.device)]  # (N, P)
+            token_embeddings = table[torch.from_numpy(table_rows).to(table.device)]  # (N, P)
         layers = self.bilm.contextualize_sentences(token_embeddings, lengths + 2, rows)
         layers = [layer.float().cpu().numpy() for layer in layers]  # L+1 of (N, 2P)
         first = np.cumsum(lengths + 2) - (lengths + 2) + 1  # each sentence's first token
