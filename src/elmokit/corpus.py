@@ -78,6 +78,22 @@ def open_text(path: Path) -> IO[str]:
     return io.TextIOWrapper(open_binary(path), encoding="utf-8", errors="strict")
 
 
+def require_tokens(paths: Sequence[Path], what: str) -> None:
+    """CorpusError unless some line of `paths` holds a token: an empty or blank-only corpus
+    would train nothing (yet save a model) or score nothing (yet print a perplexity of 1).
+    Reads up to the first non-blank line."""
+    for path in paths:
+        try:
+            with open_binary(path) as handle:
+                if any(line.decode("utf-8", "replace").split() for line in handle):
+                    return
+        except (OSError, EOFError) as error:  # a corrupt .gz
+            raise CorpusError(f"{what}: cannot read {path} ({error})") from None
+    names = ", ".join(map(str, paths[:3])) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+    raise CorpusError(f"{what} has no tokens: {names} {'is' if len(paths) == 1 else 'are'} empty or blank; "
+                      "expected one tokenized sentence a line")
+
+
 def locate_decode_error(path: Path) -> str:
     """'path:LINE: invalid UTF-8 ...' for the first undecodable line of `path` (a re-scan)."""
     with open_binary(path) as handle:

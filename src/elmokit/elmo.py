@@ -287,6 +287,27 @@ def position_windows(sentences: Iterable[Sequence[str]], max_sentences: int, max
 # ---------------------------------------------------------------------------------------------
 # ElmoEmbedder: numpy arrays for sentences, batches and files
 # ---------------------------------------------------------------------------------------------
+def check_tokens(sentence: Sequence[str], name: str = "sentence") -> None:
+    """TypeError unless `sentence` is a list (any non-str sequence) of token strings: a bare
+    string would otherwise be embedded character by character."""
+    if isinstance(sentence, (str, bytes)) or not isinstance(sentence, Sequence):
+        hint = "; split it into tokens first, e.g. text.split()" if isinstance(sentence, str) else ""
+        raise TypeError(f"{name} must be a list of token strings such as ['Hello', 'world'], "
+                        f"got {type(sentence).__name__} {sentence!r:.60}{hint}")
+    if not all(map(isinstance, sentence, itertools.repeat(str))):
+        bad = next(token for token in sentence if not isinstance(token, str))
+        raise TypeError(f"{name} must hold token strings, got {type(bad).__name__} {bad!r:.60}")
+
+
+def check_sentences(sentences: Sequence[Sequence[str]], name: str = "sentences") -> None:
+    """TypeError unless `sentences` is a list of token lists (see `check_tokens`)."""
+    if isinstance(sentences, (str, bytes)) or not isinstance(sentences, Sequence):
+        raise TypeError(f"{name} must be a list of sentences, each a list of token strings such as "
+                        f"[['Hello', 'world']], got {type(sentences).__name__} {sentences!r:.60}")
+    for index, sentence in enumerate(sentences):
+        check_tokens(sentence, f"{name}[{index}]")
+
+
 class ElmoEmbedder:
     """All L+1 layers of every token, as float32 arrays (L+1, n, 2P) (AllenNLP's `ElmoEmbedder`).
 
@@ -323,6 +344,7 @@ class ElmoEmbedder:
     @torch.no_grad()
     def batch_layers(self, batch: Sequence[Sequence[str]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Run a batch: layers (B, L+1, T, 2P) without boundaries, and lengths (B,)."""
+        check_sentences(batch, "batch")
         if self.cache is not None:
             output = self._run_cached(batch)
         else:
@@ -341,7 +363,9 @@ class ElmoEmbedder:
         return output
 
     def embed_batch(self, batch: Sequence[Sequence[str]]) -> list[np.ndarray]:
-        """One float32 array (L+1, n_i, 2P) per sentence; an empty sentence gives (L+1, 0, 2P)."""
+        """One float32 array (L+1, n_i, 2P) per sentence; an empty sentence gives (L+1, 0, 2P).
+        `batch` is a list of token lists (a str anywhere a list is expected: TypeError)."""
+        check_sentences(batch, "batch")
         if len(batch) == 0:
             return []
         if self.carried is not None and len(batch) == 1 and len(batch[0]) == 0:
@@ -352,6 +376,8 @@ class ElmoEmbedder:
         return [layers[i, :, :n] for i, n in enumerate(lengths.tolist())]
 
     def embed_sentence(self, sentence: Sequence[str]) -> np.ndarray:
+        """(L+1, n, 2P) float32 for one sentence, a list of n token strings (a str: TypeError)."""
+        check_tokens(sentence)
         return self.embed_batch([sentence])[0]
 
     def embed_many(self, sentences: Sequence[Sequence[str]], rows: int = 64) -> list[np.ndarray]:
@@ -361,6 +387,7 @@ class ElmoEmbedder:
         Memory is bounded: at most `POSITION_BUDGET` positions (or one sentence) run at once."""
         if self.carried is not None:
             raise ValueError("embed_many is stateless; a stateful embedder embeds with embed_batch")
+        check_sentences(sentences)
         sizes = np.fromiter(map(len, sentences), np.int64, len(sentences)) + 2
         results: list[np.ndarray] = []
         start = 0
@@ -395,6 +422,9 @@ class ElmoEmbedder:
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if isinstance(sentences, (str, bytes)):
+            raise TypeError(f"sentences must be an iterable of token lists, got {type(sentences).__name__} "
+                            f"{sentences!r:.60}")
         if self.carried is not None:
             iterator = iter(sentences)
             while batch := list(itertools.islice(iterator, batch_size)):

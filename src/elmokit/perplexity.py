@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from elmokit.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS, tokens_to_char_ids
+from elmokit.corpus import CorpusError
 from elmokit.data import eval_batches
 from elmokit.lm import LanguageModel
 from elmokit.vocab import Vocabulary
@@ -49,11 +50,16 @@ class SentenceScore:
 def corpus_perplexity(model: LanguageModel, vocab: Vocabulary, files: Sequence[str | Path],
                       batch_size: int = 64, unroll_steps: int = 20, device: str | torch.device = "cpu"
                       ) -> dict[str, float]:
-    """forward_ppl, backward_ppl, ppl and n_tokens of every sentence of `files`."""
+    """forward_ppl, backward_ppl, ppl and n_tokens of every sentence of `files`; CorpusError
+    if they hold no sentence (an empty or blank-only file)."""
     from elmokit.train import evaluate
 
     _check_vocab(model, vocab)
-    return evaluate(model.to(device), eval_batches(list(files), vocab, batch_size, unroll_steps), torch.device(device))
+    result = evaluate(model.to(device), eval_batches(list(files), vocab, batch_size, unroll_steps), torch.device(device))
+    if result["n_tokens"] == 0:
+        raise CorpusError(f"nothing to score: {', '.join(map(str, files))} "
+                          f"{'is' if len(files) == 1 else 'are'} empty or blank; expected one tokenized sentence a line")
+    return result
 
 
 @torch.no_grad()

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from elmokit.config import ConfigError
+from elmokit.corpus import expand_paths, require_tokens
 from elmokit.io import atomic_write_text
 
 
@@ -87,7 +88,8 @@ class TrainConfig:
                 f"init_from_original needs [options.json, weights.hdf5], got {self.init_from_original}")
 
     def check_paths(self) -> None:
-        """Raise a clear error for a missing output dir, vocabulary or corpus."""
+        """Raise a clear error for a missing output dir, vocabulary or corpus, or a corpus
+        without a single token."""
         if not self.output_dir:
             raise ConfigError("output_dir is required (--output-dir)")
         if not self.train_files:
@@ -96,6 +98,9 @@ class TrainConfig:
             raise ConfigError("vocab is required (--vocab vocab.txt; build one with `elmo vocab`)")
         if not Path(self.vocab).is_file():
             raise FileNotFoundError(f"vocabulary file not found: {self.vocab}")
+        require_tokens(expand_paths(self.train_files), "the training corpus (--train)")
+        if self.valid_files:
+            require_tokens(expand_paths(self.valid_files), "the validation corpus (--valid)")
 
     @classmethod
     def load(cls, path: str | Path, **overrides: Any) -> "TrainConfig":
