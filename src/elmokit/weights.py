@@ -74,19 +74,24 @@ def expected_datasets(config: ElmoConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+MAX_DEFLATE_RATIO = 1032  # the most a deflate (gzip) stream can expand: bounds a compressed dataset
+
+
 def _read_hdf5(path: Path, config: ElmoConfig, options_name: str) -> dict[str, np.ndarray]:
+    """The float32 arrays of an original weight file, after checking, before any data is read,
+    that every dataset is a plain float array stored in this file (no links, external storage
+    or virtual datasets that would read other files) of the shape the options imply."""
     if not path.exists():
         raise FileNotFoundError(f"weight file not found: {path}")
     if path.is_dir():
         raise WeightFileError(f"{path}: is a directory, expected an HDF5 weight file")
-    expected = expected_datasets(config)
     try:
         with h5py.File(path, "r") as file:
-            found: dict[str, tuple[int, ...]] = {}
-            file.visititems(lambda name, obj: found.__setitem__(name, obj.shape)
-                            if isinstance(obj, h5py.Dataset) else None)
-            missing = sorted(set(expected) - set(found))
-            extra = sorted(set(found) - set(expected))
+            datasets = _hdf5_datasets(path, file)
+            _check_layer_counts(config, len(datasets), f"the options in {options_name}", path)
+            expected = expected_datasets(config)
+            missing = sorted(set(expected) - set(datasets))
+            extra = sorted(set(datasets) - set(expected))
             if missing or extra:
                 raise WeightFileError(
                     f"{path}: datasets do not match the options in {options_name}: "
@@ -95,14 +100,76 @@ def _read_hdf5(path: Path, config: ElmoConfig, options_name: str) -> dict[str, n
                     + (f"unexpected {extra}" if extra else "")
                 )
             for name, shape in expected.items():
-                if tuple(found[name]) != shape:
+                if tuple(datasets[name].shape) != shape:
                     raise WeightFileError(
-                        f"{path}: dataset {name!r} has shape {tuple(found[name])}, but the options "
+                        f"{path}: dataset {name!r} has shape {tuple(datasets[name].shape)}, but the options "
                         f"in {options_name} imply {shape}"
                     )
-            return {name: np.asarray(file[name][...], dtype=np.float32) for name in expected}
+                _check_hdf5_storage(path, name, datasets[name])
+            arrays = {name: np.asarray(datasets[name][...], dtype=np.float32) for name in expected}
     except OSError as error:
         raise WeightFileError(f"{path}: not a readable HDF5 weight file ({error})") from error
+    for name, array in arrays.items():
+        _check_finite(path, f"dataset {name!r}", array)
+    return arrays
+
+
+def _hdf5_datasets(path: Path, file: h5py.File) -> dict[str, h5py.Dataset]:
+    """Every dataset reachable by hard links; a soft or external link (which could point into
+    another file) is refused, not followed."""
+    datasets: dict[str, h5py.Dataset] = {}
+    groups: list[tuple[str, h5py.Group]] = [("", file)]
+
+    def visit(name: str, obj) -> None:
+        if isinstance(obj, h5py.Dataset):
+            datasets[name] = obj
+        elif isinstance(obj, h5py.Group):
+            groups.append((name + "/", obj))
+
+    file.visititems(visit)
+    for prefix, group in groups:
+        for name in group:
+            link = group.get(name, getlink=True)
+            if isinstance(link, (h5py.SoftLink, h5py.ExternalLink)):
+                kind = "an external link" if isinstance(link, h5py.ExternalLink) else "a soft link"
+                raise WeightFileError(f"{path}: {prefix}{name!r} is {kind}; a weight file must hold its datasets itself")
+    return datasets
+
+
+def _check_hdf5_storage(path: Path, name: str, dataset: h5py.Dataset) -> None:
+    """A float dataset whose data is in this file, and all of it: checked on the dataset's
+    creation properties, without reading a value."""
+    plist = dataset.id.get_create_plist()
+    if dataset.is_virtual or plist.get_layout() == h5py.h5d.VIRTUAL:
+        raise WeightFileError(f"{path}: dataset {name!r} is a virtual dataset (it maps other files); "
+                              "a weight file must store its data itself")
+    if plist.get_external_count() > 0:
+        raise WeightFileError(f"{path}: dataset {name!r} uses external storage (its data is in another "
+                              "file); a weight file must store its data itself")
+    if dataset.dtype.kind != "f":
+        raise WeightFileError(f"{path}: dataset {name!r} has dtype {dataset.dtype}, expected floating point")
+    declared, stored = dataset.size * dataset.dtype.itemsize, dataset.id.get_storage_size()
+    if stored == 0 or declared > MAX_DEFLATE_RATIO * stored:
+        raise WeightFileError(f"{path}: dataset {name!r} declares {declared:,} bytes but stores only "
+                              f"{stored:,}: its values are not in the file")
+
+
+def _check_finite(path: Path, what: str, array: np.ndarray | torch.Tensor) -> None:
+    finite = np.isfinite(array) if isinstance(array, np.ndarray) else torch.isfinite(array)
+    if not finite.all():
+        count = int(array.size if isinstance(array, np.ndarray) else array.numel()) - int(finite.sum())
+        raise WeightFileError(f"{path}: {what} holds {count:,} NaN or infinite values")
+
+
+def _check_layer_counts(config: ElmoConfig, n_arrays: int, source: str, weight_file: Path) -> None:
+    """Every filter bank, highway layer and LSTM layer has arrays of its own: a config asking for
+    more of them than the weight file holds arrays is refused before anything is built from it."""
+    cnn, lstm = config.char_cnn, config.lstm
+    for what, count in (("char_cnn.filters", len(cnn.filters)), ("char_cnn.n_highway", cnn.n_highway),
+                        ("lstm.n_layers", lstm.n_layers)):
+        if count > n_arrays:
+            raise WeightFileError(f"{source}: {what} asks for {count:,}, but {weight_file} holds only "
+                                  f"{n_arrays} arrays")
 
 
 def _native_from_original(arrays: dict[str, np.ndarray], config: ElmoConfig) -> dict[str, torch.Tensor]:
@@ -178,13 +245,17 @@ def load_original(options_file: str | Path, weight_file: str | Path) -> BiLM:
 
 
 def save_original(model: BiLM, options_file: str | Path, weight_file: str | Path) -> None:
-    """Write the model as an original options JSON + HDF5 file (what bilm-tf and AllenNLP load)."""
+    """Write the model as an original options JSON + HDF5 file (what bilm-tf and AllenNLP load).
+
+    Raises ConfigError, before writing anything, for a shape the original format cannot hold
+    with one meaning (`ElmoConfig.check_original_format`)."""
+    options = model.config.to_options()
     arrays = _original_from_native(model)
     with atomic_path(weight_file) as tmp:
         with h5py.File(tmp, "w") as file:
             for name in sorted(arrays):
                 file.create_dataset(name, data=arrays[name])
-    atomic_write_text(options_file, json.dumps(model.config.to_options(), indent=2) + "\n")
+    atomic_write_text(options_file, json.dumps(options, indent=2) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,36 +276,79 @@ def save_pretrained(model: BiLM, directory: str | Path, extra_tensors: dict[str,
     model.config.save(directory / CONFIG_NAME)
 
 
-def read_safetensors(path: Path, prefix: str = "") -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file whose names start with `prefix` (prefix removed)."""
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors' names of the dtypes a weight may have
+
+
+def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """name -> (dtype, shape) of every tensor of a safetensors file, from its header alone
+    (safetensors checks that the header's offsets tile the file, so these sizes are bounded by
+    the file's own size). A tensor that is not floating point (int, bool) is refused."""
     try:
         with safe_open(str(path), framework="pt") as file:
-            return {name[len(prefix):]: file.get_tensor(name) for name in file.keys() if name.startswith(prefix)}
+            header = {name: (file.get_slice(name).get_dtype(), tuple(file.get_slice(name).get_shape()))
+                      for name in file.keys()}
     except Exception as error:  # safetensors raises its own error types for corrupt headers
         raise WeightFileError(f"{path}: not a readable safetensors file ({error})") from error
+    for name, (dtype, _) in header.items():
+        if dtype not in FLOAT_DTYPES:
+            raise WeightFileError(f"{path}: tensor {name!r} has dtype {dtype}, expected floating point "
+                                  f"({', '.join(FLOAT_DTYPES)})")
+    return header
+
+
+def read_safetensors(path: Path, prefix: str = "") -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file whose names start with `prefix` (prefix removed);
+    floating point and finite, or a WeightFileError naming the tensor."""
+    tensors = _read_tensors(path, [name for name in safetensors_header(path) if name.startswith(prefix)])
+    return {name[len(prefix):]: tensor for name, tensor in tensors.items()}
+
+
+def _read_tensors(path: Path, names: list[str]) -> dict[str, torch.Tensor]:
+    try:
+        with safe_open(str(path), framework="pt") as file:
+            tensors = {name: file.get_tensor(name) for name in names}
+    except Exception as error:
+        raise WeightFileError(f"{path}: not a readable safetensors file ({error})") from error
+    for name, tensor in tensors.items():
+        _check_finite(path, f"tensor {name!r}", tensor)
+    return tensors
 
 
 def load_pretrained(directory: str | Path) -> BiLM:
-    """Build a BiLM from a native model directory (`config.json` + `model.safetensors`)."""
+    """Build a BiLM from a native model directory (`config.json` + `model.safetensors`).
+
+    The config is checked against the safetensors header (names, shapes, dtypes) before anything
+    is allocated, so its sizes are bounded by the file's own: a config that asks for more than the
+    file holds is refused, never allocated."""
     directory = Path(directory)
     for name in (CONFIG_NAME, WEIGHTS_NAME):
         if not (directory / name).is_file():
             raise FileNotFoundError(f"{directory}: not an elmokit model directory (no {name})")
     config = ElmoConfig.load(directory / CONFIG_NAME)
-    model = BiLM(config)
-    tensors = {name: t for name, t in read_safetensors(directory / WEIGHTS_NAME).items()
-               if not name.startswith("softmax.")}
-    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    missing, extra = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
+    path = directory / WEIGHTS_NAME
+    shapes = {name: shape for name, (_, shape) in safetensors_header(path).items() if not name.startswith("softmax.")}
+    expected = _expected_tensors(config, len(shapes), directory / CONFIG_NAME)
+    missing, extra = sorted(set(expected) - set(shapes)), sorted(set(shapes) - set(expected))
     if missing or extra:
-        raise WeightFileError(f"{directory / WEIGHTS_NAME}: tensors do not match {CONFIG_NAME}: "
-                              f"missing {missing}, unexpected {extra}")
+        raise WeightFileError(f"{path}: tensors do not match {CONFIG_NAME}: missing {missing}, unexpected {extra}")
     for name, shape in expected.items():
-        if tuple(tensors[name].shape) != shape:
-            raise WeightFileError(f"{directory / WEIGHTS_NAME}: tensor {name!r} has shape "
-                                  f"{tuple(tensors[name].shape)}, {CONFIG_NAME} implies {shape}")
+        if shapes[name] != shape:
+            raise WeightFileError(f"{path}: tensor {name!r} has shape {shapes[name]}, {CONFIG_NAME} implies {shape}")
+    tensors = _read_tensors(path, list(expected))
+    model = BiLM(config)  # its sizes are now those of the file's tensors
     model.load_state_dict({name: t.float() for name, t in tensors.items()})  # fp16 storage -> fp32
     return model.eval()
+
+
+def _expected_tensors(config: ElmoConfig, n_tensors: int, config_path: Path) -> dict[str, tuple[int, ...]]:
+    """name -> shape of a BiLM's state dict, from a skeleton on the meta device: nothing is
+    allocated, and no more modules are built than the file has tensors."""
+    _check_layer_counts(config, n_tensors, str(config_path), config_path.parent / WEIGHTS_NAME)
+    try:
+        with torch.device("meta"):
+            return {name: tuple(t.shape) for name, t in BiLM(config).state_dict().items()}
+    except RuntimeError as error:  # sizes whose product overflows
+        raise WeightFileError(f"{config_path}: sizes too large for any model ({error})") from None
 
 
 def load_model(options_or_directory: str | Path | None = None, weight_file: str | Path | None = None) -> BiLM:
