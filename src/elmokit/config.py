@@ -2,7 +2,8 @@
 
 One `ElmoConfig` builds the model and is saved next to its weights (`config.json`), so a
 checkpoint always rebuilds its own model. The original options JSON (spec §1) is read and
-written by `ElmoConfig.from_options` / `ElmoConfig.to_options`.
+written by `ElmoConfig.from_options` / `ElmoConfig.to_options`; docs/formats.md says how bilm-tf
+and AllenNLP each read every key, and why elmokit writes what it writes.
 """
 
 from __future__ import annotations
@@ -12,9 +13,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from elmokit.chars import MAX_CHARS, N_CHAR_IDS
+
 ACTIVATIONS = ("relu", "tanh")
-MAX_CHARACTERS_PER_TOKEN = 50  # the character mapper hard-codes 50 (spec §1)
-N_CHARACTER_IDS = 262  # 256 bytes + 5 special characters + the 0 reserved for "no token"
+MAX_CHARACTERS_PER_TOKEN = MAX_CHARS  # options key char_cnn.max_characters_per_token: always 50
+# char_cnn.n_characters: 262 is what bilm-tf needs at inference (the 261 trained rows + the zero
+# row for "no token"); bilm-tf's training wants 261. AllenNLP ignores the key.
+N_CHARACTERS_INFERENCE, N_CHARACTERS_TRAINING = N_CHAR_IDS, N_CHAR_IDS - 1
+MAX_ORIGINAL_LAYERS = 8  # bilm-tf maps the weights of LSTM cells Cell0..Cell7 only
 
 RELEASED_FILTERS = ((1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024))
 
@@ -26,6 +32,11 @@ class ConfigError(ValueError):
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise ConfigError(message)
+
+
+def _is_int(value: Any) -> bool:
+    """An int that is not a bool (JSON `true` must not pass for 1)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -45,17 +56,20 @@ class CharCNNConfig:
     activation: str = "relu"
 
     def __post_init__(self) -> None:
+        _require(isinstance(self.filters, (list, tuple))
+                 and all(isinstance(f, (list, tuple)) and len(f) == 2 for f in self.filters),
+                 f"char_cnn.filters must be a list of [width, count] pairs, got {self.filters!r}")
         filters = tuple(tuple(f) for f in self.filters)
         object.__setattr__(self, "filters", filters)
-        _require(isinstance(self.embedding_dim, int) and self.embedding_dim > 0,
+        _require(_is_int(self.embedding_dim) and self.embedding_dim > 0,
                  f"char_cnn.embedding_dim must be a positive int, got {self.embedding_dim!r}")
         _require(len(filters) > 0, "char_cnn.filters must list at least one (width, count) pair")
         for width, count in filters:
-            _require(isinstance(width, int) and 1 <= width <= MAX_CHARACTERS_PER_TOKEN,
+            _require(_is_int(width) and 1 <= width <= MAX_CHARACTERS_PER_TOKEN,
                      f"char_cnn.filters: width must be an int in 1..50, got {width!r}")
-            _require(isinstance(count, int) and count > 0,
+            _require(_is_int(count) and count > 0,
                      f"char_cnn.filters: count must be a positive int, got {count!r}")
-        _require(isinstance(self.n_highway, int) and self.n_highway >= 0,
+        _require(_is_int(self.n_highway) and self.n_highway >= 0,
                  f"char_cnn.n_highway must be an int >= 0, got {self.n_highway!r}")
         _require(self.activation in ACTIVATIONS,
                  f"char_cnn.activation must be one of {ACTIVATIONS}, got {self.activation!r}")
@@ -74,7 +88,8 @@ class LSTMConfig:
         cell_dim: C, the LSTM cell size.
         projection_dim: P, the size of the projected hidden state and of every layer's output.
         n_layers: L.
-        cell_clip: clip the cell state to [-cell_clip, cell_clip]; 0 means no clipping.
+        cell_clip: clip the cell state to [-cell_clip, cell_clip]; 0 means no clipping
+            (written as `null` in the original options, see `ElmoConfig.to_options`).
         proj_clip: clip the projected state likewise; 0 means no clipping.
         use_skip_connections: residual from layer 2 on (must be true, as in every ELMo file).
     """
@@ -89,11 +104,10 @@ class LSTMConfig:
     def __post_init__(self) -> None:
         for name in ("cell_dim", "projection_dim", "n_layers"):
             value = getattr(self, name)
-            _require(isinstance(value, int) and value > 0,
-                     f"lstm.{name} must be a positive int, got {value!r}")
+            _require(_is_int(value) and value > 0, f"lstm.{name} must be a positive int, got {value!r}")
         for name in ("cell_clip", "proj_clip"):
             value = getattr(self, name)
-            _require(isinstance(value, (int, float)) and value >= 0,
+            _require(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0,
                      f"lstm.{name} must be a number >= 0 (0 = no clipping), got {value!r}")
             object.__setattr__(self, name, float(value))
         _require(self.use_skip_connections is True,
@@ -160,42 +174,71 @@ class ElmoConfig:
     # ---- the original options JSON (spec §1) ---------------------------------------------
     @classmethod
     def from_options(cls, options: dict[str, Any], source: str = "options") -> "ElmoConfig":
-        """Read the original bilm-tf / AllenNLP options dictionary."""
+        """Read the original bilm-tf / AllenNLP options dictionary (docs/formats.md, every key).
+
+        A clip of `0`, `null` or no clip key at all means no clipping (AllenNLP clips only for a
+        truthy value). `n_highway` absent or `null` means none (bilm-tf's rule), `activation`
+        absent means relu. `n_characters` may be 262 (inference) or 261 (bilm-tf's training
+        options): the weight file holds 261 rows either way. Other keys are ignored.
+
+        Raises:
+            ConfigError: naming `source` and the key, for a missing or invalid value.
+        """
+        def option(key: str, default: Any = _REQUIRED) -> Any:
+            return _option(options, key, source, default)
+
+        chars = option("char_cnn.max_characters_per_token", MAX_CHARACTERS_PER_TOKEN)
+        _require(_is_int(chars) and chars == MAX_CHARACTERS_PER_TOKEN,
+                 f"{source}: char_cnn.max_characters_per_token must be {MAX_CHARACTERS_PER_TOKEN} (the character "
+                 f"ids of every token are {MAX_CHARACTERS_PER_TOKEN} wide), got {chars!r}")
+        rows = option("char_cnn.n_characters", None)
+        _require(rows is None or (_is_int(rows) and rows in (N_CHARACTERS_INFERENCE, N_CHARACTERS_TRAINING)),
+                 f"{source}: char_cnn.n_characters must be {N_CHARACTERS_INFERENCE} (or {N_CHARACTERS_TRAINING} "
+                 f"in bilm-tf's training options), got {rows!r}")
+        n_highway, cell_clip, proj_clip = (option(key, None) for key in
+                                           ("char_cnn.n_highway", "lstm.cell_clip", "lstm.proj_clip"))
         try:
-            cnn, lstm = options["char_cnn"], options["lstm"]
-            chars = cnn.get("max_characters_per_token", MAX_CHARACTERS_PER_TOKEN)
-            _require(chars == MAX_CHARACTERS_PER_TOKEN,
-                     f"{source}: char_cnn.max_characters_per_token must be 50, got {chars!r}")
             return cls(
                 char_cnn=CharCNNConfig(
-                    embedding_dim=cnn["embedding"]["dim"],
-                    filters=tuple(tuple(f) for f in cnn["filters"]),
-                    n_highway=cnn["n_highway"],
-                    activation=cnn.get("activation", "relu"),
+                    embedding_dim=option("char_cnn.embedding.dim"),
+                    filters=option("char_cnn.filters"),
+                    n_highway=0 if n_highway is None else n_highway,
+                    activation=option("char_cnn.activation", "relu"),
                 ),
                 lstm=LSTMConfig(
-                    cell_dim=lstm["dim"],
-                    projection_dim=lstm["projection_dim"],
-                    n_layers=lstm["n_layers"],
-                    cell_clip=lstm.get("cell_clip") or 0.0,
-                    proj_clip=lstm.get("proj_clip") or 0.0,
-                    use_skip_connections=lstm.get("use_skip_connections", False),
+                    cell_dim=option("lstm.dim"),
+                    projection_dim=option("lstm.projection_dim"),
+                    n_layers=option("lstm.n_layers"),
+                    cell_clip=0.0 if cell_clip is None else cell_clip,
+                    proj_clip=0.0 if proj_clip is None else proj_clip,
+                    use_skip_connections=option("lstm.use_skip_connections", False),
                 ),
             )
-        except KeyError as error:
-            raise ConfigError(f"{source}: missing option {error.args[0]!r}") from error
-        except ConfigError as error:
+        except ConfigError as error:  # name the key as the options file spells it
             message = str(error)
+            for native, original in _OPTIONS_NAMES.items():
+                message = message.replace(native, original)
             raise ConfigError(message if message.startswith(source) else f"{source}: {message}") from None
 
     def to_options(self) -> dict[str, Any]:
-        """The original options dictionary, as bilm-tf and AllenNLP read it."""
+        """The original options dictionary, written so that bilm-tf and AllenNLP both build the
+        model elmokit runs (docs/formats.md: every key, and how each of them reads it).
+
+        No clipping is written as `null`, never as 0: bilm-tf hands the value to TensorFlow's
+        `LSTMCell`, which clips whenever it is not None (a clip of 0 zeroes every cell), and
+        AllenNLP indexes both keys (so they must be present) and clips only for a truthy value.
+
+        Raises:
+            ConfigError: for a shape that bilm-tf would build differently (see
+                `check_original_format`).
+        """
+        self.check_original_format()
         return {
             "lstm": {
                 "use_skip_connections": self.lstm.use_skip_connections,
                 "projection_dim": self.lstm.projection_dim,
-                "cell_clip": self.lstm.cell_clip,
-                "proj_clip": self.lstm.proj_clip,
+                "cell_clip": self.lstm.cell_clip or None,
+                "proj_clip": self.lstm.proj_clip or None,
                 "dim": self.lstm.cell_dim,
                 "n_layers": self.lstm.n_layers,
             },
@@ -204,10 +247,53 @@ class ElmoConfig:
                 "filters": [list(f) for f in self.char_cnn.filters],
                 "n_highway": self.char_cnn.n_highway,
                 "embedding": {"dim": self.char_cnn.embedding_dim},
-                "n_characters": N_CHARACTER_IDS,
+                "n_characters": N_CHARACTERS_INFERENCE,
                 "max_characters_per_token": MAX_CHARACTERS_PER_TOKEN,
             },
         }
+
+    def check_original_format(self) -> None:
+        """Raise ConfigError unless the original format can hold this model with one meaning.
+
+        AllenNLP always builds the token projection (F -> P) and the LSTM projection (C -> P),
+        as elmokit does. bilm-tf builds the token projection only when F != P (and asserts
+        F > P), the LSTM projection only when P < C, and loads at most 8 LSTM layers; outside
+        those bounds it would run another model, or none, from the same files.
+        """
+        n_filters, proj = self.char_cnn.n_filters, self.lstm.projection_dim
+        cell, layers = self.lstm.cell_dim, self.lstm.n_layers
+        _require(n_filters > proj,
+                 f"cannot write the original format: the char_cnn.filters give F = {n_filters} features, which "
+                 f"must be more than lstm.projection_dim = {proj} (bilm-tf drops the token projection when "
+                 "F == P and refuses F < P)")
+        _require(proj < cell,
+                 f"cannot write the original format: lstm.projection_dim = {proj} must be smaller than "
+                 f"lstm.dim (cell_dim) = {cell} (bilm-tf builds its LSTM without the projection otherwise)")
+        _require(layers <= MAX_ORIGINAL_LAYERS,
+                 f"cannot write the original format: lstm.n_layers = {layers}, but bilm-tf loads at most "
+                 f"{MAX_ORIGINAL_LAYERS} layers")
+
+
+_REQUIRED = object()
+# elmokit's names -> the options file's names, for error messages about an options file
+_OPTIONS_NAMES = {"char_cnn.embedding_dim": "char_cnn.embedding.dim", "lstm.cell_dim": "lstm.dim"}
+
+
+def _option(options: Any, key: str, source: str, default: Any = _REQUIRED) -> Any:
+    """The value at the dotted `key` ("char_cnn.embedding.dim") of an options dictionary;
+    `default` when the last part is absent (a missing section is always an error)."""
+    *sections, name = key.split(".")
+    table = options
+    for depth in range(len(sections) + 1):
+        where = ".".join(sections[:depth]) or "the options"
+        _require(isinstance(table, dict), f"{source}: {where} must be a JSON object, got {table!r}")
+        if depth < len(sections):
+            _require(sections[depth] in table, f"{source}: missing option {'.'.join(sections[:depth + 1])!r}")
+            table = table[sections[depth]]
+    if name not in table:
+        _require(default is not _REQUIRED, f"{source}: missing option {key!r}")
+        return default
+    return table[name]
 
 
 def _read_json(path: str | Path) -> dict[str, Any]:
