@@ -156,3 +156,213 @@ def test_fp16_storage_is_upcast(tiny_model, tmp_path):
     save_pretrained(tiny_model.half(), tmp_path / "m")
     loaded = load_pretrained(tmp_path / "m")
     assert all(p.dtype == torch.float32 for p in loaded.parameters())
+
+
+# ---------------------------------------------------------------------------------------------
+# Untrusted HDF5: nothing outside the file is read, only finite floats are accepted
+# ---------------------------------------------------------------------------------------------
+def _replace_dataset(path, name, create):
+    """Rewrite dataset `name` of an HDF5 file with `create(file, name, original_values)`."""
+    with h5py.File(path, "a") as file:
+        values = file[name][...]
+        del file[name]
+        create(file, name, values)
+
+
+def _external(tmp_path):
+    def create(file, name, values):
+        secret = tmp_path / "secret.bin"
+        secret.write_bytes(values.astype("<f4").tobytes())  # exactly what a real dataset would hold
+        file.create_dataset(name, shape=values.shape, dtype="<f4", external=[(str(secret), 0, values.nbytes)])
+    return create
+
+
+def _virtual(tmp_path):
+    def create(file, name, values):
+        with h5py.File(tmp_path / "other.h5", "w") as other:
+            other["data"] = values
+        layout = h5py.VirtualLayout(shape=values.shape, dtype=values.dtype)
+        layout[...] = h5py.VirtualSource(str(tmp_path / "other.h5"), "data", shape=values.shape)
+        file.create_virtual_dataset(name, layout)
+    return create
+
+
+def _external_link(tmp_path):
+    def create(file, name, values):
+        with h5py.File(tmp_path / "other.h5", "w") as other:
+            other["data"] = values
+        file[name] = h5py.ExternalLink(str(tmp_path / "other.h5"), "data")
+    return create
+
+
+def _soft_link(tmp_path):
+    def create(file, name, values):
+        file["elsewhere"] = values
+        file[name] = h5py.SoftLink("/elsewhere")
+    return create
+
+
+def _as(dtype):
+    return lambda tmp_path: lambda file, name, values: file.create_dataset(name, data=values.astype(dtype))
+
+
+def _compound(tmp_path):
+    def create(file, name, values):
+        kind = np.dtype([("value", "<f4"), ("flag", "<i4")])
+        data = np.zeros(values.shape, kind)
+        data["value"] = values
+        file.create_dataset(name, data=data)
+    return create
+
+
+def _with(value):
+    def make(tmp_path):
+        def create(file, name, values):
+            values = values.copy()
+            values.flat[1] = value
+            file.create_dataset(name, data=values)
+        return create
+    return make
+
+
+def _beyond_float32(tmp_path):  # finite as float64, infinite as the float32 the model holds
+    def create(file, name, values):
+        values = values.astype(np.float64)
+        values.flat[1] = 1e39
+        file.create_dataset(name, data=values)
+    return create
+
+
+def _unstored(tmp_path):  # declared, chunked, never written: the library would invent fill values
+    return lambda file, name, values: file.create_dataset(name, shape=values.shape, dtype="f4", chunks=True)
+
+
+@pytest.mark.parametrize("make, message", [
+    (_external, r"'CNN_proj/W_proj' uses external storage"),
+    (_virtual, r"'CNN_proj/W_proj' is a virtual dataset"),
+    (_external_link, r"'CNN_proj/W_proj' is an external link"),
+    (_soft_link, r"'CNN_proj/W_proj' is a soft link"),
+    (_as(np.int32), r"'CNN_proj/W_proj' has dtype int32, expected floating point"),
+    (_as(np.bool_), r"'CNN_proj/W_proj' has dtype bool, expected floating point"),
+    (_compound, r"'CNN_proj/W_proj' has dtype \{?.*value.*flag"),
+    (_with(np.nan), r"dataset 'CNN_proj/W_proj' holds 1 NaN or infinite values"),
+    (_with(np.inf), r"dataset 'CNN_proj/W_proj' holds 1 NaN or infinite values"),
+    (_beyond_float32, r"dataset 'CNN_proj/W_proj' holds 1 NaN or infinite values"),
+    (_unstored, r"'CNN_proj/W_proj' declares 480 bytes but stores only 0"),
+], ids=["external", "virtual", "external-link", "soft-link", "int32", "bool", "compound", "nan", "inf",
+        "overflow", "unstored"])
+def test_hostile_hdf5_is_refused_naming_the_dataset(original_pair, tmp_path, make, message):
+    options, weights = original_pair
+    _replace_dataset(weights, "CNN_proj/W_proj", make(tmp_path))
+    with pytest.raises(WeightFileError, match=message):
+        load_original(options, weights)
+
+
+def test_storage_is_checked_before_any_value_is_read(original_pair, tmp_path, monkeypatch):
+    options, weights = original_pair
+    _replace_dataset(weights, "CNN_proj/W_proj", _external(tmp_path))
+    reads = []
+    monkeypatch.setattr(h5py.Dataset, "__getitem__", lambda self, key: reads.append(self.name))
+    with pytest.raises(WeightFileError, match="external storage"):
+        load_original(options, weights)
+    assert reads == []
+
+
+def test_compressed_and_float64_datasets_still_load(original_pair, tiny_model):
+    options, weights = original_pair
+    for name in ("CNN_proj/W_proj", "char_embed"):
+        _replace_dataset(weights, name, lambda f, n, v: f.create_dataset(n, data=v.astype(np.float64),
+                                                                         compression="gzip", shuffle=True))
+    loaded = load_original(options, weights)
+    for name, tensor in tiny_model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+
+
+def test_convert_refuses_a_hostile_file_in_one_line_and_writes_nothing(original_pair, tmp_path, capsys):
+    from elmokit.cli import main
+
+    options, weights = original_pair
+    _replace_dataset(weights, "CNN_proj/W_proj", _external(tmp_path))
+    assert main(["convert", "--options-file", str(options), "--weight-file", str(weights),
+                 "--to-native", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "external storage" in err and "CNN_proj/W_proj" in err
+    assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Untrusted native directories: the config is checked against the header before allocating
+# ---------------------------------------------------------------------------------------------
+def _edit_config(directory, section, **values):
+    config = json.loads((directory / "config.json").read_text())
+    config[section].update(values)
+    (directory / "config.json").write_text(json.dumps(config))
+
+
+def test_huge_config_in_a_small_directory_allocates_nothing(model_dir, monkeypatch):
+    from elmokit import weights
+
+    _edit_config(model_dir, "lstm", cell_dim=2**26, projection_dim=2**10)  # ~2 TB of float32
+    devices = []
+    real = weights.BiLM
+    monkeypatch.setattr(weights, "BiLM", lambda config: devices.append(torch.get_default_device()) or real(config))
+    with pytest.raises(WeightFileError, match=r"tensor 'token_encoder.projection.weight' has shape \(6, 20\), "
+                                              r"config.json implies \(1024, 20\)"):
+        load_pretrained(model_dir)
+    assert devices == [torch.device("meta")]  # only the skeleton was built, on the meta device
+
+
+def test_more_layers_than_the_file_has_tensors_is_refused_before_building(model_dir, monkeypatch):
+    from elmokit import weights
+
+    _edit_config(model_dir, "lstm", n_layers=10**9)
+    monkeypatch.setattr(weights, "BiLM", lambda config: pytest.fail("built a model"))
+    with pytest.raises(WeightFileError, match=r"config.json: lstm.n_layers asks for 1,000,000,000, but .* holds only 19"):
+        load_pretrained(model_dir)
+
+
+def test_sizes_that_overflow_are_refused(model_dir):
+    _edit_config(model_dir, "lstm", cell_dim=10**18, projection_dim=10**18)
+    with pytest.raises(WeightFileError, match="config.json: sizes too large"):
+        load_pretrained(model_dir)
+
+
+@pytest.mark.parametrize("dtype, name", [(torch.int32, "I32"), (torch.int64, "I64"), (torch.bool, "BOOL"),
+                                         (torch.uint8, "U8")])
+def test_integer_and_bool_tensors_are_refused(tiny_model, tmp_path, dtype, name):
+    from safetensors.torch import save_file
+
+    save_pretrained(tiny_model, tmp_path / "m")
+    tensors = {k: v.contiguous() for k, v in tiny_model.state_dict().items()}
+    tensors["lstm.layers.0.bias"] = tensors["lstm.layers.0.bias"].to(dtype)  # same shape, reinterpretable
+    save_file(tensors, str(tmp_path / "m" / "model.safetensors"))
+    with pytest.raises(WeightFileError, match=rf"tensor 'lstm.layers.0.bias' has dtype {name}, expected floating point"):
+        load_pretrained(tmp_path / "m")
+
+
+def test_an_integer_softmax_is_refused_too(tiny_model, tmp_path):
+    from elmokit.weights import read_safetensors
+
+    save_pretrained(tiny_model, tmp_path / "m", extra_tensors={"softmax.weight": torch.zeros(5, 6, dtype=torch.int16)})
+    with pytest.raises(WeightFileError, match=r"'softmax.weight' has dtype I16"):
+        read_safetensors(tmp_path / "m" / "model.safetensors", prefix="softmax.")
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_native_weights_are_refused(tiny_model, tmp_path, value):
+    with torch.no_grad():
+        tiny_model.lstm.layers[1].projection[0, 2, 3] = value
+    save_pretrained(tiny_model, tmp_path / "m")
+    with pytest.raises(WeightFileError, match=r"tensor 'lstm.layers.1.projection' holds 1 NaN or infinite"):
+        load_pretrained(tmp_path / "m")
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"char_cnn": [1, 2], "lstm": {}}', "char_cnn"),
+    ('{"char_cnn": {}, "lstm": "big"}', "lstm"),
+    ('[1, 2]', "expected a JSON object"),
+])
+def test_native_config_of_the_wrong_structure(model_dir, text, message):
+    (model_dir / "config.json").write_text(text)
+    with pytest.raises(ConfigError, match=rf"config.json.*{message}|{message}.*config.json"):
+        load_pretrained(model_dir)

@@ -154,13 +154,20 @@ class ElmoConfig:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ElmoConfig":
+    def from_dict(cls, data: dict[str, Any], source: str = "elmokit config") -> "ElmoConfig":
+        """The native JSON form (`to_dict`); errors name `source` (the file) and the key."""
+        _require(isinstance(data, dict), f"{source}: expected a JSON object, got {type(data).__name__}")
         unknown = set(data) - {"char_cnn", "lstm"}
-        _require(not unknown, f"unknown config keys: {sorted(unknown)}")
+        _require(not unknown, f"{source}: unknown config keys: {sorted(unknown)}")
+        for key in ("char_cnn", "lstm"):
+            _require(key in data, f"{source}: missing key {key!r}")
+            _require(isinstance(data[key], dict), f"{source}: {key} must be a JSON object, got {data[key]!r}")
         try:
             return cls(char_cnn=CharCNNConfig(**data["char_cnn"]), lstm=LSTMConfig(**data["lstm"]))
-        except (KeyError, TypeError) as error:
-            raise ConfigError(f"invalid elmokit config: {error}") from error
+        except TypeError as error:  # an unknown or missing key of a section
+            raise ConfigError(f"{source}: invalid elmokit config: {error}") from None
+        except ConfigError as error:
+            raise ConfigError(f"{source}: {error}") from None
 
     def save(self, path: str | Path) -> None:
         from elmokit.io import atomic_write_text
@@ -169,7 +176,7 @@ class ElmoConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> "ElmoConfig":
-        return cls.from_dict(_read_json(path))
+        return cls.from_dict(_read_json(path), source=str(path))
 
     # ---- the original options JSON (spec §1) ---------------------------------------------
     @classmethod

@@ -132,7 +132,7 @@ def _hdf5_datasets(path: Path, file: h5py.File) -> dict[str, h5py.Dataset]:
             link = group.get(name, getlink=True)
             if isinstance(link, (h5py.SoftLink, h5py.ExternalLink)):
                 kind = "an external link" if isinstance(link, h5py.ExternalLink) else "a soft link"
-                raise WeightFileError(f"{path}: {prefix}{name!r} is {kind}; a weight file must hold its datasets itself")
+                raise WeightFileError(f"{path}: {prefix + name!r} is {kind}; a weight file must hold its datasets itself")
     return datasets
 
 
