@@ -26,6 +26,7 @@ import itertools
 import json
 import os
 import re
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from multiprocessing import Pool
@@ -60,17 +61,49 @@ def expand_paths(patterns: Iterable[str | Path]) -> list[Path]:
             if path.is_dir():
                 raise IsADirectoryError(f"{path} is a directory; give files or a glob such as '{path}/*.gz'")
             if not path.is_file():
+                if path.exists():
+                    raise CorpusError(not_a_regular_file(path))
                 raise FileNotFoundError(f"no such file: {path}")
             paths.append(path)
     return list(dict.fromkeys(paths))
+
+
+def not_a_regular_file(path: Path) -> str:
+    """The message for a pipe, socket or device given as an input file: elmokit reads its inputs
+    more than once (a scan before writing anything, a resume, an epoch), which a pipe cannot do."""
+    return (f"{path} is not a regular file (a pipe, or a device such as /dev/stdin): inputs are read "
+            "more than once, so save it to a file first")
 
 
 def is_gzip(path: Path) -> bool:
     return path.suffix == ".gz"
 
 
+class GzipReader(gzip.GzipFile):
+    """A .gz file read as bytes, whose reads turn the errors of a fake, corrupt or truncated
+    file (gzip's BadGzipFile, zlib's error, EOFError) into a CorpusError naming the file."""
+
+    def _checked(self, read, *args):
+        try:
+            return read(*args)
+        except (EOFError, gzip.BadGzipFile, zlib.error) as error:
+            raise CorpusError(f"{self.name}: corrupt, truncated or not a gzip file ({error})") from None
+
+    def read(self, size: int = -1) -> bytes:
+        return self._checked(super().read, size)
+
+    def read1(self, size: int = -1) -> bytes:
+        return self._checked(super().read1, size)
+
+    def readline(self, size: int = -1) -> bytes:
+        return self._checked(super().readline, size)
+
+    def peek(self, n: int) -> bytes:
+        return self._checked(super().peek, n)
+
+
 def open_binary(path: Path) -> IO[bytes]:
-    return gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")
+    return GzipReader(path, "rb") if is_gzip(path) else open(path, "rb")
 
 
 def open_text(path: Path) -> IO[str]:

@@ -55,7 +55,7 @@ import h5py
 import numpy as np
 import torch
 
-from elmokit.corpus import CorpusError, open_binary
+from elmokit.corpus import CorpusError, not_a_regular_file, open_binary
 from elmokit.elmo import OUTPUT_FORMATS, ElmoEmbedder, position_windows, select_layers
 from elmokit.io import atomic_write_text
 
@@ -162,6 +162,8 @@ def check_input_file(path: Path, what: str = "input") -> None:
     if path.is_dir():
         raise IsADirectoryError(f"{what} is a directory, expected a text file: {path}")
     if not path.is_file():
+        if path.exists():
+            raise CorpusError(f"{what}: {not_a_regular_file(path)}")
         raise FileNotFoundError(f"{what} file not found: {path}")
     if path.stat().st_size == 0:
         raise ValueError(f"{what} file is empty: {path}")

@@ -25,6 +25,8 @@ from elmokit.elmo import ElmoEmbedder
 from elmokit.embedding import embed_sentences, make_tokenizer, read_lines
 from elmokit.io import atomic_path
 
+WINDOW_OVERLAP = 32  # tokens of context on each side of a long sentence's windows
+
 
 @dataclass
 class LayerNeighbours:
@@ -79,12 +81,22 @@ def query_position(tokens: Sequence[str], position: int | None, word: str | None
     return position
 
 
+def check_max_length(max_length: int) -> None:
+    """A sentence longer than `max_length` is embedded in windows that keep `WINDOW_OVERLAP`
+    tokens of context on each side of the part they contribute: shorter windows cannot."""
+    if max_length <= 2 * WINDOW_OVERLAP:
+        raise ValueError(f"--max-length must be more than {2 * WINDOW_OVERLAP} (longer sentences are embedded in "
+                         f"windows with {WINDOW_OVERLAP} tokens of context on each side), got {max_length}")
+
+
 def find_similar(embedder: ElmoEmbedder, query: Sequence[str], position: int, corpus: Path,
                  layers: Sequence[int], top_k: int = 5, any_word: bool = False, plot_layer: int | None = None,
                  tokenize: bool = False, batch_size: int = 64, max_length: int = 256) -> SimilarResult:
     """Rank the occurrences in `corpus` (one sentence per line) by cosine with query[position]."""
+    check_max_length(max_length)
     word = query[position]
-    query_vectors = next(embed_sentences(embedder, [query], max_length=max(max_length, len(query))))[:, position]
+    query_vectors = next(embed_sentences(embedder, [query], max_length=max(max_length, len(query)),
+                                         overlap=WINDOW_OVERLAP))[:, position]
     query_unit = query_vectors / np.linalg.norm(query_vectors, axis=-1, keepdims=True).clip(1e-12)  # (L+1, 2P)
     neighbours = [LayerNeighbours(layer) for layer in layers]
     plot_vectors, plot_lines = [], []
@@ -101,7 +113,7 @@ def find_similar(embedder: ElmoEmbedder, query: Sequence[str], position: int, co
             continue
         token_arrays = [np.array(tokens, dtype=object) for _, tokens in sentences]
         vectors = np.concatenate(list(embed_sentences(embedder, [t for _, t in sentences], batch_size,
-                                                      max_length)), axis=1)  # (L+1, n_tokens, 2P)
+                                                      max_length, WINDOW_OVERLAP)), axis=1)  # (L+1, n_tokens, 2P)
         flat_tokens = np.concatenate(token_arrays)  # (n_tokens,)
         lines = np.repeat([i for i, _ in sentences], [len(t) for t in token_arrays])  # (n_tokens,)
         positions = np.concatenate([np.arange(len(t)) for t in token_arrays])  # (n_tokens,)

@@ -15,6 +15,7 @@ the whole global batch, so N processes take the same steps as one process with t
 
 from __future__ import annotations
 
+import hashlib
 import io
 import math
 import os
@@ -262,7 +263,7 @@ def train(config: TrainConfig, resume: bool = False) -> Progress:
     dist_ = setup_distributed(config)
     out_dir = Path(config.output_dir)
     vocab = Vocabulary.load(config.vocab)
-    checkpoint = _resume_checkpoint(out_dir, config, dist_) if resume else None
+    checkpoint = _resume_checkpoint(out_dir, config, dist_, vocab) if resume else None
     if checkpoint is None and (out_dir / ckpt.CHECKPOINT_NAME).exists():
         raise ConfigError(f"{out_dir} already holds a run ({ckpt.CHECKPOINT_NAME}); "
                           "continue it with --resume or choose another --output-dir")
@@ -426,13 +427,13 @@ def save_training_checkpoint(out_dir: Path, config: TrainConfig, model: Language
         ckpt.save_checkpoint(out_dir / ckpt.CHECKPOINT_NAME, {
             "model": model.state_dict(), "optimizer": optimizer.state_dict(), "progress": asdict(progress),
             "ranks": ranks, "elmo_config": model.bilm.config.to_dict(), "vocab_size": model.vocab_size,
-            "train_config": asdict(config),
+            "vocab_sha256": _file_sha256(config.vocab), "train_config": asdict(config),
         })
     if dist_.world_size > 1:
         dist.barrier()
 
 
-def _resume_checkpoint(out_dir: Path, config: TrainConfig, dist_: Dist) -> dict[str, Any] | None:
+def _resume_checkpoint(out_dir: Path, config: TrainConfig, dist_: Dist, vocab) -> dict[str, Any] | None:
     path = out_dir / ckpt.CHECKPOINT_NAME
     if not path.exists():
         raise FileNotFoundError(f"--resume: no {ckpt.CHECKPOINT_NAME} in {out_dir}")
@@ -441,7 +442,18 @@ def _resume_checkpoint(out_dir: Path, config: TrainConfig, dist_: Dist) -> dict[
     if saved_ranks != dist_.world_size:
         raise ConfigError(f"{path} was written by {saved_ranks} processes; resume it with as many "
                           f"(got {dist_.world_size})")
+    digest = checkpoint.get("vocab_sha256")  # older checkpoints lack it: then the size alone is compared
+    if checkpoint["vocab_size"] != len(vocab) or (digest is not None and digest != _file_sha256(config.vocab)):
+        trained_with = checkpoint.get("train_config", {}).get("vocab", "another file")
+        raise ConfigError(f"--resume: {path} was trained with the vocabulary {trained_with} "
+                          f"({checkpoint['vocab_size']:,} entries), not {config.vocab} ({len(vocab):,} entries"
+                          f"{', other tokens' if checkpoint['vocab_size'] == len(vocab) else ''}); its softmax "
+                          "rows belong to that vocabulary: resume with it")
     return checkpoint
+
+
+def _file_sha256(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def _seed_everything(seed: int) -> None:

@@ -7,6 +7,8 @@ help texts), and the run saves it as `train_config.json` beside its checkpoint.
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,19 @@ from typing import Any
 from elmokit.config import ConfigError
 from elmokit.corpus import expand_paths, require_tokens
 from elmokit.io import atomic_write_text
+
+DEVICE_PATTERN = r"auto|cpu|cuda(:[0-9]+)?"  # what the device option accepts
+_TYPES = {  # a field's declared type -> (does a value have it, how messages name it)
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "float": (lambda v: isinstance(v, float) and math.isfinite(v), "a finite number"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "list[str]": (lambda v: isinstance(v, list) and all(isinstance(item, str) for item in v), "a list of strings"),
+}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _option(default: Any, help: str) -> Any:
@@ -70,6 +85,7 @@ class TrainConfig:
             if not condition:
                 raise ConfigError(message)
 
+        self._check_types()
         require(self.optimizer in ("adagrad", "adam"), f"optimizer must be adagrad or adam, got {self.optimizer!r}")
         require(self.softmax in ("sampled", "full"), f"softmax must be sampled or full, got {self.softmax!r}")
         require(self.data_split in ("files", "rows"), f"data_split must be files or rows, got {self.data_split!r}")
@@ -83,9 +99,23 @@ class TrainConfig:
         require(self.grad_clip >= 0, f"grad_clip must be >= 0, got {self.grad_clip}")
         require(self.checkpoint_every % self.log_every == 0,
                 f"checkpoint_every ({self.checkpoint_every}) must be a multiple of log_every ({self.log_every})")
+        require(re.fullmatch(DEVICE_PATTERN, self.device) is not None,
+                f"device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
         require(not (self.init_from and self.init_from_original), "give init_from or init_from_original, not both")
         require(len(self.init_from_original) in (0, 2),
                 f"init_from_original needs [options.json, weights.hdf5], got {self.init_from_original}")
+
+    def _check_types(self) -> None:
+        """Every field of the type it is declared with (a JSON file can hold anything): `"8"`,
+        `null`, `1.5` or `true` for an int is refused, an int for a float is taken as a float."""
+        for spec in fields(self):
+            value = getattr(self, spec.name)
+            if spec.type == "float" and _is_number(value):
+                value = float(value)
+                setattr(self, spec.name, value)
+            has_type, type_name = _TYPES[spec.type]
+            if not has_type(value):
+                raise ConfigError(f"{spec.name} must be {type_name}, got {json.dumps(value, default=repr)}")
 
     def check_paths(self) -> None:
         """Raise a clear error for a missing output dir, vocabulary or corpus, or a corpus
@@ -110,13 +140,22 @@ class TrainConfig:
             data = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise FileNotFoundError(f"training config not found: {path}") from None
-        except json.JSONDecodeError as error:
+        except IsADirectoryError:
+            raise IsADirectoryError(f"training config is a directory, expected a JSON file: {path}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise ConfigError(f"{path}: not valid JSON ({error})") from error
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a JSON object of training options, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"{path}: unknown training options {unknown}")
-        return cls(**{**data, **overrides})
+        try:
+            return cls(**{**data, **overrides})
+        except ConfigError as error:  # messages start with the option's name: name the file if it set it
+            if str(error).split(" ", 1)[0] in overrides:
+                raise
+            raise ConfigError(f"{path}: {error}") from None
 
     def save(self, path: str | Path) -> None:
         atomic_write_text(path, json.dumps(asdict(self), indent=2) + "\n")

@@ -12,6 +12,7 @@ from elmokit.commands.common import add_model_arguments, model_from_args
 from elmokit.elmo import ElmoEmbedder
 from elmokit.embedding import check_input_file, make_tokenizer
 from elmokit.similar import (
+    check_max_length,
     cue_labels,
     find_similar,
     highlight,
@@ -77,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     for name in ("top_k", "batch_size", "clusters"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    check_max_length(args.max_length)
     query = make_tokenizer(args.tokenize)(args.query)
     position = query_position(query, args.position, args.word)
     embedder = ElmoEmbedder(module=model_from_args(args))

@@ -9,8 +9,12 @@ run's own `train_config.json` is the base. Several processes: `torchrun --nproc_
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +47,26 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+@contextlib.contextmanager
+def removed_if_unfinished(out_dir: Path) -> Iterator[None]:
+    """A run that stops (an error, an interrupt) before its first checkpoint cannot be resumed:
+    what it added to `out_dir` (the directory itself, if it made it) is removed, so that a failed
+    start leaves no half-made run behind. A run with a checkpoint is kept for --resume."""
+    from elmokit.checkpoint import CHECKPOINT_NAME
+
+    before = set(out_dir.iterdir()) if out_dir.is_dir() else None
+    try:
+        yield
+    except BaseException:
+        if int(os.environ.get("RANK", "0")) == 0 and out_dir.is_dir() and not (out_dir / CHECKPOINT_NAME).exists():
+            for path in [out_dir] if before is None else sorted(set(out_dir.iterdir()) - before):
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+        raise
+
+
 def _default(spec: dataclasses.Field) -> Any:
     return spec.default_factory() if spec.default_factory is not dataclasses.MISSING else spec.default
 
@@ -69,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
     from elmokit.train import train
 
     config = config_from_args(args)
-    progress = train(config, resume=args.resume)
+    with removed_if_unfinished(Path(config.output_dir)):
+        progress = train(config, resume=args.resume)
     summary = {"output_dir": config.output_dir, "steps": progress.step, "tokens": progress.tokens,
                "epochs": progress.epoch}
     if progress.best_ppl < float("inf"):

@@ -1,0 +1,236 @@
+"""Bad input of every kind gives one clear line on stderr and a non-zero exit, never a
+traceback, and leaves no half-made output behind (issue 17, point 9)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from elmokit.cli import main
+from tests.conftest import REPO, tiny_config
+
+WORDS = "the cat sat on a mat dog ran to house big small".split()
+
+
+def fails_in_one_line(argv: list[str], capsys, *expected: str) -> str:
+    """Run `elmo argv` in-process: exit status 2, one line on stderr naming everything `expected`."""
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip() and "\r" not in line]  # no progress bars
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    for text in expected:
+        assert text in lines[0], (text, lines[0])
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("errors")
+    rng = random.Random(0)
+    lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 8))) for _ in range(40)]
+    (root / "train.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    good = gzip.compress(("\n".join(lines) + "\n").encode())
+    (root / "truncated.gz").write_bytes(good[: len(good) // 2])
+    (root / "fake.gz").write_text("the cat sat\n", encoding="utf-8")  # plain text named .gz
+    (root / "corrupt.gz").write_bytes(good[:12] + bytes(20) + good[32:])
+    assert main(["vocab", str(root / "train.txt"), "-o", str(root / "vocab.txt")]) == 0
+    (root / "other_vocab.txt").write_text("<S>\n</S>\n<UNK>\nzebra\n", encoding="utf-8")
+    tiny_config().save(root / "model.json")
+    base = {"train_files": [str(root / "train.txt")], "vocab": str(root / "vocab.txt"),
+            "model": str(root / "model.json"), "batch_size": 2, "unroll_steps": 4, "epochs": 1,
+            "log_every": 1, "checkpoint_every": 5, "n_samples": 4, "threads": 1, "progress": False,
+            "device": "cpu"}
+    (root / "train.json").write_text(json.dumps(base), encoding="utf-8")
+    torch.manual_seed(0)
+    from elmokit import BiLM, save_pretrained
+
+    save_pretrained(BiLM(tiny_config()).eval(), root / "model")
+    return {"root": root, "base": base, "model": root / "model", "train": root / "train.txt",
+            "vocab": root / "vocab.txt", "train_json": root / "train.json"}
+
+
+@pytest.fixture(scope="module")
+def trained_run(files) -> Path:
+    run = files["root"] / "run"
+    assert main(["train", "--config", str(files["train_json"]), "--output-dir", str(run)]) == 0
+    return run
+
+
+# ---------------------------------------------------------------------------------------------
+# Input files: truncated or fake gzip, pipes and devices
+# ---------------------------------------------------------------------------------------------
+GZ_COMMANDS = {
+    "embed": lambda f, src, out: ["embed", str(src), str(out / "o.h5"), "--model", str(f["model"]), "--quiet"],
+    "vocab": lambda f, src, out: ["vocab", str(src), "-o", str(out / "vocab.txt")],
+    "prepare": lambda f, src, out: ["prepare", str(src), "-o", str(out / "shards"), "--workers", "1", "--quiet"],
+    "similar": lambda f, src, out: ["similar", str(src), "--query", "the cat", "--word", "cat",
+                                    "--model", str(f["model"])],
+    "train": lambda f, src, out: ["train", "--config", str(f["train_json"]), "--train", str(src),
+                                  "--output-dir", str(out / "run")],
+}
+
+
+@pytest.mark.parametrize("name", ["truncated.gz", "fake.gz", "corrupt.gz"])
+@pytest.mark.parametrize("command", sorted(GZ_COMMANDS))
+def test_a_bad_gzip_input_is_one_line_naming_the_file(files, tmp_path, capsys, command, name):
+    source = files["root"] / name
+    fails_in_one_line(GZ_COMMANDS[command](files, source, tmp_path), capsys, str(source), "gzip")
+    assert list(tmp_path.iterdir()) == []  # nothing written, not even a run directory
+
+
+def test_perplexity_of_a_bad_gzip_file(files, trained_run, capsys):
+    source = files["root"] / "truncated.gz"
+    fails_in_one_line(["perplexity", str(trained_run), str(source)], capsys, str(source), "truncated")
+
+
+@pytest.mark.parametrize("command", ["embed", "vocab", "train"])
+def test_a_pipe_as_input_is_refused_with_the_reason(files, tmp_path, capsys, command):
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"the cat sat\n")
+    os.close(write_end)
+    try:
+        pipe = Path(f"/dev/fd/{read_end}")
+        fails_in_one_line(GZ_COMMANDS[command](files, pipe, tmp_path), capsys, str(pipe), "not a regular file",
+                          "save it to a file first")
+    finally:
+        os.close(read_end)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dev_stdin_from_a_pipe_is_refused_in_a_real_process(files, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-m", "elmokit", "embed", "/dev/stdin", str(tmp_path / "o.h5"),
+                             "--model", str(files["model"])], input="the cat\n", capture_output=True, text=True,
+                            env=env, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "/dev/stdin is not a regular file" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Files of the wrong structure: options.json, config.json, HDF5
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("edit, expected", [
+    (lambda o: o["char_cnn"].update(filters="abc"), "char_cnn.filters"),
+    (lambda o: o["char_cnn"].update(filters=[1, 2]), "char_cnn.filters"),
+    (lambda o: o["char_cnn"].update(filters=[[1, 2, 3]]), "char_cnn.filters"),
+    (lambda o: o["char_cnn"].update(filters={"1": 32}), "char_cnn.filters"),
+    (lambda o: o["char_cnn"].update(filters=[[1, "32"]]), "char_cnn.filters"),
+    (lambda o: o.update(char_cnn=[1, 2]), "char_cnn"),
+    (lambda o: o["char_cnn"].update(embedding=16), "char_cnn.embedding"),
+    (lambda o: o.update(lstm="big"), "lstm"),
+], ids=["string", "flat", "triple", "object", "string-count", "list-section", "int-section", "string-section"])
+def test_malformed_options_name_the_file_and_key(files, tmp_path, capsys, edit, expected):
+    from elmokit.weights import save_original
+    from elmokit import load_pretrained
+
+    save_original(load_pretrained(files["model"]), tmp_path / "options.json", tmp_path / "weights.hdf5")
+    options = json.loads((tmp_path / "options.json").read_text())
+    edit(options)
+    (tmp_path / "options.json").write_text(json.dumps(options))
+    fails_in_one_line(["info", "--options-file", str(tmp_path / "options.json"), "--weight-file",
+                       str(tmp_path / "weights.hdf5")], capsys, str(tmp_path / "options.json"), expected)
+
+
+def test_a_compound_hdf5_dataset_is_named(files, tmp_path, capsys):
+    import h5py
+    import numpy as np
+
+    from elmokit import load_pretrained
+    from elmokit.weights import save_original
+
+    save_original(load_pretrained(files["model"]), tmp_path / "options.json", tmp_path / "weights.hdf5")
+    with h5py.File(tmp_path / "weights.hdf5", "a") as file:
+        shape = file["CNN_proj/b_proj"].shape
+        del file["CNN_proj/b_proj"]
+        file.create_dataset("CNN_proj/b_proj", shape=shape, dtype=np.dtype([("w", "<f4"), ("n", "<i4")]))
+    fails_in_one_line(["convert", "--options-file", str(tmp_path / "options.json"), "--weight-file",
+                       str(tmp_path / "weights.hdf5"), "--to-native", str(tmp_path / "native")], capsys,
+                      "weights.hdf5", "'CNN_proj/b_proj'", "expected floating point")
+    assert not (tmp_path / "native").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# elmo train: values of the wrong type, devices, the vocabulary of a resumed run
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("key, value, expected", [
+    ("batch_size", "8", 'batch_size must be an integer, got "8"'),
+    ("lr", None, "lr must be a finite number, got null"),
+    ("lr", "0.1", 'lr must be a finite number, got "0.1"'),
+    ("batch_size", -4, "batch_size must be > 0, got -4"),
+    ("batch_size", 0, "batch_size must be > 0, got 0"),
+    ("unroll_steps", 0, "unroll_steps must be > 0"),
+    ("eval_batch_size", -1, "eval_batch_size must be > 0"),
+    ("n_samples", -5, "n_samples must be >= 0"),
+    ("epochs", 1.5, "epochs must be an integer, got 1.5"),
+    ("epochs", True, "epochs must be an integer, got true"),
+    ("epochs", 0, "epochs must be > 0"),
+    ("dropout", 1.5, "dropout must be in [0, 1)"),
+    ("progress", "no", 'progress must be true or false, got "no"'),
+    ("train_files", "train.txt", 'train_files must be a list of strings, got "train.txt"'),
+    ("valid_files", [1, 2], "valid_files must be a list of strings, got [1, 2]"),
+    ("model", 3, "model must be a string, got 3"),
+    ("device", "tpu", "device must be cpu, cuda, cuda:N or auto, got 'tpu'"),
+    ("device", "cuda:x", "device must be cpu, cuda, cuda:N or auto"),
+])
+def test_training_config_values_of_the_wrong_type(files, tmp_path, capsys, key, value, expected):
+    config = {**files["base"], key: value, "output_dir": str(tmp_path / "run")}
+    (tmp_path / "train.json").write_text(json.dumps(config))
+    fails_in_one_line(["train", "--config", str(tmp_path / "train.json")], capsys, str(tmp_path / "train.json"),
+                      expected)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_training_config_that_is_not_an_object(files, tmp_path, capsys):
+    (tmp_path / "train.json").write_text("[1, 2]")
+    fails_in_one_line(["train", "--config", str(tmp_path / "train.json")], capsys, "train.json", "JSON object")
+
+
+def test_an_unknown_device_on_the_command_line_is_not_blamed_on_the_file(files, tmp_path, capsys):
+    line = fails_in_one_line(["train", "--config", str(files["train_json"]), "--output-dir", str(tmp_path / "run"),
+                              "--device", "bogus"], capsys, "device must be cpu, cuda, cuda:N or auto, got 'bogus'")
+    assert str(files["train_json"]) not in line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("vocab", ["other_vocab.txt", "shuffled"])
+def test_resume_with_another_vocabulary_is_refused_and_the_run_kept(files, trained_run, tmp_path, capsys, vocab):
+    if vocab == "shuffled":  # the same size, other tokens: only the digest tells
+        tokens = files["vocab"].read_text().splitlines()
+        (tmp_path / "vocab.txt").write_text("\n".join(tokens[:3] + tokens[3:][::-1]) + "\n")
+        path = tmp_path / "vocab.txt"
+    else:
+        path = files["root"] / vocab
+    before = {p.name: p.stat().st_mtime_ns for p in trained_run.iterdir()}
+    fails_in_one_line(["train", "--resume", "--output-dir", str(trained_run), "--vocab", str(path), "--epochs", "2"],
+                      capsys, "--resume", str(path), "trained with the vocabulary")
+    assert {p.name: p.stat().st_mtime_ns for p in trained_run.iterdir()} == before
+
+
+# ---------------------------------------------------------------------------------------------
+# elmo similar, elmo task train
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("max_length", ["0", "-3", "2", "64"])
+def test_similar_max_length_too_short_for_its_windows(files, tmp_path, capsys, max_length):
+    long_line = " ".join(random.Random(1).choice(WORDS) for _ in range(150)) + " cat"
+    (tmp_path / "corpus.txt").write_text(long_line + "\n")
+    fails_in_one_line(["similar", str(tmp_path / "corpus.txt"), "--query", "the cat", "--word", "cat",
+                       "--max-length", max_length, "--model", str(files["model"])], capsys,
+                      f"--max-length must be more than 64", f"got {max_length}")
+
+
+def test_similar_windows_a_sentence_longer_than_max_length(files, tmp_path, capsys):
+    long_line = " ".join(random.Random(1).choice(WORDS) for _ in range(150)) + " cat"
+    (tmp_path / "corpus.txt").write_text(long_line + "\n")
+    assert main(["similar", str(tmp_path / "corpus.txt"), "--query", "the cat", "--word", "cat",
+                 "--max-length", "65", "--model", str(files["model"])]) == 0
