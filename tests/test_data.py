@@ -102,9 +102,22 @@ def test_eval_covers_every_pair_exactly_once(tmp_path):
     batches = list(eval_batches(sorted(tmp_path.glob("shard-*")), vocab, batch_size=3, unroll_steps=5))
     assert sum(batch.n_tokens for batch in batches) == vocab.n_tokens == sum(len(s.split()) + 1 for s in sentences)
     assert sorted(sentences_of(batches, vocab)) == sorted(sentences)
-    for batch in batches:  # the backward stream holds the same tokens: each row's multiset matches
+    forward_rows, backward_rows = collections.defaultdict(list), collections.defaultdict(list)
+    for batch in batches:
         assert batch.n_tokens == int(batch.mask.sum())
-        assert (batch.forward_targets[~batch.mask] == 0).all()
+        assert (batch.forward_targets[~batch.mask] == 0).all() and (batch.backward_targets[~batch.mask] == 0).all()
+        for row in range(batch.mask.shape[0]):
+            forward_rows[row] += vocab.decode(batch.forward_targets[row][batch.mask[row]].tolist())
+            backward_rows[row] += vocab.decode(batch.backward_targets[row][batch.mask[row]].tolist())
+    assert forward_rows.keys() == backward_rows.keys()
+    for row, forward in forward_rows.items():
+        backward = backward_rows[row]
+        # the backward stream holds the same tokens: each row's multiset matches, </S> ending a
+        # forward sentence where <S> ends a backward one
+        assert collections.Counter(backward) == collections.Counter(["<S>" if t == "</S>" else t for t in forward])
+        # and in order: each sentence reversed, followed by <S>
+        backward_sentences = [" ".join(reversed(piece.split())) for piece in " ".join(backward).split("<S>")[:-1]]
+        assert backward_sentences == [piece.strip() for piece in " ".join(forward).split("</S>")[:-1]]
 
 
 def test_shuffled_epoch_covers_the_corpus_and_depends_on_seed(tmp_path):

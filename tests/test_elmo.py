@@ -52,11 +52,35 @@ def test_trainable_mix_and_frozen_bilm(tiny_model):
     assert elmo.training  # as in AllenNLP: dropout is active until .eval()
 
 
-def test_layer_norm_variant_runs_and_differs(tiny_model):
+@pytest.mark.parametrize("raw_weights", [None, [0.3, -1.0, 2.0]])
+def test_layer_norm_follows_the_spec_formula(tiny_model, raw_weights):
+    """Spec §8: each layer normalised with ONE mean and ONE biased variance over every element of
+    the batch where the with-boundaries mask is true (BOS/EOS included, times all 2P features),
+    eps 1e-13, no affine; then softmax(w)-weighted, times gamma; then the boundaries removed.
+    Computed here in float64 from the biLM's layers, position by position."""
     ids = batch_to_ids(SENTENCES)
-    plain = _elmo(tiny_model)(ids)["elmo_representations"][0]
-    normed = _elmo(tiny_model, do_layer_norm=True)(ids)["elmo_representations"][0]
-    assert normed.shape == plain.shape and not torch.allclose(normed, plain)
+    with torch.no_grad():
+        output = tiny_model(ids)
+        mixed = _elmo(tiny_model, do_layer_norm=True, scalar_mix_parameters=raw_weights)(ids)["elmo_representations"][0]
+    mask = output.mask.numpy()  # (B, S) with boundaries
+    w = np.zeros(3) if raw_weights is None else np.array(raw_weights)
+    s = np.exp(w) / np.exp(w).sum()
+    expected = np.zeros((len(SENTENCES), mask.shape[1], 12))
+    for k, layer in enumerate(output.layers):
+        act = layer.double().numpy()  # (B, S, 2P)
+        values = [act[b, t, f] for b in range(act.shape[0]) for t in range(act.shape[1]) if mask[b, t]
+                  for f in range(act.shape[2])]
+        mean = sum(values) / len(values)
+        var = sum((v - mean) ** 2 for v in values) / len(values)
+        expected += s[k] * (act - mean) / np.sqrt(var + 1e-13)
+    for b, sentence in enumerate(SENTENCES):  # gamma = 1; boundaries removed, padding zero
+        np.testing.assert_allclose(mixed[b, :len(sentence)].numpy(), expected[b, 1:len(sentence) + 1], atol=1e-5)
+        assert (mixed[b, len(sentence):] == 0).all()
+    # the statistics are the batch's: the same sentence alone is normalised differently
+    with torch.no_grad():
+        alone = _elmo(tiny_model, do_layer_norm=True)(batch_to_ids(SENTENCES[:1]))["elmo_representations"][0]
+    if raw_weights is None:
+        assert not torch.allclose(alone[0], mixed[0, :len(SENTENCES[0])], atol=1e-3)
 
 
 def test_vocab_to_cache_equals_char_inputs(tiny_model):

@@ -149,8 +149,7 @@ def test_killed_run_resumes_to_the_same_file(model_dir, tmp_path):
     process = subprocess.Popen(_embed_command(source, output, model_dir, "--checkpoint-every", "50"),
                                env=SUBPROCESS_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     progress = partial / "progress-rank0.json"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and process.poll() is None:
+    while process.poll() is None:  # no deadline: a slow machine only takes longer to get there
         if progress.exists() and len(json.loads(progress.read_text() or "{}").get("segments", [])) >= 2:
             break
         time.sleep(0.02)
@@ -184,14 +183,12 @@ def test_resume_refuses_another_input(model_dir, tmp_path, capsys):
 
 
 def test_torchrun_two_processes_equal_one(model_dir, tmp_path):
-    torchrun = REPO / ".venv" / "bin" / "torchrun"
-    if not torchrun.exists():
-        pytest.skip("torchrun not installed in .venv")
+    """torchrun as `python -m torch.distributed.run`: torch ships it, so the test always runs."""
     source = _write(tmp_path / "in.txt", [" ".join(f"w{j}" for j in range(i % 13)) for i in range(41)])
-    command = [str(torchrun), "--standalone", "--nproc_per_node", "2", "-m", "elmokit", "embed",
-               str(source), str(tmp_path / "two.npz"), "--model", str(model_dir), "--quiet", "--top",
-               "--checkpoint-every", "7"]
-    result = subprocess.run(command, env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=120)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "-m", "elmokit", "embed", str(source), str(tmp_path / "two.npz"), "--model", str(model_dir),
+               "--quiet", "--top", "--checkpoint-every", "7"]
+    result = subprocess.run(command, env=SUBPROCESS_ENV, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     assert main(["embed", str(source), str(tmp_path / "one.npz"), "--model", str(model_dir), "--quiet",
                  "--top"]) == 0
