@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+import math
 import random
 
 import pytest
@@ -132,24 +133,39 @@ def test_finetuning_updates_the_bilm_with_its_own_learning_rate(tiny_model, tmp_
 
 
 def test_crf_matches_brute_force():
+    """log Z, Viterbi, path_score and the NLL against every tag path enumerated and scored in
+    plain Python from the CRF's definition: start[y0] + sum_t emission[t][y_t] +
+    sum_t transition[y_{t-1}][y_t] + end[y_last], over the real positions only."""
     torch.manual_seed(0)
-    n_tags, n_positions = 3, 4
+    n_tags, n_positions = 3, 5
     crf = CRF(n_tags)
     with torch.no_grad():
         for parameter in crf.parameters():
             parameter.normal_()
-    emissions = torch.randn(2, n_positions, n_tags)
-    mask = torch.tensor([[True] * 4, [True, True, False, False]])
-    log_z = crf.log_partition(emissions, mask)
-    best = crf.viterbi(emissions, mask)
-    for row in range(2):
+    emissions = torch.randn(3, n_positions, n_tags)
+    mask = torch.tensor([[True] * 5, [True, True, False, False, False], [True, False, False, False, False]])
+    emissions[~mask] = 50.0  # padding that would dominate every score if it were not ignored
+    start, end, transition = crf.start.tolist(), crf.end.tolist(), crf.transitions.tolist()
+
+    def score(row: int, path: tuple[int, ...]) -> float:
+        emitted = emissions[row].tolist()
+        total = start[path[0]] + end[path[-1]] + sum(emitted[t][tag] for t, tag in enumerate(path))
+        return total + sum(transition[a][b] for a, b in zip(path, path[1:]))
+
+    log_z, best = crf.log_partition(emissions, mask), crf.viterbi(emissions, mask)
+    for row in range(3):
         length = int(mask[row].sum())
         paths = list(itertools.product(range(n_tags), repeat=length))
-        scores = torch.stack([
-            crf.path_score(emissions[row:row + 1], torch.tensor([list(p) + [0] * (n_positions - length)]),
-                           mask[row:row + 1])[0] for p in paths])
-        assert log_z[row].item() == pytest.approx(torch.logsumexp(scores, 0).item(), abs=1e-5)
-        assert best[row] == list(paths[int(scores.argmax())])
+        scores = [score(row, path) for path in paths]
+        top = max(scores)
+        assert log_z[row].item() == pytest.approx(top + math.log(sum(math.exp(s - top) for s in scores)), abs=1e-5)
+        assert best[row] == list(paths[scores.index(top)])
+        for path in (paths[0], paths[-1], paths[len(paths) // 2]):
+            padded = torch.tensor([list(path) + [n_tags - 1] * (n_positions - length)])
+            assert crf.path_score(emissions[row:row + 1], padded, mask[row:row + 1]).item() == \
+                pytest.approx(score(row, path), abs=1e-5)
+            nll = crf.neg_log_likelihood(emissions[row:row + 1], padded, mask[row:row + 1]).item()
+            assert nll == pytest.approx(log_z[row].item() - score(row, path), abs=1e-5)
 
 
 def test_cached_layers_equal_the_biLM_and_are_reused(tiny_model, tmp_path):
