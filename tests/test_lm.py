@@ -176,13 +176,52 @@ def test_log_uniform_sampler_probabilities_and_draws():
         sampler.sample(1000)
 
 
-def test_sampled_softmax_removes_accidental_hits():
-    model = make_model(n_samples=VOCAB - 1).train()
-    hidden = torch.randn(5, 6)
-    targets = torch.tensor([0, 1, 2, 3, 39])
-    torch.manual_seed(0)
-    nll = model.target_nll(hidden, targets, sampled=True)
-    assert torch.isfinite(nll).all() and (nll >= 0).all()
-    # nearly every class is sampled: the estimate is close to the full softmax's NLL
-    full = model.target_nll(hidden, targets, sampled=False)
-    torch.testing.assert_close(nll, full, atol=0.35, rtol=0.1)
+class FixedSample(LogUniformSampler):
+    """The log-uniform sampler with its draw fixed: these ids, found in `n_tries` draws."""
+
+    def __init__(self, vocab_size: int, ids: list[int], n_tries: int):
+        super().__init__(vocab_size)
+        self.ids, self.n_tries = torch.tensor(ids), n_tries
+
+    def sample(self, n_samples: int) -> tuple[torch.Tensor, int]:
+        assert n_samples == len(self.ids)
+        return self.ids.clone(), self.n_tries
+
+
+def test_sampled_softmax_is_tensorflows_formula_on_a_fixed_sample():
+    """tf.nn.sampled_softmax_loss as bilm-tf calls it (log-uniform unique sampler, subtract_log_q,
+    remove_accidental_hits), computed by hand in plain Python floats for a fixed sample:
+
+        Q(k) = 1 - (1 - p(k))^n_tries,  p(k) = log((k + 2) / (k + 1)) / log(V + 1)
+        true logit = w_t . h + b_t - log Q(t);  sampled logit = w_s . h + b_s - log Q(s), dropped if s == t
+        NLL = log(exp(true) + sum exp(sampled)) - true
+
+    (The training loss, nll_sum, is held to target_nll by test_one_pass_softmax_matches_cross_entropy.)"""
+    negatives, n_tries = [0, 3, 7, 12, 31], 9
+    model = make_model(n_samples=len(negatives)).train()
+    model.sampler = FixedSample(VOCAB, negatives, n_tries)
+    generator = torch.Generator().manual_seed(4)
+    hidden = torch.randn(4, 6, generator=generator)
+    targets = torch.tensor([3, 5, 31, 0])  # three of them are also sampled: accidental hits
+
+    weight, bias, rows = model.softmax.weight.tolist(), model.softmax.bias.tolist(), hidden.tolist()
+
+    def log_q(k: int) -> float:
+        p = math.log((k + 2) / (k + 1)) / math.log(VOCAB + 1)
+        return math.log(1 - (1 - p) ** n_tries)
+
+    def logit(h: list[float], k: int) -> float:
+        return sum(a * b for a, b in zip(h, weight[k])) + bias[k] - log_q(k)
+
+    expected = []
+    for h, target in zip(rows, targets.tolist()):
+        true = logit(h, target)
+        sampled = [logit(h, k) for k in negatives if k != target]
+        expected.append(math.log(math.exp(true) + sum(math.exp(s) for s in sampled)) - true)
+    torch.testing.assert_close(model.target_nll(hidden, targets, sampled=True), torch.tensor(expected),
+                               atol=1e-5, rtol=1e-5)
+    # and not the uncorrected formula: without log Q the numbers differ
+    uncorrected = [math.log(math.exp(logit(h, t) + log_q(t)) + sum(math.exp(logit(h, k) + log_q(k))
+                                                                  for k in negatives if k != t)) - logit(h, t) - log_q(t)
+                   for h, t in zip(rows, targets.tolist())]
+    assert not torch.allclose(model.target_nll(hidden, targets, sampled=True), torch.tensor(uncorrected), atol=1e-3)
