@@ -1,10 +1,14 @@
-"""Span F1 with conlleval semantics and accuracy, against hand-computed cases."""
+"""Span F1 with conlleval semantics and accuracy, against hand-computed cases and against seqeval."""
 
 from __future__ import annotations
 
-import pytest
+import warnings
 
-from elmokit.tasks.metrics import accuracy, bio_spans, span_f1
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from elmokit.tasks.metrics import accuracy, bio_spans, score_predictions, span_f1
 
 
 def test_bio_spans_basic():
@@ -59,3 +63,51 @@ def test_accuracy():
     assert accuracy([1, 2, 3, 4], [1, 2, 0, 4]) == 0.75
     with pytest.raises(ValueError):
         accuracy([1], [1, 2])
+
+
+def test_span_f1_per_type_hand_computed():
+    gold = [["B-PER", "I-PER", "O", "B-LOC"], ["B-ORG", "O", "B-PER"]]
+    predicted = [["B-PER", "I-PER", "O", "B-ORG"], ["B-ORG", "O", "O"]]
+    per_type = span_f1(gold, predicted)["per_type"]
+    assert set(per_type) == {"PER", "LOC", "ORG"}
+    assert (per_type["PER"]["n_correct"], per_type["PER"]["n_gold"], per_type["PER"]["n_predicted"]) == (1, 2, 1)
+    assert per_type["PER"]["precision"] == pytest.approx(100.0) and per_type["PER"]["recall"] == pytest.approx(50.0)
+    assert per_type["LOC"]["f1"] == 0.0 and per_type["LOC"]["n_predicted"] == 0
+    assert per_type["ORG"]["precision"] == pytest.approx(50.0) and per_type["ORG"]["recall"] == pytest.approx(100.0)
+
+
+def test_score_predictions_by_metric():
+    assert score_predictions([["A", "B"], ["C"]], [["A", "X"], ["C"]], "accuracy") == {"accuracy": pytest.approx(200 / 3)}
+    assert score_predictions(["pos", "neg"], ["pos", "pos"], "accuracy") == {"accuracy": pytest.approx(50.0)}
+    assert score_predictions([["B-A"]], [["B-A"]], "f1")["f1"] == pytest.approx(100.0)
+    with pytest.raises(ValueError, match="example 1 has 1 gold labels but 2 predicted"):
+        score_predictions([["A"], ["B"]], [["A"], ["B", "B"]], "accuracy")
+
+
+# ---------------------------------------------------------------------------------------------
+# seqeval (its default, conlleval-compatible mode) as an independent oracle
+# ---------------------------------------------------------------------------------------------
+TAGS = ["O", "O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG"]
+sentence_pairs = st.integers(1, 10).flatmap(lambda n: st.tuples(
+    st.lists(st.sampled_from(TAGS), min_size=n, max_size=n), st.lists(st.sampled_from(TAGS), min_size=n, max_size=n)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(sentence_pairs, min_size=1, max_size=6))
+def test_span_f1_equals_seqeval(pairs):
+    seqeval = pytest.importorskip("seqeval.metrics")
+    gold, predicted = [list(g) for g, _ in pairs], [list(p) for _, p in pairs]
+    ours = span_f1(gold, predicted)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # seqeval warns when a score is undefined (0/0); both give 0
+        assert ours["precision"] == pytest.approx(100 * seqeval.precision_score(gold, predicted), abs=1e-9)
+        assert ours["recall"] == pytest.approx(100 * seqeval.recall_score(gold, predicted), abs=1e-9)
+        assert ours["f1"] == pytest.approx(100 * seqeval.f1_score(gold, predicted), abs=1e-9)
+        report = seqeval.classification_report(gold, predicted, output_dict=True, zero_division=0)
+    for entity_type, scores in ours["per_type"].items():
+        if scores["n_gold"] == 0:  # seqeval's report lists only the types of the gold spans
+            continue
+        assert scores["n_gold"] == report[entity_type]["support"]
+        assert scores["precision"] == pytest.approx(100 * report[entity_type]["precision"], abs=1e-9)
+        assert scores["recall"] == pytest.approx(100 * report[entity_type]["recall"], abs=1e-9)
+        assert scores["f1"] == pytest.approx(100 * report[entity_type]["f1-score"], abs=1e-9)

@@ -229,7 +229,7 @@ def test_cli_task_train_eval_probe(tiny_model, tmp_path, capsys):
                  "--data-dir", str(data), "--max-epochs", "2", "--no-progress", "--hidden-dim", "16"]) == 0
     trained = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert trained["elmo"] and (run / "results.json").is_file()
-    assert main(["task", "eval", str(run), "--split", "dev", "--no-progress"]) == 0
+    assert main(["task", "eval", str(run), "--split", "dev", "--json", "--no-progress"]) == 0
     scored = json.loads(capsys.readouterr().out)
     assert scored["accuracy"] == pytest.approx(trained["dev"]["accuracy"])
     assert main(["task", "train", "--task", "pos", "--model", "none", "--out", str(tmp_path / "plain"),

@@ -1,5 +1,6 @@
-"""ELMo in real tasks: readers, task models (tagger with optional CRF, sentence classifier),
-frozen-biLM layer cache, training loop, metrics and layer probes."""
+"""ELMo in real tasks: readers of every task format, task models (tagger with char CNN and
+optional CRF, sentence classifier), frozen-biLM layer cache, training loop, metrics, layer probes,
+and trained runs as tools (`load(RUN).predict(list_of_token_lists)`)."""
 
 from elmokit.tasks.classifier import Classifier
 from elmokit.tasks.crf import CRF
@@ -8,12 +9,14 @@ from elmokit.tasks.features import ElmoMixes, cached_layers, compute_layers
 from elmokit.tasks.metrics import accuracy, bio_spans, span_f1
 from elmokit.tasks.readers import (
     DataFormatError,
-    iob1_to_bio,
     read_conll2003,
     read_conllu,
     read_semcor,
     read_sst2_csv,
     read_sst_trees,
 )
+from elmokit.tasks.run import TaskRun, evaluate_run, load
+from elmokit.tasks.schemes import detect_scheme, iob1_to_bio, to_bio
 from elmokit.tasks.tagger import Tagger
-from elmokit.tasks.train import TASKS, TaskConfig, evaluate_run, train_task
+from elmokit.tasks.task_config import TASKS, TaskConfig
+from elmokit.tasks.train import train_task

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from elmokit.tasks.schemes import iob1_to_bio
+
 UPOS_TAGS = ("ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON",
              "PROPN", "PUNCT", "SCONJ", "SYM", "VERB", "X")
 NER_TYPES = ("PER", "LOC", "ORG", "MISC")
@@ -39,7 +41,7 @@ class LabelledSentence:
     """One sentence with one label for the whole sentence (sentiment)."""
 
     tokens: list[str]
-    label: int
+    label: int | str
 
 
 @dataclass
@@ -105,21 +107,6 @@ def read_conllu(path: str | Path) -> list[TaggedSentence]:
 # ---------------------------------------------------------------------------------------------
 # CoNLL-2003: IOB1 entity tags, converted to BIO
 # ---------------------------------------------------------------------------------------------
-def iob1_to_bio(tags: list[str]) -> list[str]:
-    """IOB1 (an entity starts with I-, B- only between two same-type entities) -> BIO (IOB2).
-
-    An I-X becomes B-X unless the previous tag is I-X or B-X.
-    """
-    bio = []
-    previous = "O"
-    for tag in tags:
-        if tag.startswith("I-") and previous[2:] != tag[2:]:
-            tag = "B-" + tag[2:]
-        bio.append(tag)
-        previous = tag
-    return bio
-
-
 def _check_entity_tag(tag: str, path: str | Path, number: int) -> None:
     if tag != "O" and not (tag[:2] in ("B-", "I-") and tag[2:]):
         raise DataFormatError(path, number, f"entity tag must be O, B-TYPE or I-TYPE, got {tag!r}")
