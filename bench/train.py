@@ -1,18 +1,32 @@
-"""Training speed: elmokit's LanguageModel against the same shapes built on torch.nn.LSTM.
+"""Training speed: elmokit's LanguageModel against the same model built on torch.nn.LSTM.
 
-For each shape, three models train on the same PTB windows in the same process, one step each
+For each shape, the models train on the same PTB windows in the same process, one step each
 in turn (so that a busy machine slows all of them alike):
 
-    elmokit (clip 3)    the ELMo cell with cell/projection clipping: BiLstm's step loop
-    elmokit (no clip)   clips 0: LanguageModel runs the fused torch.nn.LSTM kernel itself
+    elmokit (clip 3)    the ELMo cell with cell/projection clipping (bilm-tf's defaults)
+    elmokit (no clip)   clips 0 (the gutenberg-cpu recipe); the same engine
     nn.LSTM baseline    each direction a torch.nn.LSTM(P, C, num_layers=L, proj_size=P) stack
-                        (no clipping, no residual), the same TokenEncoder and the same softmax,
-                        the same dropout 0.1 (token layer, between layers, softmax input)
+                        (fused kernel; no clipping, no residual), the same TokenEncoder, the
+                        same dropout 0.1, and the softmax as F.cross_entropy over F.linear
+
+elmokit trains through `elmokit.training` (a hand-written forward/backward through time, a
+one-pass softmax) and a fused Adam; the baseline through autograd and torch's Adam.
 
 A step is forward, backward, gradient clipping to norm 10 and an Adam update, with the full
-softmax over the PTB vocabulary. Prints a table and writes it to bench/results/train.md.
+softmax over the PTB vocabulary. The training FLOPs of a token (forward, and backward counted as
+twice the forward: spec §12's counts, multiply-adds as 2 FLOPs) are
 
-    .venv/bin/python bench/train.py [--steps 6] [--batch-size 32] [--bf16] [--threads 2]
+    token encoder   per distinct token type of the window, shared by its positions:
+                    2 (sum_w (W - w + 1) w E n_w + 2 n_hw F^2 + F P)
+    LSTM            per position and direction: 2 L (8 C P + C P)
+    softmax         per target and direction: 2 P V
+
+so a step executes 3 x (types x encoder + 2 B U x (LSTM + softmax)) FLOPs; dividing by the step
+time gives the executed GFLOP/s, reported against the fp32 matmul roofline measured in the same
+run (the best of MKL and oneDNN on 2048 x 2048, as bench/embed.py). Prints a table and writes
+bench/results/train.md (replaced, not appended: one run, one page).
+
+    .venv/bin/python bench/train.py [--shapes gutenberg-cpu] [--steps 8] [--batch-size 32] [--bf16] [--threads 2]
 """
 
 from __future__ import annotations
@@ -28,6 +42,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from embed import matmul_gflops  # bench/embed.py: the same roofline measurement
 
 from elmokit.config import ElmoConfig, LSTMConfig
 from elmokit.data import LMBatcher
@@ -75,7 +91,8 @@ class Trainer:
 
     def __init__(self, name: str, model: nn.Module, bf16: bool):
         self.name, self.model, self.bf16 = name, model.train(), bf16
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        fused = isinstance(model, LanguageModel)  # elmokit's trainer uses torch's fused Adam (train.build_optimizer)
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=fused)
         self.state, self.times = None, []
 
     def step(self, batch) -> None:
@@ -103,37 +120,57 @@ def clipped(config: ElmoConfig) -> ElmoConfig:
                                                          "proj_clip": 3.0}))
 
 
+def training_flops(config: ElmoConfig, vocab_size: int, batch) -> float:
+    """FLOPs of one training step on `batch` (module docstring): forward x 3."""
+    cnn, lstm = config.char_cnn, config.lstm
+    encoder = 2.0 * (sum((50 - width + 1) * width * cnn.embedding_dim * count for width, count in cnn.filters)
+                     + 2 * cnn.n_highway * cnn.n_filters ** 2 + cnn.n_filters * lstm.projection_dim)
+    recurrence = 2.0 * lstm.n_layers * 9 * lstm.cell_dim * lstm.projection_dim  # a position, a direction
+    softmax = 2.0 * lstm.projection_dim * vocab_size  # a target, a direction
+    char_ids = torch.stack([batch.forward_char_ids, batch.backward_char_ids]).reshape(-1, 50)
+    n_types = len(torch.unique(char_ids, dim=0))
+    positions = batch.forward_char_ids.shape[0] * batch.forward_char_ids.shape[1]
+    return 3.0 * (n_types * encoder + 2 * positions * recurrence + 2 * batch.n_tokens * softmax)
+
+
 def bench_shape(name: str, config: ElmoConfig, vocab: Vocabulary, args) -> list[dict]:
     torch.manual_seed(0)
     trainers = [Trainer("elmokit (clip 3)", LanguageModel(clipped(config), len(vocab), dropout=0.1), args.bf16),
-                Trainer("elmokit (no clip, fused)", LanguageModel(unclipped(config), len(vocab), dropout=0.1), args.bf16),
+                Trainer("elmokit (no clip)", LanguageModel(unclipped(config), len(vocab), dropout=0.1), args.bf16),
                 Trainer("nn.LSTM baseline", TorchLstmLM(config, len(vocab), dropout=0.1), args.bf16)]
     batches = LMBatcher([PTB / "ptb.train.txt.gz"], vocab, args.batch_size, args.unroll_steps, seed=0)
+    flops = []
     for _ in range(args.warmup + args.steps):
         batch = next(batches)
+        flops.append(training_flops(config, len(vocab), batch))
         for trainer in trainers:
             trainer.step(batch)
     tokens = args.batch_size * args.unroll_steps
     baseline = tokens / statistics.median(trainers[-1].times[args.warmup:])
     rows = []
     for trainer in trainers:
-        speed = tokens / statistics.median(trainer.times[args.warmup:])
+        times = trainer.times[args.warmup:]
+        speed = tokens / statistics.median(times)
+        gflops = sum(flops[args.warmup:]) / sum(times) / 1e9
         rows.append({"shape": name, "model": trainer.name, "tokens_per_s": speed, "vs_baseline": speed / baseline,
+                     "gflops": gflops, "flops_per_token": statistics.mean(flops) / tokens,
                      "params": sum(p.numel() for p in trainer.model.parameters())})
-        print(f"{name:8s} {trainer.name:26s} {speed:8.0f} tokens/s  {speed / baseline:5.2f}x", flush=True)
+        print(f"{name:8s} {trainer.name:26s} {speed:8.0f} tokens/s  {speed / baseline:5.2f}x  "
+              f"{gflops:6.1f} GFLOP/s", flush=True)
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    parser.add_argument("--steps", type=int, default=6, help="timed steps per model (median reported)")
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per model (median reported)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--unroll-steps", type=int, default=20)
     parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "train.md")
+    parser.add_argument("--note", default="", help="what else ran on the machine, for the page")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     vocab_path = Path(os.environ.get("TMPDIR", "/tmp")) / "elmokit-bench-ptb-vocab.txt"
@@ -141,29 +178,34 @@ def main() -> None:
         make_vocab([PTB / "ptb.train.txt.gz"], vocab_path)
     vocab = Vocabulary.load(vocab_path)
     load_before = os.getloadavg()[0]
+    kernels = matmul_gflops(args.threads)
+    print("fp32 matmul roofline: " + ", ".join(f"{k} {v:.1f}" for k, v in kernels.items()) + " GFLOP/s", flush=True)
     rows = [row for shape in args.shapes for row in bench_shape(shape, SHAPES[shape], vocab, args)]
-    write_table(rows, args, load_before, os.getloadavg()[0])
+    write_table(rows, args, kernels, load_before, os.getloadavg()[0])
 
 
-def write_table(rows: list[dict], args, load_before: float, load_after: float) -> None:
+def write_table(rows: list[dict], args, kernels: dict[str, float], load_before: float, load_after: float) -> None:
+    roofline = max(kernels.values())
     lines = [
         "# Training speed (bench/train.py)", "",
         f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-        f"{args.threads} threads; load average {load_before:.1f} before, {load_after:.1f} after (other "
-        "processes share the machine: compare rows of one run, not runs).",
+        f"{args.threads} threads; load average {load_before:.1f} before, {load_after:.1f} after. {args.note}",
         f"Batch {args.batch_size} x {args.unroll_steps} tokens, full softmax over the PTB vocabulary, Adam, "
         f"clip norm 10, {'bf16 autocast' if args.bf16 else 'float32'}; median of {args.steps} steps after "
-        f"{args.warmup} warm-up steps, the three models stepping in turn on the same windows.", "",
-        "| shape | model | parameters | tokens/s | vs nn.LSTM |", "|---|---|---:|---:|---:|",
+        f"{args.warmup} warm-up steps, the three models stepping in turn on the same windows.",
+        "fp32 matmul roofline measured in the same run (2048 x 2048, best of "
+        + ", ".join(f"{k} {v:.1f}" for k, v in kernels.items()) + f"): **{roofline:.1f} GFLOP/s**. "
+        "Training FLOPs a token as in the module docstring (forward + backward, the encoder counted once a "
+        "distinct token type).", "",
+        "| shape | model | parameters | training GFLOP a token | tokens/s | executed GFLOP/s | of roofline "
+        "| vs nn.LSTM |", "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    lines += [f"| {r['shape']} | {r['model']} | {r['params'] / 1e6:.2f}M | {r['tokens_per_s']:.0f} | "
+    lines += [f"| {r['shape']} | {r['model']} | {r['params'] / 1e6:.2f}M | {r['flops_per_token'] / 1e9:.4f} | "
+              f"{r['tokens_per_s']:,.0f} | {r['gflops']:.1f} | {r['gflops'] / roofline:.1%} | "
               f"{r['vs_baseline']:.2f}x |" for r in rows]
-    text = "\n".join(lines) + "\n"
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    mode = "a" if args.output.exists() else "w"
-    with open(args.output, mode, encoding="utf-8") as handle:
-        handle.write(("\n" if mode == "a" else "") + text)
-    print(f"\nappended to {args.output}" if mode == "a" else f"\nwrote {args.output}")
+    args.output.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(f"\nwrote {args.output}")
 
 
 if __name__ == "__main__":

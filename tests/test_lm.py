@@ -1,4 +1,5 @@
-"""LanguageModel: the loss, the token de-duplication, the carried state, the fused LSTM path and
+"""LanguageModel: the loss, the token de-duplication, the carried state, the training engine
+(hand-written recurrence, one-pass softmax) and
 the sampled softmax with its log-uniform sampler. Batches come from a tiny in-test generator."""
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from elmokit.config import CharCNNConfig, ElmoConfig, LSTMConfig
 from elmokit.data import LMBatch
 from elmokit.lm import LanguageModel, LogUniformSampler
 from elmokit.lstm import LstmState
+from elmokit.training import softmax
+from elmokit.training.recurrence import forward_streams
 
 VOCAB = 40
 
@@ -70,7 +73,7 @@ def test_unique_token_encoding_equals_encoding_every_position():
     batch = window(chars, ids, 0, 10)
     hidden, _ = model.contextualize(batch.forward_char_ids, batch.backward_char_ids, None)
     tokens = model.bilm.encode_tokens(torch.stack([batch.forward_char_ids, batch.backward_char_ids]))
-    layers, _ = model.bilm.lstm.forward_streams(tokens)
+    layers, _ = forward_streams(model.bilm.lstm, tokens)
     torch.testing.assert_close(hidden, layers[-1], atol=1e-6, rtol=1e-5)
 
 
@@ -126,28 +129,105 @@ def test_every_parameter_gets_a_gradient():
                 assert parameter.grad.abs().sum() > 0, name
 
 
-def test_fused_path_matches_the_step_by_step_lstm():
-    """Without clipping the nn.LSTM kernel runs the same cell: outputs, state and gradients agree."""
-    fused = make_model(clip=0.0)
-    assert fused.fused is not None and make_model(clip=3.0).fused is None
-    reference = make_model(clip=0.0)
-    reference.fused = None
-    chars, ids = random_streams(3, 8)
-    batch = window(chars, ids, 0, 8)
-    state = LstmState(torch.randn(2, 2, 3, 6), torch.randn(2, 2, 3, 12))
-    outputs = []
-    for model in (fused, reference):
-        hidden, final = model.contextualize(batch.forward_char_ids, batch.backward_char_ids, state)
-        hidden.square().sum().backward()
-        outputs.append((hidden, final, model.bilm.lstm.layers[0].input_weight.grad))
-    torch.testing.assert_close(outputs[0][0], outputs[1][0], atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(outputs[0][1].hidden, outputs[1][1].hidden, atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(outputs[0][1].cell, outputs[1][1].cell, atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(outputs[0][2], outputs[1][2], atol=1e-5, rtol=1e-4)
+@pytest.mark.parametrize("clip", [0.0, 0.05])
+def test_training_recurrence_matches_the_autograd_step_loop(clip):
+    """The hand-written forward/backward through time (training.recurrence) gives the outputs,
+    final state and every gradient of autograd over BiLstmLayer's step loop, clipped or not
+    (a clip of 0.05 is hit by many cells), from a carried state, in float64."""
+    torch.manual_seed(0)
+    lstm = make_model(clip=clip).bilm.lstm.double()
+    for parameter in lstm.parameters():
+        torch.nn.init.normal_(parameter, 0.0, 0.6)
+    inputs = torch.randn(2, 3, 7, 6, dtype=torch.float64, requires_grad=True)  # (D, B, U, P)
+    state = LstmState(torch.randn(2, 2, 3, 6, dtype=torch.float64), torch.randn(2, 2, 3, 12, dtype=torch.float64))
+    weights = [torch.randn(2, 3, 7, 6, dtype=torch.float64) for _ in lstm.layers]
+    results = []
+    for engine in ("hand-written", "autograd"):
+        if engine == "hand-written":
+            layers, final = forward_streams(lstm, inputs, state)
+        else:
+            packed = inputs.transpose(1, 2).reshape(2, 7 * 3, 6)
+            outputs, final = lstm._run_layers(packed, [3] * 7, state)
+            layers = [output.view(2, 7, 3, 6).transpose(1, 2) for output in outputs]
+        loss = sum((layer * weight).sum() for layer, weight in zip(layers, weights))
+        loss = loss + final.hidden.square().sum() + final.cell.sin().sum()
+        grads = torch.autograd.grad(loss, [inputs, *lstm.parameters()])
+        results.append((layers, final, grads))
+    (layers, final, grads), (ref_layers, ref_final, ref_grads) = results
+    for layer, ref in zip(layers, ref_layers):
+        torch.testing.assert_close(layer, ref, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(final.hidden, ref_final.hidden, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(final.cell, ref_final.cell, atol=1e-12, rtol=1e-10)
+    for grad, ref in zip(grads, ref_grads):
+        torch.testing.assert_close(grad, ref, atol=1e-10, rtol=1e-8)
+    if clip:
+        assert any((layer.abs() >= clip - 1e-12).any() for layer in layers)  # the clip was exercised
 
 
-def test_fused_path_is_not_part_of_the_state_dict():
-    assert set(make_model(clip=0.0).state_dict()) == set(make_model(clip=3.0).state_dict())
+@pytest.mark.parametrize("n_samples", [0, 25])
+def test_one_pass_softmax_matches_cross_entropy(n_samples, monkeypatch):
+    """nll_sum (logits a block at a time, gradients in the forward pass) equals the plain
+    log-softmax computation of target_nll: the loss and every gradient, full and sampled
+    (the same sample drawn from the same RNG state)."""
+    monkeypatch.setattr(softmax, "LOGIT_BUDGET", 64 * VOCAB)  # blocks of 64 rows
+    model = make_model(n_samples=n_samples).train()
+    hidden = torch.randn(300, 6, requires_grad=True)  # five blocks
+    targets = torch.randint(0, VOCAB, (300,))
+    results = []
+    for fused in (True, False):
+        torch.manual_seed(5)
+        loss = model.nll_sum(hidden, targets, sampled=True) if fused else \
+            model.target_nll(hidden, targets, sampled=True).sum()
+        grads = torch.autograd.grad(2.5 * loss, [hidden, model.softmax.weight, model.softmax.bias])
+        results.append((loss, grads))
+    (loss, grads), (ref_loss, ref_grads) = results
+    torch.testing.assert_close(loss, ref_loss, atol=1e-4, rtol=1e-6)
+    for grad, ref in zip(grads, ref_grads):
+        torch.testing.assert_close(grad, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_training_step_losses_match_the_plain_pytorch_computation():
+    """Adam steps through the fast path (hand-written recurrence, one-pass softmax) give the
+    losses of the same model computed with autograd over the step loop and F.cross_entropy:
+    five windows with the state carried, then the first window again three times."""
+    chars, ids = random_streams(4, 25, seed=3)
+    losses = []
+    for fast in (True, False):
+        model = make_model(clip=3.0, n_samples=0).train()
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        state, run = None, []
+        for start in [0, 5, 10, 15, 20, 0, 0, 0]:
+            if start == 0:
+                state = None
+            batch = window(chars, ids, start, 5)
+            if fast:
+                out = model(batch, state)
+                loss, state = out.loss, out.state
+            else:
+                loss, state = _plain_loss(model, batch, state)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            run.append(loss.item())
+        losses.append(run)
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    assert losses[0][-1] < losses[0][-2] < losses[0][-3]  # it learns the repeated window
+
+
+def _plain_loss(model: LanguageModel, batch: LMBatch, state: LstmState | None):
+    """The loss the obvious way: autograd over BiLstm's step loop, F.cross_entropy."""
+    lstm = model.bilm.lstm
+    char_ids = torch.stack([batch.forward_char_ids, batch.backward_char_ids])  # (D, B, U, W)
+    tokens = model.bilm.token_encoder(char_ids.reshape(-1, 50)).view(*char_ids.shape[:-1], -1)
+    _, batch_size, steps, dim = tokens.shape
+    state = state or lstm.zero_state(batch_size, tokens)
+    outputs, final = lstm._run_layers(tokens.transpose(1, 2).reshape(2, steps * batch_size, dim),
+                                      [batch_size] * steps, state)
+    hidden = outputs[-1].view(2, steps, batch_size, dim).transpose(1, 2)
+    targets = (batch.forward_targets, batch.backward_targets)
+    nll = sum(F.cross_entropy(model.softmax(hidden[d][batch.mask]), targets[d][batch.mask], reduction="sum")
+              for d in range(2))
+    return 0.5 * nll / batch.n_tokens, LstmState(final.hidden.detach(), final.cell.detach())
 
 
 def test_evaluation_always_uses_the_full_softmax():

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from elmokit import BiLM, ScalarMix, batch_to_ids, save_original
 from elmokit.chars import tokens_to_char_ids
+from elmokit.training.recurrence import forward_streams
 from tests.conftest import SENTENCES, tiny_config
 
 
@@ -68,7 +69,7 @@ def test_streams_match_sentences(tiny_model):
     with torch.no_grad():
         output = tiny_model(batch_to_ids(sentences))
         tokens = output.layers[0][..., :6]  # (B, S, P)
-        streams, _ = tiny_model.lstm.forward_streams(torch.stack([tokens, tokens.flip(1)]))
+        streams, _ = forward_streams(tiny_model.lstm, torch.stack([tokens, tokens.flip(1)]))
     for k, layer in enumerate(streams, start=1):
         assert torch.allclose(layer[0], output.layers[k][..., :6], atol=1e-6)
         assert torch.allclose(layer[1].flip(1), output.layers[k][..., 6:], atol=1e-6)

@@ -15,18 +15,18 @@ batch, as TensorFlow's `sampled_softmax_loss`); evaluation always uses the full 
 from __future__ import annotations
 
 import math
-import warnings
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call
 
 from elmokit.chars import MAX_CHARS
 from elmokit.config import ElmoConfig
-from elmokit.lstm import BiLstm, LstmState
+from elmokit.lstm import LstmState
 from elmokit.model import BiLM
+from elmokit.training.recurrence import forward_streams
+from elmokit.training.softmax import full_softmax_nll_sum, sampled_softmax_nll_sum
 
 
 class LMOutput(NamedTuple):
@@ -75,76 +75,15 @@ class LogUniformSampler:
             if ids.numel() >= n_samples:
                 break
             draws = torch.cat([draws, self._draw(n_samples)])
-        positions = torch.arange(draws.numel())
-        first = torch.full((ids.numel(),), draws.numel()).scatter_reduce(0, inverse, positions, "amin")
+        positions = torch.arange(draws.numel(), device=draws.device)
+        first = torch.full((ids.numel(),), draws.numel(), device=draws.device).scatter_reduce(0, inverse, positions, "amin")
         first = first.sort().values[:n_samples]  # the first draw of each of the first K ids
         return draws[first], int(first[-1]) + 1
 
     def _draw(self, n: int) -> torch.Tensor:
-        uniform = torch.rand(n, dtype=torch.float64)
+        uniform = torch.rand(n, dtype=torch.float64, device="cpu")  # the CPU generator, as checkpoints replay it
         ids = torch.exp(uniform * self.log_range).long() - 1
         return ids.clamp_(0, self.vocab_size - 1)
-
-
-# ---------------------------------------------------------------------------------------------
-# The fused path: when nothing is clipped, each direction's layer is exactly torch.nn.LSTM
-# ---------------------------------------------------------------------------------------------
-warnings.filterwarnings("ignore", message="LSTM with projections is not supported with oneDNN")
-_NATIVE_TO_TORCH_GATES = (0, 1, 3, 2)  # elmokit computes (i, f, o, j); nn.LSTM wants (i, f, j, o)
-
-
-def _torch_gates(weight: torch.Tensor) -> torch.Tensor:
-    """(4C, ...) in elmokit's gate order -> (4C, ...) in nn.LSTM's order."""
-    blocks = weight.chunk(4, dim=0)
-    return torch.cat([blocks[k] for k in _NATIVE_TO_TORCH_GATES], dim=0)
-
-
-class FusedStreams:
-    """`BiLstm.forward_streams` computed by the fused `torch.nn.LSTM(proj_size=P)` kernel.
-
-    Valid only without clipping (nn.LSTM cannot clip). The weights stay BiLstm's parameters and
-    are re-laid out on every call (a few (4C, P) copies), so gradients reach them and the
-    checkpoint format does not change; the nn.LSTM is an empty template on the meta device.
-    """
-
-    def __init__(self, lstm: BiLstm):
-        if lstm.cell_clip or lstm.proj_clip:
-            raise ValueError("the fused LSTM path needs cell_clip = proj_clip = 0, got "
-                             f"{lstm.cell_clip} and {lstm.proj_clip}")
-        self.kernel = nn.LSTM(lstm.projection_dim, lstm.cell_dim, proj_size=lstm.projection_dim,
-                              device="meta")
-
-    def __call__(self, lstm: BiLstm, inputs: torch.Tensor, state: LstmState | None
-                 ) -> tuple[list[torch.Tensor], LstmState]:
-        _, batch_size, _, _ = inputs.shape  # (D, B, U, P)
-        if state is None:
-            state = lstm.zero_state(batch_size, inputs)
-        layer_input = inputs.transpose(1, 2)  # (D, U, B, P) time-major
-        outputs, final_hidden, final_cell = [], [], []
-        for index, layer in enumerate(lstm.layers):
-            dropped = F.dropout(layer_input, lstm.dropout, lstm.training) if lstm.dropout else layer_input
-            per_direction = [self._run(layer, direction, dropped[direction], state, index)
-                             for direction in range(2)]
-            output = torch.stack([out for out, _, _ in per_direction])  # (D, U, B, P)
-            if index > 0:
-                output = output + layer_input  # residual from layer 2 on
-            outputs.append(output.transpose(1, 2))  # (D, B, U, P)
-            final_hidden.append(torch.stack([h for _, h, _ in per_direction]))  # (D, B, P)
-            final_cell.append(torch.stack([c for _, _, c in per_direction]))  # (D, B, C)
-            layer_input = output
-        return outputs, LstmState(torch.stack(final_hidden), torch.stack(final_cell))
-
-    def _run(self, layer, direction: int, inputs: torch.Tensor, state: LstmState, index: int):
-        weights = {
-            "weight_ih_l0": _torch_gates(layer.input_weight[direction]),  # (4C, P)
-            "weight_hh_l0": _torch_gates(layer.recurrent_weight[direction]),  # (4C, P)
-            "bias_ih_l0": _torch_gates((layer.bias[direction] + layer.forget_offset)[0]),  # (4C,)
-            "bias_hh_l0": torch.zeros_like(layer.forget_offset),
-            "weight_hr_l0": layer.projection[direction],  # (P, C)
-        }
-        initial = (state.hidden[index, direction].unsqueeze(0), state.cell[index, direction].unsqueeze(0))
-        output, (hidden, cell) = functional_call(self.kernel, weights, (inputs, initial))
-        return output, hidden[0], cell[0]  # (U, B, P), (B, P), (B, C)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -160,7 +99,7 @@ class LanguageModel(nn.Module):
         n_samples: K negatives of the sampled softmax in training; 0 (or K >= V) = full softmax.
     """
 
-    TYPE_BUCKET = 128  # the token encoder runs on the window's distinct tokens, padded to a multiple of this
+    TYPE_BUCKET = 32  # the token encoder runs on the window's distinct tokens, padded to a multiple of this
 
     def __init__(self, config: ElmoConfig, vocab_size: int, dropout: float = 0.1, n_samples: int = 0):
         super().__init__()
@@ -170,7 +109,6 @@ class LanguageModel(nn.Module):
         self.dropout = dropout
         self.n_samples = n_samples if 0 < n_samples < vocab_size else 0
         self.sampler = LogUniformSampler(vocab_size) if self.n_samples else None
-        self.fused = FusedStreams(self.bilm.lstm) if not (config.lstm.cell_clip or config.lstm.proj_clip) else None
         with torch.no_grad():  # as bilm-tf: normal(0, 1/sqrt(P)) weights, zero bias
             nn.init.normal_(self.softmax.weight, 0.0, 1.0 / math.sqrt(projection_dim))
             nn.init.zeros_(self.softmax.bias)
@@ -195,12 +133,12 @@ class LanguageModel(nn.Module):
         hidden = F.dropout(hidden, self.dropout, self.training)  # (D, B, U, P)
         mask = batch.mask.to(hidden.device)  # (B, U)
         targets = (batch.forward_targets.to(hidden.device), batch.backward_targets.to(hidden.device))
-        nll = [self.target_nll(hidden[d][mask], targets[d][mask], sampled=self.training) for d in range(2)]
+        nll = [self.nll_sum(hidden[d][mask], targets[d][mask], sampled=self.training) for d in range(2)]
         count = int(mask.sum())
-        loss = 0.5 * (nll[0].sum() + nll[1].sum()) / max(count, 1)
+        loss = 0.5 * (nll[0] + nll[1]) / max(count, 1)
         alive = mask[:, -1].to(state.hidden.dtype)  # (B,)
         state = LstmState((state.hidden * alive[:, None]).detach(), (state.cell * alive[:, None]).detach())
-        return LMOutput(loss, nll[0].sum(), nll[1].sum(), count, state)
+        return LMOutput(loss, nll[0], nll[1], count, state)
 
     def contextualize(self, forward_char_ids: torch.Tensor, backward_char_ids: torch.Tensor,
                       state: LstmState | None) -> tuple[torch.Tensor, LstmState]:
@@ -214,11 +152,26 @@ class LanguageModel(nn.Module):
         unique_ids = F.pad(unique_ids, (0, 0, 0, -n_types % self.TYPE_BUCKET))
         token_embeddings = self.bilm.token_encoder(unique_ids)[inverse]  # (D*B*U, P)
         tokens = token_embeddings.view(*char_ids.shape[:-1], -1)  # (D, B, U, P)
-        if self.fused is not None:
-            layers, state = self.fused(self.bilm.lstm, tokens, state)
-        else:
-            layers, state = self.bilm.lstm.forward_streams(tokens, state)
+        layers, state = forward_streams(self.bilm.lstm, tokens, state)
         return layers[-1], state
+
+    def nll_sum(self, hidden: torch.Tensor, targets: torch.Tensor, sampled: bool = False) -> torch.Tensor:
+        """Summed negative log-likelihood of the targets: hidden (N, P), targets (N,) -> scalar.
+
+        The same loss as `target_nll(...).sum()` (with `sampled`, the same sample for the same RNG
+        state), computed by `elmokit.training.softmax` without holding the (N, V) logits.
+        """
+        if not (sampled and self.sampler is not None):
+            return full_softmax_nll_sum(hidden, self.softmax.weight, self.softmax.bias, targets)
+        negatives, n_tries = self.sampler.sample(self.n_samples)  # (K,)
+        negatives = negatives.to(hidden.device)
+        weight, bias = self.softmax.weight, self.softmax.bias
+        log_q = lambda ids: torch.log(self.sampler.expected_count(ids, n_tries)).float()  # noqa: E731
+        true_logits = (hidden * weight[targets]).sum(-1) + bias[targets] - log_q(targets)  # (N,)
+        column = torch.full((self.vocab_size,), -1, dtype=torch.long, device=hidden.device)
+        column[negatives] = torch.arange(len(negatives), device=hidden.device)
+        return sampled_softmax_nll_sum(hidden, weight[negatives], bias[negatives] - log_q(negatives),
+                                       true_logits, column[targets])
 
     def target_nll(self, hidden: torch.Tensor, targets: torch.Tensor, sampled: bool = False) -> torch.Tensor:
         """Negative log-likelihood of each target: hidden (N, P), targets (N,) -> (N,) float32.

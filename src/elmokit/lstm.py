@@ -6,7 +6,7 @@
 Three ways to run the same weights:
     BiLstm.forward            right-padded sentences, packed so rows that have ended drop out;
                               an optional carried state (spec §9); differentiable
-    BiLstm.forward_streams    LM training: each direction over full-length streams
+    (LM training runs the same weights through `elmokit.training.recurrence`)
     BiLstm.forward_sentences  inference: many sentences streamed through R rows, each from a
                               zero state; oneDNN products on the CPU (`elmokit.kernels`)
 
@@ -52,7 +52,7 @@ class _PackedOrder(NamedTuple):
 
 def _packed_order(lengths: torch.Tensor, n_positions: int) -> _PackedOrder:
     lengths, order = torch.sort(lengths, descending=True, stable=True)
-    steps = torch.arange(n_positions)
+    steps = torch.arange(n_positions, device=lengths.device)
     running = steps < lengths.unsqueeze(1)  # (B, S) in sorted order
     step, row = running.t().nonzero(as_tuple=True)  # time-major: step 0's rows, then step 1's …
     base = order[row] * n_positions
@@ -189,30 +189,45 @@ class BiLstmLayer(nn.Module):
         """Inference: inputs (D, U, R, P) laid out by `_stream_layout` -> outputs (D, U, R, P),
         every sentence from a zero state. The gate inputs are computed a block of steps at a
         time (bounded memory however long the streams); the products go through
-        `elmokit.kernels.PackedLinear` (oneDNN on the CPU); the elementwise work is done in place."""
+        `elmokit.kernels.PackedLinear` (oneDNN on the CPU); the elementwise work is done in place.
+
+        Weights in a reduced precision (`BiLM.to(torch.bfloat16)`) with float32 inputs: each
+        product runs in the weights' dtype, while the bias, the gates, the cell state, the
+        recurrent state and the outputs stay in the inputs' dtype."""
         _, n_steps, rows, dim = inputs.shape
         cell_dim = self.cell_dim
+        compute_dtype = self.input_weight.dtype  # of the products
+        mixed = compute_dtype != inputs.dtype
         block = max(1, min(n_steps, self.GATE_BUDGET // (2 * rows * 4 * cell_dim)))  # steps of gate inputs at once
         input_products, recurrent_products, projections = self._packed(rows)
-        keep = (~layout.starts).to(inputs.dtype).unsqueeze(-1)  # (U, R, 1)
-        bias = ((self.bias + self.forget_offset) * self._candidate_doubled()).squeeze(1)  # (D, 4C): (i, f, o, 2j)
+        keep = (~layout.starts).to(device=inputs.device, dtype=inputs.dtype).unsqueeze(-1)  # (U, R, 1)
+        bias = ((self.bias.to(inputs.dtype) + self.forget_offset.to(inputs.dtype))
+                * self._candidate_doubled().to(inputs.dtype)).squeeze(1)  # (D, 4C): (i, f, o, 2j)
         outputs = inputs.new_empty(2, n_steps, rows, dim)
         hidden = inputs.new_zeros(2, rows, dim)
         cell = inputs.new_zeros(2, rows, cell_dim)
         cell_output = inputs.new_empty(2, rows, cell_dim)
         for first in range(0, n_steps, block):
             block_inputs = inputs[:, first:first + block]  # (D, k, R, P)
-            gate_inputs = [input_products[d](block_inputs[d].reshape(-1, dim), bias[d]).view(-1, rows, 4 * cell_dim)
-                           for d in range(2)]  # D x (k, R, 4C)
+            if mixed:  # the product in compute_dtype, the bias added in the inputs' dtype
+                gate_inputs = [torch.add(bias[d], input_products[d](block_inputs[d].reshape(-1, dim).to(compute_dtype)))
+                               .view(-1, rows, 4 * cell_dim) for d in range(2)]  # D x (k, R, 4C)
+            else:
+                gate_inputs = [input_products[d](block_inputs[d].reshape(-1, dim), bias[d]).view(-1, rows, 4 * cell_dim)
+                               for d in range(2)]  # D x (k, R, 4C)
             for offset in range(len(gate_inputs[0])):
                 step = first + offset
                 if layout.reset_steps[step]:  # a new sentence starts in some rows: zero their state
                     hidden = hidden * keep[step]  # not in place: `hidden` is the last step's output
                     cell.mul_(keep[step])
+                product_hidden = hidden.to(compute_dtype)  # (D, R, P); `hidden` itself when not mixed
                 for d in range(2):
-                    gates = recurrent_products[d].add(gate_inputs[d][offset], hidden[d])  # (R, 4C)
+                    if mixed:
+                        gates = torch.add(gate_inputs[d][offset], recurrent_products[d](product_hidden[d]))  # (R, 4C)
+                    else:
+                        gates = recurrent_products[d].add(gate_inputs[d][offset], hidden[d])  # (R, 4C)
                     _lstm_cell_(gates, cell[d], cell_output[d], cell_dim, cell_clip)
-                    outputs[d, step] = projections[d](cell_output[d])  # (R, P)
+                    outputs[d, step] = projections[d](cell_output[d].to(compute_dtype))  # (R, P)
                 hidden = outputs[:, step]
                 if proj_clip:
                     hidden.clamp_(-proj_clip, proj_clip)
@@ -229,13 +244,13 @@ class BiLstmLayer(nn.Module):
         reordered for oneDNN (the candidate's rows doubled, see `_lstm_cell_`): made once per
         row count, kept until a weight changes."""
         weights = (self.input_weight, self.recurrent_weight, self.projection)
-        key = (rows, *((weight.data_ptr(), weight._version) for weight in weights))
+        key = (rows, *((weight.data_ptr(), weight._version, weight.dtype) for weight in weights))
         cache = self.__dict__.get("_packed_products")
         if cache is None or cache[0] != key:
             block_rows = max(rows, self.GATE_BUDGET // (2 * 4 * self.cell_dim))  # input products: a block of steps
             doubled = self._candidate_doubled()[:, None]  # (4C, 1)
-            products = tuple([PackedLinear(weight[d] * scale, hint) for d in range(2)]
-                             for weight, scale, hint in zip(weights, (doubled, doubled, 1.0), (block_rows, rows, rows)))
+            products = tuple([PackedLinear(weight[d], hint, row_scale=scale) for d in range(2)]
+                             for weight, scale, hint in zip(weights, (doubled, doubled, None), (block_rows, rows, rows)))
             self.__dict__["_packed_products"] = cache = (key, products)
         return cache[1]
 
@@ -265,7 +280,7 @@ class BiLstm(nn.Module):
 
     def forward(
         self, inputs: torch.Tensor, lengths: torch.Tensor, state: LstmState | None = None
-    ) -> tuple[list[torch.Tensor], LstmState]:
+    ) -> tuple[list[torch.Tensor], LstmState | None]:
         """Run both directions over right-padded sequences.
 
         Args:
@@ -275,8 +290,12 @@ class BiLstm(nn.Module):
 
         Returns:
             one (B, S, 2P) tensor per layer, [forward | backward], zero at padding; and the final
-            state: forward after each row's last position, backward after its first.
+            state: forward after each row's last position, backward after its first. With
+            weights in a reduced precision (inference only, zero initial state) the final state
+            is None.
         """
+        if self.layers[0].input_weight.dtype != inputs.dtype:
+            return self._forward_reduced(inputs, lengths, state), None
         batch_size, n_positions, _ = inputs.shape
         packing = _packed_order(lengths.cpu(), n_positions)
         forward_index = packing.forward_index.to(inputs.device)
@@ -294,6 +313,26 @@ class BiLstm(nn.Module):
         unsort = torch.empty_like(order)
         unsort[order] = torch.arange(batch_size, device=order.device)
         return layer_outputs, LstmState(final.hidden[:, :, unsort], final.cell[:, :, unsort])
+
+    def _forward_reduced(self, inputs: torch.Tensor, lengths: torch.Tensor, state: LstmState | None
+                         ) -> list[torch.Tensor]:
+        """`forward` with bfloat16 weights and float32 inputs: the stream path (`forward_sentences`),
+        one row per sentence. For inference: no gradient, no carried state."""
+        dtype = self.layers[0].input_weight.dtype
+        if state is not None:
+            raise ValueError(f"an LSTM with {dtype} weights runs from a zero state only (no carried state); "
+                             "use float32 weights for stateful runs")
+        if torch.is_grad_enabled() and (inputs.requires_grad or any(p.requires_grad for p in self.parameters())):
+            raise ValueError(f"an LSTM with {dtype} weights is for inference only; fine-tune in float32")
+        batch_size, n_positions, dim = inputs.shape
+        mask = torch.arange(n_positions, device=inputs.device) < lengths.to(inputs.device).unsqueeze(1)  # (B, S)
+        layers = self.forward_sentences(inputs[mask], lengths.cpu().numpy(), batch_size)  # L x (N, 2P)
+        outputs = []
+        for layer in layers:
+            padded = inputs.new_zeros(batch_size, n_positions, 2 * dim)  # (B, S, 2P)
+            padded[mask] = layer
+            outputs.append(padded)
+        return outputs
 
     @torch.no_grad()
     def forward_sentences(self, tokens: torch.Tensor, sizes: np.ndarray, rows: int) -> list[torch.Tensor]:
@@ -324,25 +363,6 @@ class BiLstm(nn.Module):
             layer_input = output
         return outputs
 
-    def forward_streams(self, inputs: torch.Tensor, state: LstmState | None = None
-                        ) -> tuple[list[torch.Tensor], LstmState]:
-        """Run each direction left to right over its own full-length streams (LM training).
-
-        Args:
-            inputs: (D, B, U, P): direction 0's and direction 1's token representations, each
-                read from position 0 to U-1 (the caller lays out the backward stream reversed).
-            state: the state carried from the previous window; zeros if None.
-
-        Returns:
-            one (D, B, U, P) tensor per layer, and the state after the last position.
-        """
-        _, batch_size, n_steps, dim = inputs.shape
-        if state is None:
-            state = self.zero_state(batch_size, inputs)
-        packed = inputs.transpose(1, 2).reshape(2, n_steps * batch_size, dim)  # (D, U*B, P) time-major
-        packed_outputs, final = self._run_layers(packed, [batch_size] * n_steps, state)
-        return [output.view(2, n_steps, batch_size, -1).transpose(1, 2) for output in packed_outputs], final
-
     def _run_layers(self, layer_input: torch.Tensor, batch_sizes: list[int], state: LstmState
                     ) -> tuple[list[torch.Tensor], LstmState]:
         """All layers over packed time-major inputs (D, N, P); state rows in packed order."""
@@ -352,7 +372,7 @@ class BiLstm(nn.Module):
             output, hidden, cell = layer(dropped, batch_sizes, state.hidden[index], state.cell[index],
                                          self.cell_clip, self.proj_clip)
             if index > 0:
-                output = output + layer_input  # residual from layer 2 on
+                output = output + dropped  # residual from layer 2 on, of the dropped input (bilm-tf)
             outputs.append(output)
             final_hidden.append(hidden)
             final_cell.append(cell)

@@ -1,0 +1,167 @@
+"""How training runs the biLM's recurrence: one LSTM layer of both directions, forward and
+backward through time written out by hand (one `torch.autograd.Function`).
+
+Autograd over a step loop records ~20 small operations a step and keeps a copy of every
+intermediate; `nn.LSTM(proj_size)` on the CPU is no faster (and cannot clip). Here a layer's
+forward pass runs
+
+    gate inputs   G = X W_in^T + b                     one product for all U steps     (D, U, B, 4C)
+    every step    g = G_t + h_{t-1} W_rec^T            (i, f, o, j) = (σ, σ, σ, tanh)(g)
+                  c_t = clip(f * c_{t-1} + i * j)       m_t = o * tanh(c_t)
+                  h_t = clip(m_t W_proj^T)
+
+writing each step into preallocated (D, U, B, .) buffers, and its backward pass runs the same
+steps in reverse for the gradients that flow through time (dh, dc), while every weight
+gradient is one product over all U steps at the end:
+
+    dW_in = dG^T X      dW_rec = dG^T H_{t-1}      db = sum dG      dW_proj = dH^T M      dX = dG W_in
+
+Both directions run together (a leading D axis, batched products); gates are in elmokit's
+order (i, f, o, j), the forget-gate offset already in `bias`. Clipping follows `torch.clamp`:
+the gradient passes where the value was not clipped.
+
+Shape notation: D 2 directions, U steps, B rows, P projection dim, C cell dim.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from elmokit.lstm import BiLstm, LstmState
+
+
+class LstmLayerFunction(torch.autograd.Function):
+    """outputs (D, U, B, P), final hidden (D, B, P), final cell (D, B, C) of one layer.
+
+    apply(inputs (D, U, B, P), hidden (D, B, P), cell (D, B, C), input_weight (D, 4C, P),
+          recurrent_weight (D, 4C, P), bias (D, 1, 4C), projection (D, P, C), cell_clip, proj_clip)
+    """
+
+    @staticmethod
+    def forward(ctx, inputs, hidden, cell, input_weight, recurrent_weight, bias, projection,
+                cell_clip: float, proj_clip: float):
+        n_dirs, n_steps, n_rows, dim = inputs.shape
+        cell_dim = projection.shape[2]
+        flat_inputs = inputs.reshape(n_dirs, n_steps * n_rows, dim)
+        acts = torch.baddbmm(bias, flat_inputs, input_weight.mT).view(n_dirs, n_steps, n_rows, 4 * cell_dim)
+        cells = inputs.new_empty(n_dirs, n_steps + 1, n_rows, cell_dim)  # c_0 .. c_U
+        cells[:, 0] = cell
+        tanh_cells = inputs.new_empty(n_dirs, n_steps, n_rows, cell_dim)
+        cell_outputs = inputs.new_empty(n_dirs, n_steps, n_rows, cell_dim)  # m_t
+        hiddens = inputs.new_empty(n_dirs, n_steps + 1, n_rows, dim)  # h_0 .. h_U
+        hiddens[:, 0] = hidden
+        recurrent_t, projection_t = recurrent_weight.mT, projection.mT
+        for step in range(n_steps):
+            step_acts = acts[:, step].baddbmm_(hiddens[:, step], recurrent_t)  # (D, B, 4C): G_t + h W_rec^T
+            step_acts[..., :3 * cell_dim].sigmoid_()
+            step_acts[..., 3 * cell_dim:].tanh_()
+            input_gate, forget_gate, output_gate, candidate = step_acts.chunk(4, dim=-1)
+            new_cell = torch.mul(forget_gate, cells[:, step], out=cells[:, step + 1]).addcmul_(input_gate, candidate)
+            if cell_clip:
+                new_cell.clamp_(-cell_clip, cell_clip)
+            torch.mul(output_gate, torch.tanh(new_cell, out=tanh_cells[:, step]), out=cell_outputs[:, step])
+            new_hidden = torch.bmm(cell_outputs[:, step], projection_t, out=hiddens[:, step + 1])
+            if proj_clip:
+                new_hidden.clamp_(-proj_clip, proj_clip)
+        ctx.save_for_backward(flat_inputs, input_weight, recurrent_weight, projection, acts, cells, tanh_cells,
+                              cell_outputs, hiddens)
+        ctx.clips = (cell_clip, proj_clip)
+        return hiddens[:, 1:], hiddens[:, -1].clone(), cells[:, -1].clone()
+
+    @staticmethod
+    def backward(ctx, grad_outputs, grad_hidden, grad_cell):
+        flat_inputs, input_weight, recurrent_weight, projection, acts, cells, tanh_cells, cell_outputs, hiddens = \
+            ctx.saved_tensors
+        cell_clip, proj_clip = ctx.clips
+        n_dirs, n_steps, n_rows, cell_dim = tanh_cells.shape
+        dim = hiddens.shape[-1]
+        input_gate, forget_gate, output_gate, candidate = acts.chunk(4, dim=-1)  # (D, U, B, C) each
+        # what multiplies each gate's gradient, times its activation's derivative, all steps at once:
+        # i <- dc * j, f <- dc * c_{t-1}, o <- dm * tanh(c_t), j <- dc * i
+        factors = torch.cat([
+            candidate * input_gate * (1 - input_gate),
+            cells[:, :-1] * forget_gate * (1 - forget_gate),
+            tanh_cells * output_gate * (1 - output_gate),
+            input_gate * (1 - candidate * candidate),
+        ], dim=-1).view(n_dirs, n_steps, n_rows, 4, cell_dim)
+        through_tanh = output_gate * (1 - tanh_cells * tanh_cells)  # dc_t += dm_t * o * (1 - tanh(c_t)^2)
+        cell_mask = (cells[:, 1:].abs() < cell_clip).to(cells.dtype) if cell_clip else None
+        hidden_mask = (hiddens[:, 1:].abs() < proj_clip).to(hiddens.dtype) if proj_clip else None
+        if grad_outputs is None:
+            grad_outputs = hiddens.new_zeros(n_dirs, n_steps, n_rows, dim)
+        recurrent_grad = grad_hidden if grad_hidden is not None else hiddens.new_zeros(n_dirs, n_rows, dim)
+        cell_grad = grad_cell if grad_cell is not None else cells.new_zeros(n_dirs, n_rows, cell_dim)
+        grad_gates = acts.new_empty(n_dirs, n_steps, n_rows, 4, cell_dim)
+        grad_hiddens = hiddens.new_empty(n_dirs, n_steps, n_rows, dim)  # dL/d(projection before its clip)
+        for step in reversed(range(n_steps)):
+            grad_h = torch.add(grad_outputs[:, step], recurrent_grad, out=grad_hiddens[:, step])  # (D, B, P)
+            if hidden_mask is not None:
+                grad_h.mul_(hidden_mask[:, step])
+            grad_m = torch.bmm(grad_h, projection)  # (D, B, C)
+            grad_c = torch.addcmul(cell_grad, grad_m, through_tanh[:, step])
+            if cell_mask is not None:
+                grad_c.mul_(cell_mask[:, step])
+            step_factors, step_grads = factors[:, step], grad_gates[:, step]  # (D, B, 4, C)
+            torch.mul(step_factors[:, :, :2], grad_c.unsqueeze(2), out=step_grads[:, :, :2])
+            torch.mul(step_factors[:, :, 2], grad_m, out=step_grads[:, :, 2])
+            torch.mul(step_factors[:, :, 3], grad_c, out=step_grads[:, :, 3])
+            cell_grad = grad_c.mul_(forget_gate[:, step])
+            recurrent_grad = torch.bmm(step_grads.view(n_dirs, n_rows, 4 * cell_dim), recurrent_weight)
+        flat_gates = grad_gates.view(n_dirs, n_steps * n_rows, 4 * cell_dim)  # (D, U*B, 4C)
+        grad_inputs = torch.bmm(flat_gates, input_weight).view(n_dirs, n_steps, n_rows, dim)
+        grad_input_weight = torch.bmm(flat_gates.mT, flat_inputs)  # (D, 4C, P)
+        previous = hiddens[:, :-1].reshape(n_dirs, n_steps * n_rows, dim)  # h_{t-1}
+        grad_recurrent_weight = torch.bmm(flat_gates.mT, previous)  # (D, 4C, P)
+        grad_bias = flat_gates.sum(dim=1, keepdim=True)  # (D, 1, 4C)
+        grad_projection = torch.bmm(grad_hiddens.view(n_dirs, n_steps * n_rows, dim).mT,
+                                    cell_outputs.view(n_dirs, n_steps * n_rows, cell_dim))  # (D, P, C)
+        return (grad_inputs, recurrent_grad, cell_grad, grad_input_weight, grad_recurrent_weight, grad_bias,
+                grad_projection, None, None)
+
+
+def lstm_layer(inputs: torch.Tensor, hidden: torch.Tensor, cell: torch.Tensor, input_weight: torch.Tensor,
+               recurrent_weight: torch.Tensor, bias: torch.Tensor, projection: torch.Tensor,
+               cell_clip: float = 0.0, proj_clip: float = 0.0):
+    """One layer, both directions, time-major: see `LstmLayerFunction`."""
+    with torch.autocast(inputs.device.type, enabled=False):  # float32 state and products (see train --bf16)
+        return LstmLayerFunction.apply(inputs.contiguous(), hidden, cell, input_weight, recurrent_weight, bias,
+                                       projection, float(cell_clip), float(proj_clip))
+
+
+def forward_streams(lstm: BiLstm, inputs: torch.Tensor, state: LstmState | None = None
+                    ) -> tuple[list[torch.Tensor], LstmState]:
+    """Run `lstm`'s layers, each direction left to right over its own full-length streams.
+
+    Args:
+        lstm: the biLM's LSTM stacks (weights, clips, dropout, training mode).
+        inputs: (D, B, U, P): direction 0's and direction 1's token representations, each read
+            from position 0 to U-1 (the caller lays out the backward stream reversed).
+        state: the state carried from the previous window; zeros if None.
+
+    Returns:
+        one (D, B, U, P) tensor per layer, and the state after the last position, in the
+        weights' dtype (float32 under bf16 autocast).
+
+    Dropout as bilm-tf's `DropoutWrapper(ResidualWrapper(cell))`: on every layer's input, and
+    the residual (layer 2 on) adds the dropped input.
+    """
+    _, batch_size, _, _ = inputs.shape
+    dtype = lstm.layers[0].input_weight.dtype  # float32 under bf16 autocast too
+    if state is None:
+        state = lstm.zero_state(batch_size, inputs.to(dtype))
+    layer_input = inputs.to(dtype).transpose(1, 2)  # (D, U, B, P) time-major
+    outputs, final_hidden, final_cell = [], [], []
+    for index, layer in enumerate(lstm.layers):
+        dropped = F.dropout(layer_input, lstm.dropout, lstm.training) if lstm.dropout else layer_input
+        output, hidden, cell = lstm_layer(dropped, state.hidden[index].to(dtype), state.cell[index].to(dtype),
+                                          layer.input_weight, layer.recurrent_weight,
+                                          layer.bias + layer.forget_offset, layer.projection,
+                                          lstm.cell_clip, lstm.proj_clip)
+        if index > 0:
+            output = output + dropped  # residual from layer 2 on
+        outputs.append(output.transpose(1, 2))  # (D, B, U, P)
+        final_hidden.append(hidden)
+        final_cell.append(cell)
+        layer_input = output
+    return outputs, LstmState(torch.stack(final_hidden), torch.stack(final_cell))

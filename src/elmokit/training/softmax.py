@@ -1,0 +1,99 @@
+"""The LM's softmax loss in one pass: logits, log-sum-exp and every gradient, a block of rows at a
+time, with the (N, V) logits never held whole.
+
+`F.cross_entropy(hidden @ W^T + b, targets)` keeps the (N, V) logits and their log-softmax for
+the backward pass, then zero-fills and scatters an (N, V) gradient and runs a log-softmax
+backward: four more passes over 25-250 MB a direction for the biLM's 640 targets a window and a
+10k-100k softmax. Here each block of rows (all of them when the logits fit `LOGIT_BUDGET`)
+computes its logits, turns them in place into probabilities, subtracts one at the target
+(d nll / d logits = softmax - onehot) and accumulates the gradients of the hidden states, the
+weight and the bias right away; the backward pass only scales them by the incoming gradient.
+
+Two forms of the same loss, `nll = logsumexp(candidates) - target logit`:
+    full       candidates = every row of W; the target is a column (`targets`)
+    sampled    candidates = the sampled rows of W (bias already log-Q corrected) plus one
+               extra column per row, the true logit (`true_logits`, differentiable); `hits`
+               marks the candidate column equal to the target (-1: none), which is removed
+
+Shape notation: N rows (targets), P hidden dim, K candidates (V for the full softmax).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from elmokit.kernels import linear
+
+LOGIT_BUDGET = 1 << 24  # floats of logits held at once (64 MB): all N rows of a 10k softmax, blocks of a 100k one
+
+
+class SoftmaxNllSum(torch.autograd.Function):
+    """Summed negative log-likelihood; see the module docstring for the two forms.
+
+    apply(hidden (N, P), weight (K, P), bias (K,), targets (N,) or None, true_logits (N,) or None,
+          hits (N,) or None) -> scalar
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, true_logits, hits):
+        needs_grad = any(ctx.needs_input_grad[:3]) or ctx.needs_input_grad[4]
+        total = hidden.new_zeros((), dtype=torch.float64)
+        grads = None
+        if needs_grad:
+            grads = (torch.empty_like(hidden), torch.zeros_like(weight), torch.zeros_like(bias),
+                     None if true_logits is None else torch.empty_like(true_logits))
+        block_rows = max(64, LOGIT_BUDGET // weight.shape[0])
+        for first in range(0, hidden.shape[0], block_rows):
+            rows = slice(first, first + block_rows)
+            block = hidden[rows]  # (n, P)
+            logits = linear(block, weight, bias)  # (n, K); oneDNN's kernel on the CPU (~1.5x MKL's here)
+            row_index = torch.arange(len(block), device=hidden.device)
+            if true_logits is None:
+                target_logits = logits[row_index, targets[rows]]  # (n,)
+                top = logits.amax(dim=1)
+            else:
+                hit = hits[rows]
+                hit_rows = (hit >= 0).nonzero().squeeze(1)
+                logits[hit_rows, hit[hit_rows]] = float("-inf")  # an accidental hit is not a negative
+                target_logits = true_logits[rows]
+                top = torch.maximum(logits.amax(dim=1), target_logits)
+            probabilities = logits.sub_(top[:, None]).exp_()  # exp(logit - max), in place
+            norm = probabilities.sum(dim=1)  # (n,)
+            if true_logits is not None:
+                target_probability = torch.exp(target_logits - top)
+                norm += target_probability
+            total += (torch.log(norm) + top - target_logits).sum(dtype=torch.float64)
+            if grads is not None:
+                grad_hidden, grad_weight, grad_bias, grad_true = grads
+                probabilities.div_(norm[:, None])  # d nll / d logit = p for every candidate ...
+                if true_logits is None:
+                    probabilities[row_index, targets[rows]] -= 1  # ... minus one at the target
+                else:
+                    grad_true[rows] = target_probability / norm - 1
+                torch.mm(probabilities, weight, out=grad_hidden[rows])
+                grad_weight.addmm_(probabilities.t(), block)
+                grad_bias += probabilities.sum(dim=0)
+        ctx.grads = grads
+        return total.to(hidden.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_total):
+        grad_hidden, grad_weight, grad_bias, grad_true = ctx.grads
+        ctx.grads = None
+        scale = lambda grad: None if grad is None else grad * grad_total  # noqa: E731
+        return scale(grad_hidden), scale(grad_weight), scale(grad_bias), None, scale(grad_true), None
+
+
+def full_softmax_nll_sum(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                         targets: torch.Tensor) -> torch.Tensor:
+    """sum_i -log softmax(hidden_i W^T + b)[targets_i]: hidden (N, P), weight (V, P), bias (V,)."""
+    with torch.autocast(hidden.device.type, enabled=False):  # float32 logits
+        return SoftmaxNllSum.apply(hidden.to(weight.dtype), weight, bias, targets, None, None)
+
+
+def sampled_softmax_nll_sum(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                            true_logits: torch.Tensor, hits: torch.Tensor) -> torch.Tensor:
+    """sum_i -log softmax([true_i, hidden_i W^T + b])[0], candidate `hits[i]` (>= 0) removed:
+    hidden (N, P), weight (K, P) and bias (K,) of the sampled candidates, true_logits (N,)."""
+    with torch.autocast(hidden.device.type, enabled=False):  # float32 logits
+        return SoftmaxNllSum.apply(hidden.to(weight.dtype), weight, bias, None, true_logits.to(weight.dtype), hits)
