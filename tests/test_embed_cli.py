@@ -123,7 +123,6 @@ def test_bad_input_is_one_line_and_writes_nothing(model_dir, tmp_path, capsys):
     bad.write_bytes("good line\ncaf\xe9\n".encode("latin-1"))
     fails(bad, expect="latin1.txt:2: invalid UTF-8")
     blank = _write(tmp_path / "blank.txt", ["a", ""])
-    fails(blank, "--use-sentence-keys", expect="blank.txt:2")
     fails(blank, expect="is a directory", target=tmp_path)
     fails(blank, "--max-length", "10", "--overlap", "5", expect="max-length")
     assert not out.exists()

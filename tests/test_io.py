@@ -1,12 +1,17 @@
-"""Atomic writes: the destination appears complete or not at all, with normal permissions."""
+"""Atomic writes: the destination appears complete or not at all, with normal permissions, and
+on the disk (fsync) before it is renamed; the output lock lets one writer in at a time."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 
-from elmokit.io import atomic_path, atomic_write_text
+from elmokit.io import OutputInUseError, atomic_path, atomic_write_text, output_lock
+from tests.conftest import REPO
 
 
 def test_atomic_write_gives_the_usual_permissions(tmp_path):
@@ -27,3 +32,98 @@ def test_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
             raise RuntimeError("killed mid-write")
     assert target.read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Durability: the data reaches the disk before the rename, the rename before returning
+# ---------------------------------------------------------------------------------------------
+def _record_syncs(monkeypatch) -> list[tuple[str, str]]:
+    """(event, path) for every fsync and rename, in order."""
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(source, destination) -> None:
+        events.append(("replace", str(destination)))
+        real_replace(source, destination)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    return events
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to name the synced files")
+def test_atomic_write_syncs_the_file_then_renames_then_syncs_the_directory(tmp_path, monkeypatch):
+    events = _record_syncs(monkeypatch)
+    target = tmp_path / "out.txt"
+    atomic_write_text(target, "done")
+    assert [event for event, _ in events] == ["fsync", "replace", "fsync"]
+    assert events[0][1].startswith(str(tmp_path / ".out.txt.")) and events[0][1].endswith(".tmp")
+    assert events[1][1] == str(target) and events[2][1] == str(tmp_path)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to name the synced files")
+def test_checkpoints_and_models_are_synced(tiny_model, tmp_path, monkeypatch):
+    from elmokit import save_pretrained
+    from elmokit.checkpoint import save_checkpoint
+
+    events = _record_syncs(monkeypatch)
+    save_checkpoint(tmp_path / "checkpoint.pt", {"model": tiny_model.state_dict()})
+    save_pretrained(tiny_model, tmp_path / "model")
+    for written in (tmp_path / "checkpoint.pt", tmp_path / "model" / "model.safetensors",
+                    tmp_path / "model" / "config.json"):
+        at = events.index(("replace", str(written)))
+        assert events[at - 1][0] == "fsync" and events[at - 1][1].endswith(".tmp")  # its data first
+        assert events[at + 1] == ("fsync", str(written.parent))  # then the rename
+
+
+# ---------------------------------------------------------------------------------------------
+# One writer at a time
+# ---------------------------------------------------------------------------------------------
+def _hold_lock_in_another_process(lock_path) -> subprocess.Popen:
+    """A process that takes the lock, says so, and keeps it until killed."""
+    code = ("import sys\nfrom elmokit.io import output_lock\n"
+            f"with output_lock({str(lock_path)!r}, 'the test output'):\n"
+            "    print('locked', flush=True)\n    sys.stdin.read()\n")
+    process = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               text=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert process.stdout.readline().strip() == "locked"
+    return process
+
+
+def test_a_second_writer_is_refused_naming_the_first(tmp_path):
+    lock = tmp_path / "out.h5.lock"
+    holder = _hold_lock_in_another_process(lock)
+    try:
+        with pytest.raises(OutputInUseError, match=rf"being written by another process \(pid {holder.pid} on "):
+            with output_lock(lock, "out.h5"):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path, capsys):
+    lock = tmp_path / "run" / "train.lock"
+    holder = _hold_lock_in_another_process(lock)
+    holder.kill()  # SIGKILL: no cleanup, the lock file stays
+    holder.wait()
+    assert lock.exists()
+    with output_lock(lock, "the run"):
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
+    assert f"stale lock of the run left by pid {holder.pid}" in capsys.readouterr().err
+    assert not lock.exists()
+
+
+def test_lock_is_exclusive_within_one_process_and_released(tmp_path):
+    lock = tmp_path / "new" / "o.lock"
+    with output_lock(lock, "o"):
+        with pytest.raises(OutputInUseError):
+            with output_lock(lock, "o"):
+                pass
+    assert not (tmp_path / "new").exists()  # the directory it made for the lock is gone too
+    with output_lock(lock, "o"):  # free again
+        pass

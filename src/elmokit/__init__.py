@@ -3,6 +3,7 @@
 from elmokit.chars import batch_to_ids
 from elmokit.config import CharCNNConfig, ConfigError, ElmoConfig, LSTMConfig
 from elmokit.elmo import Elmo, ElmoEmbedder, HubElmo, TokenCache
+from elmokit.embedding import iter_embeddings, read_embeddings
 from elmokit.model import BiLM, BiLMOutput, LstmState, ScalarMix
 from elmokit.weights import (
     WeightFileError,

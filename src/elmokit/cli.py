@@ -35,12 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0
-    except (UserError, FileNotFoundError, IsADirectoryError, ValueError) as error:
-        print(f"elmo {args.command}: error: {error}", file=sys.stderr)
-        return 2
     except BrokenPipeError:  # `elmo ... | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0
+    except (UserError, OSError, ValueError) as error:  # OSError: a missing file, an output in use, a full disk
+        print(f"elmo {args.command}: error: {error}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt as interrupt:
         detail = f": {interrupt}" if str(interrupt) else ""
         print(f"elmo {args.command}: interrupted{detail}", file=sys.stderr)

@@ -13,19 +13,26 @@ The pipeline, in the order text travels:
       -> merged into OUTPUT with `sentence_to_index`, renamed into place  (`merge_segments`)
 
 Output layout (spec §10): one array per input line, keyed by the line number ("0", "1", ...) or,
-with `use_sentence_keys`, by the sentence text (a repeated sentence is stored once). Per token:
+with `use_sentence_keys`, by the sentence text (a repeated sentence is stored once), escaped where
+the file format needs it (`sentence_key`: '%', '/' and NUL as %25, %2F, %00; "." and
+"sentence_to_index" with their first character escaped; the empty sentence as "%"). Per token:
 (L+1, n, 2P) for "all", (n, 2P) for "top" (the last layer) and "average" (the mean of the layers).
 With `sentence_vectors`, the mean over the sentence's tokens instead: (L+1, 2P) for "all", (2P,)
 for "top" and "average"; an empty sentence gives zeros. Unless `forget_sentences`, the array
 `sentence_to_index` holds one JSON string mapping each sentence's text to its key (the last line
 wins for a repeated sentence). A blank line is an empty sentence, its key kept. HDF5 holds one
-dataset per key; .npz one `KEY.npy` member per key (read with `numpy.load`).
+dataset per key; .npz one `KEY.npy` member per key (read with `numpy.load`). `read_embeddings`
+(or `iter_embeddings`, one array at a time) reads either back, keyed by line number or sentence.
 
 Interruptions: nothing is ever written to OUTPUT until it is complete. Work goes to the directory
 OUTPUT.partial/, as segment files that are closed and listed in `progress-rank{r}.json` (with the
 next input line to embed, the input's size, mtime and a hash of its first MiB, the options and a
 digest of the model) every `checkpoint_every` sentences; `resume=True` continues from the last
 listed segment after a crash or a kill, and refuses a partial made from other input or options.
+Without `resume`, an existing partial is discarded only with `overwrite`. Every file is flushed to
+the disk before it is renamed into place; a failed write (a full disk) is one error that keeps the
+finished segments, and `resume=True` continues (or redoes the merge) once there is space. One
+process writes an output at a time: `OUTPUT.lock` (see `elmokit.io.output_lock`).
 
 Several processes (torchrun): process `rank` of `world_size` embeds the lines i with
 i % world_size == rank into its own segments; after a barrier, rank 0 merges every segment.
@@ -37,6 +44,7 @@ built by re-reading the input); the vectors are never all held.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import dataclasses
@@ -44,6 +52,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import shutil
 import sys
 import zipfile
@@ -57,7 +66,7 @@ import torch
 
 from elmokit.corpus import CorpusError, not_a_regular_file, open_binary
 from elmokit.elmo import OUTPUT_FORMATS, ElmoEmbedder, position_windows, select_layers
-from elmokit.io import atomic_write_text
+from elmokit.io import atomic_write_text, durable_replace, output_lock, refuse_overwrite
 
 FILE_FORMATS = ("hdf5", "npz")
 INDEX_KEY = "sentence_to_index"
@@ -118,6 +127,26 @@ def read_lines(path: Path) -> Iterator[str]:
             except UnicodeDecodeError as error:
                 raise CorpusError(f"{path}:{line_number}: invalid UTF-8 byte 0x{raw[error.start]:02x} "
                                   f"at byte {error.start} of the line; the input must be UTF-8") from None
+
+
+def sentence_key(sentence: str) -> str:
+    """The name a sentence is stored under with `use_sentence_keys`: its text, except that '%',
+    '/' and NUL become %25, %2F and %00 (HDF5 reads '/' as a group path and ends a name at NUL),
+    the names the file reserves ("." is HDF5's root group, "sentence_to_index" the index) have
+    their first character escaped, and the empty sentence is "%". `key_sentence` inverts it."""
+    if not sentence:
+        return "%"
+    key = sentence.replace("%", "%25").replace("/", "%2F").replace("\x00", "%00")
+    if key in (".", INDEX_KEY):
+        key = f"%{ord(key[0]):02X}{key[1:]}"
+    return key
+
+
+def key_sentence(key: str) -> str:
+    """The sentence (or line number) a stored key stands for: the inverse of `sentence_key`."""
+    if key == "%":
+        return ""
+    return re.sub(r"%([0-9A-F]{2})", lambda match: chr(int(match[1], 16)), key)
 
 
 def scan_input(path: Path, use_sentence_keys: bool) -> int:
@@ -239,11 +268,24 @@ def shape_output(layers: np.ndarray, output_format: str, sentence_vectors: bool)
 # ---------------------------------------------------------------------------------------------
 # Segment files: HDF5 datasets or .npz members, one per key
 # ---------------------------------------------------------------------------------------------
+def open_for_writing(path: Path):
+    """A new file for a segment or the merged output. Its writes go through Python, so a full
+    disk is an OSError: HDF5's own file driver crashes the whole process on one."""
+    return open(path, "w+b")
+
+
 class Hdf5Segment:
     suffix = ".h5"
 
     def __init__(self, path: Path, mode: str = "w"):
-        self.file = h5py.File(path, mode)
+        self.path = path
+        self.handle = open_for_writing(path) if mode == "w" else None
+        try:
+            self.file = h5py.File(self.handle or path, mode)
+        except BaseException:
+            if self.handle is not None:
+                self.handle.close()
+            raise
 
     def __contains__(self, key: str) -> bool:
         return key in self.file
@@ -255,11 +297,21 @@ class Hdf5Segment:
     def items(self) -> Iterator[tuple[str, np.ndarray]]:
         names: list[str] = []
         self.file.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
-        for name in names:  # full paths, so keys holding "/" survive the merge
+        for name in names:  # full paths: the keys of a file from before keys were escaped
             yield name, self.file[name][()]
 
     def close(self) -> None:
-        self.file.close()
+        try:
+            self.file.close()
+        finally:
+            if self.handle is not None:
+                self.handle.close()
+
+    def abort(self) -> None:
+        """Close, whatever state a failed write left, and remove the file."""
+        with contextlib.suppress(Exception):
+            self.close()
+        self.path.unlink(missing_ok=True)
 
 
 class NpzSegment:
@@ -268,7 +320,14 @@ class NpzSegment:
     suffix = ".npz"
 
     def __init__(self, path: Path, mode: str = "w"):
-        self.zip = zipfile.ZipFile(path, mode, allowZip64=True)
+        self.path = path
+        self.handle = open_for_writing(path) if mode == "w" else None
+        try:
+            self.zip = zipfile.ZipFile(self.handle or path, mode, allowZip64=True)
+        except BaseException:
+            if self.handle is not None:
+                self.handle.close()
+            raise
         self.names = set(self.zip.namelist())
 
     def __contains__(self, key: str) -> bool:
@@ -288,7 +347,17 @@ class NpzSegment:
                 yield name.removesuffix(".npy"), np.lib.format.read_array(handle, allow_pickle=False)
 
     def close(self) -> None:
-        self.zip.close()
+        try:
+            self.zip.close()
+        finally:
+            if self.handle is not None:
+                self.handle.close()
+
+    def abort(self) -> None:
+        """Close, whatever state a failed write left, and remove the file."""
+        with contextlib.suppress(Exception):
+            self.close()
+        self.path.unlink(missing_ok=True)
 
 
 SEGMENT_TYPES = {"hdf5": Hdf5Segment, "npz": NpzSegment}
@@ -322,11 +391,15 @@ def partial_dir(output: Path) -> Path:
     return output.with_name(output.name + ".partial")
 
 
-def prepare_partial(partial: Path, resume: bool) -> None:
-    """Rank 0, before anyone writes: keep the partial directory to resume, or start afresh."""
+def prepare_partial(partial: Path, resume: bool, overwrite: bool) -> None:
+    """Rank 0, before anyone writes: keep the partial directory to resume, or start afresh, which
+    discards an earlier run's work only with `overwrite`."""
     ours = partial.is_dir() and (not any(partial.iterdir()) or any(partial.glob(PROGRESS_GLOB)))
     if partial.exists() and not ours:
         raise ValueError(f"{partial} exists and is not a partial output of `elmo embed`; move it away")
+    if partial.exists() and not resume and not overwrite and any(partial.iterdir()):
+        raise FileExistsError(f"{partial} holds the unfinished work of an earlier run: continue it with "
+                              "--resume, or pass --overwrite to discard it and start over")
     if partial.exists() and not resume:
         print(f"discarding the partial output of an earlier run: {partial} (use --resume to continue it)",
               file=sys.stderr)
@@ -368,25 +441,51 @@ def embed_file(embedder: ElmoEmbedder, input_path: str | Path, output_path: str 
     check_input_file(input_path)
     if output_path.is_dir():
         raise IsADirectoryError(f"output is a directory, expected a file name: {output_path}")
-    if output_path.exists() and not overwrite:
-        raise ValueError(f"output exists: {output_path} (use --overwrite to replace it)")
-    n_lines = scan_input(input_path, options.use_sentence_keys)
-    if n_lines == 0:
-        raise ValueError(f"input file is empty: {input_path}")
-    partial = partial_dir(output_path)
-    if rank == 0:
-        prepare_partial(partial, resume)
-    barrier()
-    identity = {"input": input_fingerprint(input_path), "options": options.identity(),
-                "model": model_digest(embedder), "world_size": world_size}
-    rank_progress = start_progress(partial, rank, identity, resume)
-    n_embedded = _embed_rank(embedder, input_path, n_lines, partial, options, rank_progress, rank,
-                             world_size, show_progress=progress and rank == 0)
-    barrier()
-    if rank == 0:
-        merge_segments(input_path, partial, output_path, options, world_size)
-    barrier()
+    lock = output_lock(lock_path(output_path), str(output_path)) if rank == 0 else contextlib.nullcontext()
+    with lock:  # rank 0 speaks for its run: a second `elmo embed` to this output stops here
+        refuse_overwrite([output_path], overwrite)
+        n_lines = scan_input(input_path, options.use_sentence_keys)
+        if n_lines == 0:
+            raise ValueError(f"input file is empty: {input_path}")
+        partial = partial_dir(output_path)
+        if rank == 0:
+            prepare_partial(partial, resume, overwrite)
+        barrier()
+        identity = {"input": input_fingerprint(input_path), "options": options.identity(),
+                    "model": model_digest(embedder), "world_size": world_size}
+        rank_progress = start_progress(partial, rank, identity, resume)
+        n_embedded = _embed_rank(embedder, input_path, n_lines, partial, options, rank_progress, rank,
+                                 world_size, show_progress=progress and rank == 0)
+        barrier()
+        if rank == 0:
+            merge_segments(input_path, partial, output_path, options, world_size)
+        barrier()
     return n_embedded
+
+
+def lock_path(output_path: Path) -> Path:
+    """The lock file of an output: OUTPUT.lock beside it."""
+    return output_path.with_name(output_path.name + ".lock")
+
+
+@contextlib.contextmanager
+def _writing(path: Path, file_format: str, partial: Path) -> Iterator[Hdf5Segment | NpzSegment]:
+    """A new segment file (or the merged output) at `path` to write: on any error it is removed,
+    and a failed write (a full disk, a quota) becomes one OSError that says the finished
+    segments are kept and how to continue."""
+    segment = None
+    try:
+        segment = SEGMENT_TYPES[file_format](path, "w")
+        yield segment
+    except BaseException as error:
+        if segment is not None:
+            segment.abort()
+        path.unlink(missing_ok=True)
+        if isinstance(error, OSError):
+            raise OSError(error.errno, f"writing in {partial} failed ({error.strerror or error}); the "
+                                       "finished segments are kept there: make room and run the same "
+                                       "command again with --resume") from None
+        raise
 
 
 def _embed_rank(embedder: ElmoEmbedder, input_path: Path, n_lines: int, partial: Path, options: EmbedOptions,
@@ -404,19 +503,17 @@ def _embed_rank(embedder: ElmoEmbedder, input_path: Path, n_lines: int, partial:
         while chunk := list(itertools.islice(own, options.checkpoint_every)):
             name = f"rank{rank}-{len(progress.segments):05d}{SEGMENT_TYPES[options.file_format].suffix}"
             keys = [_key(input_path, i, line, options.use_sentence_keys) for i, line in chunk]
-            segment = SEGMENT_TYPES[options.file_format](partial / (name + ".tmp"))
-            try:
+            with _writing(partial / (name + ".tmp"), options.file_format, partial) as segment:
                 vectors = embed_sentences(embedder, (tokenize(line) for _, line in chunk), options.batch_size,
                                           options.max_length, options.overlap)
                 for key, layers in zip(keys, vectors):
                     segment.write(key, shape_output(layers, options.output_format, options.sentence_vectors))
                     bar.update(1)
-            finally:
                 segment.close()
-            os.replace(partial / (name + ".tmp"), partial / name)
-            progress.segments.append(name)
-            progress.next_line = chunk[-1][0] + 1
-            progress.save()
+                durable_replace(segment.path, partial / name)
+                progress.segments.append(name)
+                progress.next_line = chunk[-1][0] + 1
+                progress.save()
             n_embedded += len(chunk)
     progress.done = True
     progress.save()
@@ -424,12 +521,7 @@ def _embed_rank(embedder: ElmoEmbedder, input_path: Path, n_lines: int, partial:
 
 
 def _key(input_path: Path, line_index: int, line: str, use_sentence_keys: bool) -> str:
-    if not use_sentence_keys:
-        return str(line_index)
-    if not line or line == INDEX_KEY:
-        raise ValueError(f"{input_path}:{line_index + 1}: {'a blank line' if not line else repr(line)} "
-                         "cannot be a key with --use-sentence-keys")
-    return line
+    return sentence_key(line) if use_sentence_keys else str(line_index)
 
 
 def merge_segments(input_path: Path, partial: Path, output_path: Path, options: EmbedOptions,
@@ -445,8 +537,7 @@ def merge_segments(input_path: Path, partial: Path, output_path: Path, options: 
         names += progress.segments
     segment_type = SEGMENT_TYPES[options.file_format]
     merged = partial / f"merged{segment_type.suffix}"  # a fresh file: a killed merge can be redone
-    out = segment_type(merged, "w")
-    try:
+    with _writing(merged, options.file_format, partial) as out:
         for name in names:
             source = segment_type(partial / name, "r")
             try:
@@ -456,20 +547,49 @@ def merge_segments(input_path: Path, partial: Path, output_path: Path, options: 
                 source.close()
         if not options.forget_sentences:
             out.write(INDEX_KEY, _sentence_index(input_path, options.use_sentence_keys, options.file_format))
-    finally:
         out.close()
-    os.replace(merged, output_path)
+        durable_replace(merged, output_path)
     shutil.rmtree(partial)
 
 
 def _sentence_index(input_path: Path, use_sentence_keys: bool, file_format: str) -> np.ndarray:
     """The JSON {sentence text: key} (the last line wins), as a 1-element string array (HDF5,
     as the original) or a 0-d unicode array (.npz, loadable without pickle)."""
-    index = {line: (line if use_sentence_keys else str(i)) for i, line in enumerate(read_lines(input_path))}
+    index = {line: (sentence_key(line) if use_sentence_keys else str(i)) for i, line in enumerate(read_lines(input_path))}
     text = json.dumps(index)
     if file_format == "npz":
         return np.array(text)
     return np.array([text], dtype=h5py.string_dtype())
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading an output back
+# ---------------------------------------------------------------------------------------------
+def iter_embeddings(path: str | Path) -> Iterator[tuple[str, np.ndarray]]:
+    """(key, array) for every array of an `elmo embed` output, HDF5 or .npz, one array in memory at
+    a time, in the file's order (not the input's): the key is the sentence text for an output
+    written with --use-sentence-keys (stored names decoded with `key_sentence`), else the line
+    number ("0", "1", ...). `sentence_to_index` is not an array of vectors and is skipped."""
+    path = Path(path)
+    if zipfile.is_zipfile(path):
+        with np.load(path, allow_pickle=False) as archive:
+            for name in archive.files:
+                if name != INDEX_KEY:
+                    yield key_sentence(name), archive[name]
+        return
+    with h5py.File(path, "r") as file:
+        names: list[str] = []
+        file.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
+        for name in names:
+            if name != INDEX_KEY:
+                yield key_sentence(name), file[name][()]
+
+
+def read_embeddings(path: str | Path) -> dict[str, np.ndarray]:
+    """Every array of an `elmo embed` output (HDF5 or .npz) by its sentence (with
+    --use-sentence-keys) or line number ("0", "1", ...); see `iter_embeddings` to hold one at a
+    time. E.g. `read_embeddings("vectors.h5")["The cat sat ."]` -> (L+1, 4, 2P) with --all."""
+    return dict(iter_embeddings(path))
 
 
 def fix_malloc_mmap_threshold(threshold: int = 256 * 2**10) -> bool:

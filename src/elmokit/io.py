@@ -1,17 +1,65 @@
-"""Writing files so that nothing is ever half-written: a temporary name, then a rename."""
+"""Writing files so that nothing is ever half-written, lost or written by two processes at once.
+
+    atomic_path / atomic_write_*   a temporary name, flushed to the disk, then renamed into place
+    durable_replace                the rename itself: fsync the file, rename, fsync the directory
+    refuse_overwrite               the one rule of every command: an existing output is replaced
+                                   only with --overwrite
+    output_lock                    one writer at a time for an output file or run directory
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
 import os
+import socket
+import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+
+
+# ---------------------------------------------------------------------------------------------
+# Durable, atomic writes
+# ---------------------------------------------------------------------------------------------
+def fsync_path(path: str | Path) -> None:
+    """Flush a written file's data to the disk (after its writer closed it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_directory(path: str | Path) -> None:
+    """Flush a directory's entries (a rename into it) to the disk, where the system allows it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:  # a system that cannot open directories (Windows)
+        return
+    try:
+        os.fsync(fd)
+    except OSError as error:
+        if error.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):  # not supported there
+            raise
+    finally:
+        os.close(fd)
+
+
+def durable_replace(source: str | Path, destination: str | Path) -> None:
+    """`os.replace` that survives a power cut: the file's data reaches the disk before the rename,
+    and the rename before this returns, so the destination is the old file or the whole new one."""
+    fsync_path(source)
+    os.replace(source, destination)
+    fsync_directory(Path(destination).parent)
 
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; on success it is renamed onto `path`.
+    """Yield a temporary path beside `path`; on success it is flushed and renamed onto `path`
+    (`durable_replace`).
 
     On an exception (or a kill) the destination is untouched and the temporary file removed
     (a kill leaves only a `.tmp` file, never a corrupt destination).
@@ -25,7 +73,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         yield tmp
         if tmp.exists():  # mkstemp made it 0600: give it the permissions a new file normally gets
             tmp.chmod(0o666 & ~_umask())
-        os.replace(tmp, path)
+        durable_replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -44,3 +92,91 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
+
+
+# ---------------------------------------------------------------------------------------------
+# Existing outputs
+# ---------------------------------------------------------------------------------------------
+def refuse_overwrite(paths: Iterable[str | Path], overwrite: bool, what: str = "output") -> None:
+    """FileExistsError naming every path of `paths` that exists, unless `overwrite`: no command
+    replaces a file (or a run) the user did not ask it to replace."""
+    existing = [str(path) for path in paths if Path(path).exists()]
+    if existing and not overwrite:
+        raise FileExistsError(f"{what} exists: {', '.join(existing)} (use --overwrite to replace it)")
+
+
+# ---------------------------------------------------------------------------------------------
+# One writer at a time
+# ---------------------------------------------------------------------------------------------
+class OutputInUseError(OSError):
+    """Another process holds the lock of an output."""
+
+
+@contextlib.contextmanager
+def output_lock(lock_path: str | Path, what: str) -> Iterator[None]:
+    """Hold an exclusive lock on `what` (an output file or a run directory) while writing it.
+
+    The lock is `fcntl.flock` on `lock_path`, which names its holder (pid, host, start time,
+    command) for the message a second writer gets (OutputInUseError, at once: no waiting). The
+    system drops the lock when its process ends, however it ends, so the file a killed process
+    leaves behind is a stale lock that the next writer simply takes over (and says so). The file
+    is removed on release; a directory made here for it is removed too if left empty.
+    """
+    import fcntl
+
+    lock_path = Path(lock_path)
+    made = [parent for parent in (lock_path.parent, *lock_path.parent.parents) if not parent.exists()]
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            if error.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+                os.close(fd)
+                raise
+            holder = _describe_holder(_read_holder(fd))
+            os.close(fd)
+            raise OutputInUseError(f"{what} is being written by another process ({holder}); wait for it "
+                                   f"to finish or stop it (lock file: {lock_path})") from None
+        try:  # the last holder may have removed the file between our open and our lock: retry
+            if os.path.samestat(os.fstat(fd), os.stat(lock_path)):
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    try:
+        stale = _read_holder(fd)
+        if stale:
+            print(f"note: taking over the stale lock of {what} left by {_describe_holder(stale)}, which "
+                  "has ended", file=sys.stderr)
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                  "command": " ".join(sys.argv)[:500]}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(record).encode(), 0)
+        yield
+    finally:
+        lock_path.unlink(missing_ok=True)  # while still holding it (see the retry above)
+        os.close(fd)
+        for directory in made:  # innermost first
+            with contextlib.suppress(OSError):
+                directory.rmdir()  # only if empty
+
+
+def _read_holder(fd: int) -> dict:
+    try:
+        record = json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except (ValueError, OSError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _describe_holder(record: dict) -> str:
+    if not record:
+        return "process unknown"
+    text = f"pid {record.get('pid')} on {record.get('host')}"
+    if record.get("started"):
+        text += f", since {record['started']}"
+    if record.get("command"):
+        text += f": {record['command'][:120]}"
+    return text

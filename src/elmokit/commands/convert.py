@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 
 from elmokit.commands.common import add_model_arguments, model_from_args
-from elmokit.weights import save_original, save_pretrained
+from elmokit.io import refuse_overwrite
+from elmokit.weights import CONFIG_NAME, WEIGHTS_NAME, save_original, save_pretrained
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
@@ -26,10 +27,8 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     model = model_from_args(args)
-    outputs = [args.to_native / "model.safetensors"] if args.to_native else list(args.to_original)
-    existing = [str(path) for path in outputs if path.exists()]
-    if existing and not args.overwrite:
-        raise ValueError(f"output exists: {', '.join(existing)} (use --overwrite to replace)")
+    outputs = [args.to_native / CONFIG_NAME, args.to_native / WEIGHTS_NAME] if args.to_native else args.to_original
+    refuse_overwrite(outputs, args.overwrite)
     if args.to_native:
         save_pretrained(model, args.to_native)
         print(f"wrote {args.to_native}/config.json and model.safetensors")

@@ -26,16 +26,20 @@ Embed INPUT (UTF-8, plain or .gz; one sentence per line, tokens separated by whi
 text with --tokenize; a blank line is an empty sentence, its key kept) into OUTPUT.
 
 Layout (as AllenNLP's `elmo` command): one array per input line, keyed by the line number ("0",
-"1", ...) or by the sentence text (--use-sentence-keys); shape (3, n, 2P) with --all, (n, 2P) with
+"1", ...) or by the sentence text (--use-sentence-keys; a repeated sentence is stored once, and '%',
+'/' and NUL are written %25, %2F, %00, "." and "sentence_to_index" as %2E and %73entence_to_index,
+a blank line as "%"); shape (3, n, 2P) with --all, (n, 2P) with
 --top (the last layer) or --average (the mean of the layers). With --sentence-vectors, the mean
 over the sentence's tokens instead: (3, 2P) with --all, (2P,) with --top or --average (zeros for an
 empty sentence). Plus 'sentence_to_index', a JSON string mapping each sentence to its key (not with
 --forget-sentences). OUTPUT is HDF5 (one dataset per key), or .npz (one member per key, for
-numpy.load) when it ends in .npz or with --format npz.
+numpy.load) when it ends in .npz or with --format npz. In Python, elmokit.read_embeddings(OUTPUT)
+reads either back as {sentence or line number: array}.
 
 Sentences longer than --max-length tokens are embedded in overlapping windows and stitched back.
-Work goes to OUTPUT.partial/ and OUTPUT appears only when complete; after an interruption,
-the same command with --resume continues from the last checkpoint. Several processes:
+Work goes to OUTPUT.partial/ and OUTPUT appears only when complete; after an interruption (or a
+full disk), the same command with --resume continues from the last checkpoint; --overwrite
+discards it instead. One run writes an OUTPUT at a time (OUTPUT.lock). Several processes:
 `torchrun --nproc_per_node N -m elmokit embed ...` (each embeds every N-th line; rank 0 merges).
 
 Memory stays flat however long INPUT is (0.67 GB at 1M tokens, 0.70 GB at 2M with the built-in
@@ -71,7 +75,8 @@ def register(subcommands: argparse._SubParsersAction) -> None:
                         help="context tokens on each side of a window's used part (default: 32)")
     parser.add_argument("--use-sentence-keys", action="store_true", help="key the arrays by the sentence text")
     parser.add_argument("--forget-sentences", action="store_true", help="do not write sentence_to_index")
-    parser.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace OUTPUT if it exists, and discard an unfinished OUTPUT.partial/")
     parser.add_argument("--resume", action="store_true",
                         help="continue an interrupted run from OUTPUT.partial/ (same input and options)")
     parser.add_argument("--checkpoint-every", type=int, default=2000,

@@ -24,6 +24,8 @@ def register(subcommands: argparse._SubParsersAction) -> None:
                         help="--native without the softmax: a model for embedding only (much smaller)")
     parser.add_argument("--dtype", choices=["float32", "float16"], default="float32",
                         help="storage precision of --native (float16 halves the file; loading gives float32)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace existing output files (even the run's own best/ model)")
     parser.set_defaults(func=run)
 
 
@@ -44,11 +46,15 @@ def load_source(source: Path, last: bool = False):
 
 
 def run(args: argparse.Namespace) -> int:
-    from elmokit.checkpoint import save_model_dir
-    from elmokit.weights import save_original
+    from elmokit.checkpoint import PROVENANCE_NAME, VOCAB_NAME, save_model_dir
+    from elmokit.io import refuse_overwrite
+    from elmokit.weights import CONFIG_NAME, WEIGHTS_NAME, save_original
 
     if args.original is None and args.native is None:
         raise ValueError("nothing to do: give --original OPTIONS_JSON WEIGHTS_HDF5 and/or --native DIR")
+    native = [args.native / name for name in (CONFIG_NAME, WEIGHTS_NAME, VOCAB_NAME, PROVENANCE_NAME)] \
+        if args.native is not None else []
+    refuse_overwrite([*(args.original or []), *native], args.overwrite)  # before anything is written
     model, vocab_path = load_source(args.source, args.last)
     if args.original is not None:
         save_original(model.bilm, *args.original)
@@ -58,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"{args.source}: cannot find the vocabulary of its softmax for --native")
         import torch
 
+        (args.native / PROVENANCE_NAME).unlink(missing_ok=True)  # it would describe the replaced model
         save_model_dir(model, args.native, vocab_path, softmax=not args.no_softmax, dtype=getattr(torch, args.dtype))
         kept = "without the softmax" if args.no_softmax else "with the softmax"
         print(f"wrote {args.native} (native format {kept}, {args.dtype}, and vocab.txt)")

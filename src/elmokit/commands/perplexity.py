@@ -21,6 +21,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser.add_argument("--per-sentence", type=Path, metavar="OUT",
                         help="also score every sentence alone (fresh state) into OUT: TSV, or JSON "
                              "lines if OUT ends in .jsonl")
+    parser.add_argument("--overwrite", action="store_true", help="replace the --per-sentence file if it exists")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=run)
@@ -44,9 +45,12 @@ def resolve_model_dir(path: Path) -> Path:
 def run(args: argparse.Namespace) -> int:
     from elmokit.checkpoint import load_model_dir
     from elmokit.corpus import expand_paths
+    from elmokit.io import refuse_overwrite
     from elmokit.perplexity import corpus_perplexity
     from elmokit.vocab import Vocabulary
 
+    if args.per_sentence is not None:
+        refuse_overwrite([args.per_sentence], args.overwrite)
     model, vocab_path = load_model_dir(resolve_model_dir(args.model))
     vocab = Vocabulary.load(vocab_path)
     files = expand_paths(args.files)

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from elmokit.commands.common import add_model_arguments, model_from_args
+from elmokit.io import refuse_overwrite
 from elmokit.elmo import ElmoEmbedder
 from elmokit.embedding import check_input_file, make_tokenizer
 from elmokit.similar import (
@@ -73,8 +74,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         if args.plot.is_dir():
             raise IsADirectoryError(f"--plot is a directory, expected a file name: {args.plot}")
-        if args.plot.exists() and not args.overwrite:
-            raise ValueError(f"output exists: {args.plot} (use --overwrite to replace it)")
+        refuse_overwrite([args.plot], args.overwrite)
     for name in ("top_k", "batch_size", "clusters"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

@@ -68,7 +68,8 @@ def _register_train(actions: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", default=None,
                         help="biLM directory for ELMo (default: the built-in model), or 'none' for the "
                              "model without ELMo")
-    parser.add_argument("--out", required=True, type=Path, help="run directory to write")
+    parser.add_argument("--out", required=True, type=Path, help="run directory to write (new or empty)")
+    parser.add_argument("--overwrite", action="store_true", help="replace what OUT already holds (an earlier run)")
     parser.add_argument("--seed", type=int, default=defaults.seed, help=f"random seed (default {defaults.seed})")
     parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR,
                         help=f"folder of the bundled data sets (default {DEFAULT_DATA_DIR}, or ${DATA_DIR_VARIABLE})")
@@ -133,6 +134,7 @@ def _register_probe(actions: argparse._SubParsersAction) -> None:
                     "and OUT/probes.png.")
     parser.add_argument("--model", type=Path, help="biLM directory (default: the built-in model)")
     parser.add_argument("--out", required=True, type=Path, help="folder for probes.json and probes.png")
+    parser.add_argument("--overwrite", action="store_true", help="replace probes.json and probes.png in OUT")
     parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help=f"data folder (default {DEFAULT_DATA_DIR})")
     parser.add_argument("--probes", nargs="+", choices=("pos", "wsd"), default=["pos", "wsd"], help="which probes")
     parser.add_argument("--max-train-sentences", type=int, help="POS: subsample the training sentences")
@@ -146,8 +148,11 @@ def _register_probe(actions: argparse._SubParsersAction) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from elmokit.io import refuse_overwrite
     from elmokit.tasks.train import train_task
 
+    refuse_overwrite(sorted(args.out.iterdir()) if args.out.is_dir() else [], args.overwrite,
+                     f"a run in --out {args.out}")
     names = {spec.name for spec in dataclasses.fields(TaskConfig)}
     values = {name: value for name, value in vars(args).items() if name in names}
     if args.model is None:
@@ -209,8 +214,10 @@ def run_probe(args: argparse.Namespace) -> int:
     from elmokit.io import atomic_write_text
     from elmokit.tasks.probes import pos_probe, wsd_probe
     from elmokit.tasks.report import plot_probes
+    from elmokit.io import refuse_overwrite
     from elmokit.weights import load_model
 
+    refuse_overwrite([args.out / "probes.json", args.out / "probes.png"], args.overwrite)
     bilm = load_model(args.model)
     results = {}
     if "pos" in args.probes:

@@ -4,6 +4,9 @@ Every field of `TrainConfig` is an option (`--batch-size 64`, `--no-progress`); 
 reads a JSON file of them first, and options given on the command line win. With `--resume` the
 run's own `train_config.json` is the base. Several processes: `torchrun --nproc_per_node N
 -m elmokit train ...` (see docs/training.md).
+
+One `elmo train` writes a run directory at a time (`train.lock` in it); a directory that already
+holds a run is continued with `--resume` or replaced with `--overwrite`, never silently.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 ALIASES = {"train_files": ["--train"], "valid_files": ["--valid"]}
+LOCK_NAME = "train.lock"
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
@@ -31,6 +35,8 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser.add_argument("--config", type=Path, help="JSON file of training options")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in --output-dir exactly where its last checkpoint stopped")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start over: remove the run already in --output-dir (checkpoint, metrics, best/)")
     for spec in dataclasses.fields(TrainConfig):
         flags = [*ALIASES.get(spec.name, []), f"--{spec.name.replace('_', '-')}"]
         help_text = f"{spec.metadata['help']} (default: {_default(spec)!r})"
@@ -89,12 +95,44 @@ def config_from_args(args: argparse.Namespace) -> Any:
     return TrainConfig(**overrides)
 
 
+def run_files(out_dir: Path) -> list[Path]:
+    """What a run writes in its directory and that exists there."""
+    from elmokit.checkpoint import CHECKPOINT_NAME
+    from elmokit.train import BEST_DIR, CURVES_NAME, METRICS_NAME, TRAIN_CONFIG_NAME
+    from elmokit.weights import CONFIG_NAME
+
+    names = (CHECKPOINT_NAME, TRAIN_CONFIG_NAME, CONFIG_NAME, METRICS_NAME, CURVES_NAME, BEST_DIR)
+    return [out_dir / name for name in names if (out_dir / name).exists()]
+
+
+def claim_run_dir(out_dir: Path, overwrite: bool) -> None:
+    """Before a new run: a directory holding a run is an error, or with `overwrite` emptied of it."""
+    existing = run_files(out_dir)
+    if existing and not overwrite:
+        raise FileExistsError(f"{out_dir} holds a run ({', '.join(path.name for path in existing)}): continue "
+                              "it with --resume, or pass --overwrite to replace it")
+    for path in existing:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
 def run(args: argparse.Namespace) -> int:
+    from elmokit.io import output_lock
     from elmokit.train import train
 
+    if args.resume and args.overwrite:
+        raise ValueError("give --resume (continue the run) or --overwrite (replace it), not both")
     config = config_from_args(args)
-    with removed_if_unfinished(Path(config.output_dir)):
-        progress = train(config, resume=args.resume)
+    config.check_paths()  # a bad corpus or vocabulary stops here, before --overwrite removes anything
+    out_dir = Path(config.output_dir)
+    main_process = int(os.environ.get("RANK", "0")) == 0
+    lock = contextlib.nullcontext()
+    if config.output_dir and main_process:  # torchrun: rank 0 holds it for the whole run
+        lock = output_lock(out_dir / LOCK_NAME, f"run directory {out_dir}")
+    with lock:
+        if config.output_dir and main_process and not args.resume:
+            claim_run_dir(out_dir, args.overwrite)
+        with removed_if_unfinished(out_dir):
+            progress = train(config, resume=args.resume)
     summary = {"output_dir": config.output_dir, "steps": progress.step, "tokens": progress.tokens,
                "epochs": progress.epoch}
     if progress.best_ppl < float("inf"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from elmokit.io import refuse_overwrite
 from elmokit.vocab import make_vocab, stats_path
 
 
@@ -21,10 +22,12 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser.add_argument("--min-count", type=int, default=1, help="keep tokens seen at least this often (default: 1)")
     parser.add_argument("--max-size", type=int, default=None,
                         help="keep at most this many entries, the 3 special tokens included")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing vocabulary and its .json")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    refuse_overwrite([args.out, stats_path(args.out)], args.overwrite)
     stats = make_vocab(args.inputs, args.out, min_count=args.min_count, max_size=args.max_size)
     print(f"{stats['vocab_size']:,} entries written to {args.out} (of {stats['n_types']:,} types); "
           f"{stats['n_sentences']:,} sentences, {stats['n_tokens']:,} tokens with </S>, "
