@@ -308,3 +308,12 @@ def test_embed_syncs_its_segments_and_output(model_dir, source, tmp_path, monkey
     for i in renamed:
         assert events[i - 1][0] == "fsync" and events[i + 1][0] == "fsync"
     assert events[renamed[-1]] == ("replace", str(out))
+
+
+def test_task_predict_refuses_an_existing_output(tmp_path, capsys):
+    out = tmp_path / "labelled.txt"
+    out.write_text("keep me")
+    (tmp_path / "in.txt").write_text("a b\n")
+    assert main(["task", "predict", str(tmp_path / "no-run"), str(tmp_path / "in.txt"), "-o", str(out)]) == 2
+    _one_error_line(capsys, "exists", str(out), "--overwrite")
+    assert out.read_text() == "keep me"

@@ -117,6 +117,7 @@ def _register_predict(actions: argparse._SubParsersAction) -> None:
     parser.add_argument("run", type=Path, help="run directory")
     parser.add_argument("input", type=Path, help="file to label (plain or .gz)")
     parser.add_argument("-o", "--output", type=Path, help="output file (default: stdout); written whole at the end")
+    parser.add_argument("--overwrite", action="store_true", help="replace the --output file if it exists")
     parser.add_argument("--format", dest="data_format", choices=("auto", *FORMATS), default="auto",
                         help="format of INPUT (default: detected; text = one sentence a line)")
     parser.add_argument("--column", choices=CONLLU_COLUMNS[1:], help="CoNLL-U: the column to fill (default: the run's)")
@@ -199,9 +200,11 @@ def format_scores(scored: dict) -> str:
 def run_predict(args: argparse.Namespace) -> int:
     import sys
 
+    from elmokit.io import refuse_overwrite
     from elmokit.tasks.predict import predict_file
     from elmokit.tasks.run import load
 
+    refuse_overwrite([args.output] if args.output is not None else [], args.overwrite)
     run = load(args.run)
     done = predict_file(run, args.input, args.output, args.data_format, args.column, args.tokenize, args.jsonl,
                         progress=not args.no_progress)
