@@ -2,12 +2,12 @@
 # Package the built-in English model from the Gutenberg run (scripts/train_gutenberg.sh):
 # perplexity on valid and test, then an embedding-only float16 copy in src/elmokit/models/gutenberg-en
 # with its config, vocabulary, training curve, metrics and the commands that made it.
-#   usage: scripts/build_builtin.sh [WORK_DIR]      (default /root/elmokit-runs/gutenberg)
+#   usage: scripts/build_builtin.sh [WORK_DIR]      (default runs/gutenberg-v2)
 #   env:   EVAL_SENTENCES (default 5000: the first sentences of valid and of test to score)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ELMO=${ELMO:-.venv/bin/elmo}
-WORK=${1:-/root/elmokit-runs/gutenberg}
+WORK=${1:-runs/gutenberg-v2}
 RUN=$WORK/run
 OUT=src/elmokit/models/gutenberg-en
 N=${EVAL_SENTENCES:-5000}

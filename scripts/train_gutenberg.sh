@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
-# Train the built-in English model (src/elmokit/models/gutenberg-en) on ../shared/data/gutenberg-en
+# Train the built-in English model v2 (src/elmokit/models/gutenberg-en) on ../shared/data/gutenberg-en
 # on a CPU, with elmokit's own pipeline: prepare -> vocab -> train -> export (README, "The built-in model").
-# Re-running the script continues the run from its last checkpoint (--resume).
-#   usage: scripts/train_gutenberg.sh [WORK_DIR]      (default /root/elmokit-runs/gutenberg)
+# Re-running the script continues the run from its last checkpoint (--resume): the run survives any
+# interruption (SIGKILL included) and takes several sessions on 2 cores.
+#   usage: scripts/train_gutenberg.sh [WORK_DIR]      (default runs/gutenberg-v2 in the repository, git-ignored)
 #   env:   THREADS (default 2), MAX_TOKENS (default 0 = one epoch),
-#          TRAIN_SHARDS (default 'train.0[0-2]': the first 3 of the 10 book shards, ~13M words,
-#          more than a few CPU hours can read; 'train.*' for all of them)
+#          TRAIN_SHARDS (default 'train.*': the whole train split, all 10 book shards, one epoch;
+#          v1 read 'train.0[0-2]')
+# Shape: 2 x 512 cells -> 128 (scripts/gutenberg-cpu.json), 100k-word vocabulary, sampled softmax
+# of 8,192, batch 32 x 20, bf16 autocast (the token encoder in bfloat16; measured ~1.4x faster a
+# step than float32 on this AVX512-BF16 CPU, bench/results/train.md; the LSTM and softmax in float32).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ELMO=${ELMO:-.venv/bin/elmo}
 DATA=${GUTENBERG_DATA:-$(cd .. && pwd)/shared/data/gutenberg-en}
-WORK=${1:-/root/elmokit-runs/gutenberg}
+WORK=${1:-runs/gutenberg-v2}
 RUN=$WORK/run
 
 # 1. Sentences and Moses tokens (sentencex + sacremoses), on all cores.
-[ -f "$WORK/train/prepare.json" ] || "$ELMO" prepare "$DATA/${TRAIN_SHARDS:-train.0[0-2]}.txt.gz" -o "$WORK/train"
+[ -f "$WORK/train/prepare.json" ] || "$ELMO" prepare "$DATA/${TRAIN_SHARDS:-train.*}.txt.gz" -o "$WORK/train"
 for split in valid test; do
   [ -f "$WORK/$split/prepare.json" ] || "$ELMO" prepare "$DATA/$split.txt.gz" -o "$WORK/$split"
 done
