@@ -215,3 +215,16 @@ def test_char_cnn_shapes_padding_and_batch_invariance():
     torch.testing.assert_close(alone[0], vectors[0, :2])
     with pytest.raises(ValueError, match="odd"):
         CharCNN(4, width=2)
+
+
+def test_training_batches_cover_every_example_once_with_similar_lengths():
+    import random
+
+    from elmokit.tasks.data import shuffled_batches
+
+    lengths = [random.Random(0).randint(1, 60) for _ in range(1000)]
+    batches = shuffled_batches(lengths, batch_size=10, rng=random.Random(1), pool_batches=20)
+    assert sorted(i for batch in batches for i in batch) == list(range(1000))
+    spread = sum(max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in batches) / len(batches)
+    assert spread < 10  # sorted within pools of 200: a batch spans a few lengths, not the whole 1-60
+    assert batches != shuffled_batches(lengths, 10, random.Random(2), 20)  # the order follows the rng

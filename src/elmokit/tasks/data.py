@@ -151,14 +151,31 @@ class TaskData:
         return self.vocabularies.labels
 
     def batches(self, split: str, batch_size: int, shuffle: bool = False, rng: random.Random | None = None):
-        """Batches of `split` in file order, or shuffled with `rng`."""
+        """Batches of `split` in file order, or shuffled with `rng` (`shuffled_batches`)."""
         examples = self.splits[split]
-        order = list(range(len(examples)))
         if shuffle:
-            rng.shuffle(order)
-        for start in range(0, len(order), batch_size):
-            indices = order[start:start + batch_size]
+            order = shuffled_batches([len(e.tokens) for e in examples], batch_size, rng)
+        else:
+            order = [list(range(start, min(start + batch_size, len(examples))))
+                     for start in range(0, len(examples), batch_size)]
+        for indices in order:
             layers = [self.layers[split][i] for i in indices] if self.layers is not None else None
             chosen = [examples[i] for i in indices]
             yield self.vocabularies.batch([e.tokens for e in chosen], [gold_labels(e) for e in chosen], layers,
                                           self.tagging)
+
+
+def shuffled_batches(lengths: Sequence[int], batch_size: int, rng: random.Random, pool_batches: int = 50
+                     ) -> list[list[int]]:
+    """Training batches: the examples shuffled, then sorted by length within pools of
+    `pool_batches` batches so that a batch holds sentences of similar length (little padding
+    for the CRF and the mixes to step through), and the batches shuffled."""
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    batches = []
+    pool_size = batch_size * pool_batches
+    for start in range(0, len(order), pool_size):
+        pool = sorted(order[start:start + pool_size], key=lambda i: lengths[i])
+        batches += [pool[k:k + batch_size] for k in range(0, len(pool), batch_size)]
+    rng.shuffle(batches)
+    return batches
