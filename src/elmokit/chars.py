@@ -116,9 +116,9 @@ def add_boundaries(char_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Wrap every sentence in `<S>` ... `</S>` (spec §4).
 
     Args:
-        char_ids: (B, T, 50) right-padded ids.
+        char_ids: (B, T, 50) right-padded ids, on any device.
 
-    Returns:
+    Returns (on the device of `char_ids`):
         ids: (B, T+2, 50) with BOS at 0, the n tokens at 1..n, EOS at n+1, zeros after.
         mask: (B, T+2) bool, true on positions 0..n+1.
     """
@@ -126,7 +126,7 @@ def add_boundaries(char_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     lengths = token_mask(char_ids).sum(dim=1)  # (B,)
     ids = char_ids.new_zeros(batch_size, n_tokens + 2, MAX_CHARS)  # (B, T+2, 50)
     ids[:, 1:-1] = char_ids
-    ids[:, 0] = torch.from_numpy(BOS_IDS)
-    ids[torch.arange(batch_size), lengths + 1] = torch.from_numpy(EOS_IDS)
-    mask = torch.arange(n_tokens + 2) < (lengths + 2).unsqueeze(1)  # (B, T+2)
+    ids[:, 0] = ids.new_tensor(BOS_IDS)
+    ids[torch.arange(batch_size, device=ids.device), lengths + 1] = ids.new_tensor(EOS_IDS)
+    mask = torch.arange(n_tokens + 2, device=ids.device) < (lengths + 2).unsqueeze(1)  # (B, T+2)
     return ids, mask

@@ -305,7 +305,7 @@ class LMBatcher:
         if self._finished:
             raise StopIteration
         rows = [self._take_pairs(row) for row in range(self.batch_size)]  # B x 4 token lists
-        lengths = torch.tensor([len(row[0]) for row in rows])  # (B,)
+        lengths = torch.tensor([len(row[0]) for row in rows], device="cpu")  # (B,)
         if int(lengths.sum()) == 0:
             self._finished = True
             self.stream.close()
@@ -346,7 +346,7 @@ class LMBatcher:
     def _make_batch(self, rows: list[tuple[list[str], ...]], lengths: torch.Tensor) -> LMBatch:
         """Tensors of one window from the rows' token lists (row-major, each row a prefix)."""
         batch_size, steps = self.batch_size, self.unroll_steps
-        mask = torch.arange(steps) < lengths.unsqueeze(1)  # (B, U)
+        mask = torch.arange(steps, device="cpu") < lengths.unsqueeze(1)  # (B, U)
         flat_mask = mask.view(-1).numpy()  # (B*U,)
         forward_inputs, forward_targets, backward_inputs, backward_targets = (
             list(itertools.chain.from_iterable(column)) for column in zip(*rows, strict=True))  # N tokens each

@@ -4,6 +4,11 @@ and files) and `HubElmo` (the TF-Hub output names). Drop-in for AllenNLP's class
 Stateless by default: the same sentence gives the same vectors whatever else is in the batch and
 whatever came before. `stateful=True` reproduces the original carried LSTM state (spec §9).
 
+Devices and precision: every class takes `device=` ("cpu", "cuda", "cuda:N", "auto"; AllenNLP's
+`cuda_device` is kept as an alias where AllenNLP has it) and `dtype=` (float32, or bfloat16 for
+faster inference: the weights and their products in bfloat16, the activations, the LSTM state and
+the outputs in float32; stateless, no gradients). See `elmokit.devices`.
+
 Threads: one `ElmoEmbedder`, or one `Elmo` in eval mode, may be called from many threads at once
 and gives each call what a call alone would give. What they share that changes (the token cache,
 the carried state) is behind a lock; the biLM's forward pass changes nothing shared.
@@ -22,6 +27,7 @@ import torch
 from torch import nn
 
 from elmokit.chars import BOS_TOKEN, EOS_TOKEN, batch_to_ids, token_mask, tokens_to_char_ids
+from elmokit.devices import dtype_name, resolve_device, resolve_dtype
 from elmokit.model import BiLM, BiLMOutput, LstmState, ScalarMix
 from elmokit.weights import load_model
 
@@ -85,6 +91,24 @@ def _run_bilm(bilm: BiLM, char_ids: torch.Tensor, carried: CarriedState | None) 
     return output
 
 
+def place_bilm(bilm: BiLM, device: torch.device, dtype: str | torch.dtype | None, trainable: bool,
+               stateful: bool, who: str) -> BiLM:
+    """Move `bilm` (in place, as `nn.Module.to`) to `device` and, unless `dtype` is None, its
+    weights to `dtype`. Weights in bfloat16 are for stateless inference: an error otherwise."""
+    if dtype is not None:
+        bilm.to(dtype=resolve_dtype(dtype))
+    weights_dtype = bilm.lstm.layers[0].input_weight.dtype
+    if weights_dtype != torch.float32 and (trainable or stateful):
+        raise ValueError(f"{who} with a biLM in {dtype_name(weights_dtype)} is for stateless inference: "
+                         f"use float32 to fine-tune the biLM or to carry its state")
+    return bilm.to(device)
+
+
+def module_device(module: nn.Module) -> torch.device:
+    """The device of a module's (first) parameter."""
+    return next(module.parameters()).device
+
+
 def remove_boundaries(layer: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Drop <S> and </S>: (B, S, D) with mask (B, S) -> (B, T, D) with mask (B, T); positions past
     each sentence are zero."""
@@ -112,11 +136,14 @@ class Elmo(nn.Module):
         keep_sentence_boundaries: keep <S> and </S> in the outputs.
         scalar_mix_parameters: fixed raw (pre-softmax) layer weights; frozen, gamma = 1.
         stateful: carry the LSTM state from call to call as the original did (spec §9).
-        module: an already loaded `BiLM` to use instead of loading one.
+        module: an already loaded `BiLM` to use instead of loading one (moved and converted in place).
+        device: where to run ("cpu", "cuda", "cuda:N", "auto"; default: the CPU).
+        dtype: torch.bfloat16 (or "bfloat16") for a frozen, stateless biLM in bfloat16; default:
+            the biLM's own (float32).
 
     Forward: `inputs` (B, T, 50) char ids (any leading dims), or `word_inputs` (B, T) ids into
-    `vocab_to_cache` (0 = padding). Returns {"elmo_representations": [(B, T, 2P)] * n,
-    "mask": (B, T) bool}.
+    `vocab_to_cache` (0 = padding), moved to the module's device. Returns
+    {"elmo_representations": [(B, T, 2P)] * n, "mask": (B, T) bool}, float32, on that device.
     """
 
     def __init__(self, options_file: str | Path | None = None, weight_file: str | Path | None = None,
@@ -124,9 +151,11 @@ class Elmo(nn.Module):
                  do_layer_norm: bool = False, dropout: float = 0.5,
                  vocab_to_cache: list[str] | None = None, keep_sentence_boundaries: bool = False,
                  scalar_mix_parameters: list[float] | None = None, stateful: bool = False,
-                 module: BiLM | None = None):
+                 module: BiLM | None = None, device: str | torch.device | None = None,
+                 dtype: str | torch.dtype | None = None):
         super().__init__()
         self.bilm = module if module is not None else load_model(options_file, weight_file)
+        self.bilm = place_bilm(self.bilm, resolve_device(device), dtype, requires_grad, stateful, "Elmo")
         self.bilm.requires_grad_(requires_grad)
         self.keep_sentence_boundaries = keep_sentence_boundaries
         self.dropout = nn.Dropout(dropout)
@@ -134,13 +163,13 @@ class Elmo(nn.Module):
         self.scalar_mixes = nn.ModuleList(
             ScalarMix(n_layers, do_layer_norm, scalar_mix_parameters, trainable=scalar_mix_parameters is None)
             for _ in range(num_output_representations)
-        )
+        ).to(module_device(self.bilm))
         self.carried = CarriedState() if stateful else None
         vectors = None
         if vocab_to_cache is not None:
             with torch.no_grad():
                 words = tokens_to_char_ids([BOS_TOKEN, EOS_TOKEN, *vocab_to_cache])
-                vectors = self.bilm.encode_tokens(torch.from_numpy(words))  # (2 + V, P)
+                vectors = self.bilm.encode_tokens(torch.from_numpy(words).to(module_device(self.bilm)))  # (2 + V, P)
         self.register_buffer("word_embedding", vectors, persistent=False)
 
     def get_output_dim(self) -> int:
@@ -153,14 +182,15 @@ class Elmo(nn.Module):
 
     def forward(self, inputs: torch.Tensor | None = None, word_inputs: torch.Tensor | None = None
                 ) -> dict[str, torch.Tensor | list[torch.Tensor]]:
+        device = module_device(self.bilm)
         if word_inputs is not None and self.word_embedding is not None:
             leading = word_inputs.shape[:-1]
-            output = self._run_cached(word_inputs.reshape(-1, word_inputs.shape[-1]))
+            output = self._run_cached(word_inputs.reshape(-1, word_inputs.shape[-1]).to(device))
         else:
             if inputs is None:
                 raise ValueError("Elmo needs `inputs` (char ids), or `word_inputs` with vocab_to_cache")
             leading = inputs.shape[:-2]
-            output = _run_bilm(self.bilm, inputs.reshape(-1, *inputs.shape[-2:]), self.carried)
+            output = _run_bilm(self.bilm, inputs.reshape(-1, *inputs.shape[-2:]).to(device), self.carried)
 
         representations = []
         for mix in self.scalar_mixes:
@@ -223,7 +253,8 @@ class TokenCache:
         self.bilm = bilm
         row_bytes = 4 * bilm.config.lstm.projection_dim
         self.max_size = max(1024, max_bytes // row_bytes)
-        self.vectors = torch.empty(self.max_size, bilm.config.lstm.projection_dim)  # pages touched as filled
+        self.vectors = torch.empty(self.max_size, bilm.config.lstm.projection_dim,  # pages touched as filled
+                                   device=module_device(bilm))
         self.lock = threading.RLock()
         self.clear()
 
@@ -237,7 +268,8 @@ class TokenCache:
         tokens = [BOS_TOKEN, EOS_TOKEN, *itertools.chain.from_iterable(sentences)]
         with self.lock:
             rows = self.rows(tokens)
-            return self.vectors[torch.from_numpy(_boundary_rows(lengths, rows[2:], rows[0], rows[1]))]  # (N, P)
+            table_rows = _boundary_rows(lengths, rows[2:], rows[0], rows[1])
+            return self.vectors[torch.from_numpy(table_rows).to(self.vectors.device)]  # (N, P)
 
     def rows(self, tokens: list[str]) -> np.ndarray:
         with self.lock:
@@ -262,7 +294,7 @@ class TokenCache:
         start = len(self.index)
         with torch.no_grad():
             self.vectors[start:start + len(tokens)] = self.bilm.encode_tokens(
-                torch.from_numpy(tokens_to_char_ids(tokens)))  # (n, P)
+                torch.from_numpy(tokens_to_char_ids(tokens)).to(self.vectors.device))  # (n, P)
         self.index.update(zip(tokens, range(start, start + len(tokens))))
 
 
@@ -313,11 +345,16 @@ class ElmoEmbedder:
 
     Args:
         options_file, weight_file: original files, or a native directory, or None (built-in model).
-        cuda_device: -1 for the CPU (AllenNLP's argument), else a CUDA device index.
+        cuda_device: -1 for the CPU (AllenNLP's argument), else a CUDA device index; an alias of `device`.
         stateful: carry the state between calls as the original did; by default every sentence is
             embedded from a fresh state, so results never depend on batching or order.
         cache_tokens: reuse the representation of words already seen (exact: the token layer is
             context-free); on by default.
+        module: an already loaded `BiLM` (moved and converted in place).
+        device: where to run ("cpu", "cuda", "cuda:N", "auto"; default: the CPU).
+        dtype: torch.bfloat16 (or "bfloat16"): weights and products in bfloat16, the LSTM state and
+            the outputs in float32 (stateless only; ~2x faster on a CPU with AVX512-BF16, see
+            bench/results/embed.md for speed and error). Default: the biLM's own (float32, exact).
     """
 
     STREAM_WINDOW = 16  # batches that `embed_sentences` runs through `embed_many` at once
@@ -325,13 +362,14 @@ class ElmoEmbedder:
 
     def __init__(self, options_file: str | Path | None = None, weight_file: str | Path | None = None,
                  cuda_device: int = -1, *, stateful: bool = False, cache_tokens: bool = True,
-                 module: BiLM | None = None):
-        self.bilm = (module if module is not None else load_model(options_file, weight_file)).eval()
+                 module: BiLM | None = None, device: str | torch.device | None = None,
+                 dtype: str | torch.dtype | None = None):
+        self.device = resolve_device(device, cuda_device)
+        bilm = module if module is not None else load_model(options_file, weight_file)
+        self.bilm = place_bilm(bilm, self.device, dtype, False, stateful, "ElmoEmbedder").eval()
         self.bilm.requires_grad_(False)
-        self.device = torch.device("cpu" if cuda_device < 0 else f"cuda:{cuda_device}")
-        self.bilm.to(self.device)
         self.carried = CarriedState() if stateful else None
-        self.cache = TokenCache(self.bilm) if cache_tokens and self.device.type == "cpu" else None
+        self.cache = TokenCache(self.bilm) if cache_tokens else None
 
     @property
     def output_dim(self) -> int:
@@ -353,7 +391,7 @@ class ElmoEmbedder:
         return layers, output.mask.sum(dim=1) - 2
 
     def _run_cached(self, batch: Sequence[Sequence[str]]) -> BiLMOutput:
-        lengths = torch.from_numpy(np.fromiter(map(len, batch), np.int64, len(batch)))
+        lengths = torch.from_numpy(np.fromiter(map(len, batch), np.int64, len(batch))).to(self.device)
         token_embeddings = self.cache.embeddings(batch)  # (N, P)
         with carrying(self.carried):
             state = self.carried.take(len(batch)) if self.carried is not None else None
@@ -467,18 +505,22 @@ class HubElmo(nn.Module):
     `lstm_outputs2` (B, T, 2P), `elmo` (B, T, 2P) a trainable mix of the three layers, `default`
     (B, 2P) the mean of `elmo` over real tokens, and `sequence_len` (B,). Padding is zero.
 
-    Call with a list of token lists or with char ids (B, T, 50).
+    Call with a list of token lists or with char ids (B, T, 50) (moved to the module's device).
+    `device` and `dtype` as for `Elmo`.
     """
 
     def __init__(self, options_file: str | Path | None = None, weight_file: str | Path | None = None,
-                 module: BiLM | None = None, trainable: bool = False):
+                 module: BiLM | None = None, trainable: bool = False, device: str | torch.device | None = None,
+                 dtype: str | torch.dtype | None = None):
         super().__init__()
         self.bilm = module if module is not None else load_model(options_file, weight_file)
+        self.bilm = place_bilm(self.bilm, resolve_device(device), dtype, trainable, False, "HubElmo")
         self.bilm.requires_grad_(trainable)
-        self.mix = ScalarMix(self.bilm.config.n_output_layers)
+        self.mix = ScalarMix(self.bilm.config.n_output_layers).to(module_device(self.bilm))
 
     def forward(self, sentences: Sequence[Sequence[str]] | torch.Tensor) -> dict[str, torch.Tensor]:
         char_ids = sentences if isinstance(sentences, torch.Tensor) else batch_to_ids(sentences)
+        char_ids = char_ids.to(module_device(self.bilm))
         output = self.bilm(char_ids)
         layers = [remove_boundaries(layer, output.mask)[0] for layer in output.layers]
         mask = token_mask(char_ids)  # (B, T)

@@ -22,6 +22,7 @@ import torch
 from elmokit.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS, tokens_to_char_ids
 from elmokit.corpus import CorpusError
 from elmokit.data import eval_batches
+from elmokit.devices import resolve_device
 from elmokit.lm import LanguageModel
 from elmokit.vocab import Vocabulary
 
@@ -55,7 +56,8 @@ def corpus_perplexity(model: LanguageModel, vocab: Vocabulary, files: Sequence[s
     from elmokit.train import evaluate
 
     _check_vocab(model, vocab)
-    result = evaluate(model.to(device), eval_batches(list(files), vocab, batch_size, unroll_steps), torch.device(device))
+    device = resolve_device(device)
+    result = evaluate(model.to(device), eval_batches(list(files), vocab, batch_size, unroll_steps), device)
     if result["n_tokens"] == 0:
         raise CorpusError(f"nothing to score: {', '.join(map(str, files))} "
                           f"{'is' if len(files) == 1 else 'are'} empty or blank; expected one tokenized sentence a line")
@@ -67,6 +69,7 @@ def sentence_scores(model: LanguageModel, vocab: Vocabulary, sentences: Sequence
                     batch_size: int = 64, device: str | torch.device = "cpu") -> Iterator[SentenceScore]:
     """One `SentenceScore` per sentence (each scored from a fresh LSTM state), in order."""
     _check_vocab(model, vocab)
+    device = resolve_device(device)
     model.eval().to(device)
     for start in range(0, len(sentences), batch_size):
         group = sentences[start:start + batch_size]
@@ -85,8 +88,8 @@ def sentence_scores(model: LanguageModel, vocab: Vocabulary, sentences: Sequence
 def _sentence_batch(sentences: Sequence[Sequence[str]], vocab: Vocabulary) -> tuple[torch.Tensor, ...]:
     """Char ids (B, U, W) and targets (B, U) of both directions and the mask (B, U), U = n + 1."""
     steps = max(len(sentence) for sentence in sentences) + 1
-    lengths = torch.tensor([len(sentence) + 1 for sentence in sentences])
-    mask = torch.arange(steps) < lengths.unsqueeze(1)  # (B, U)
+    lengths = torch.tensor([len(sentence) + 1 for sentence in sentences], device="cpu")
+    mask = torch.arange(steps, device="cpu") < lengths.unsqueeze(1)  # (B, U), moved by the caller
     forward = [[BOS_TOKEN, *sentence, EOS_TOKEN] for sentence in sentences]
     backward = [sequence[::-1] for sequence in forward]
     flat_mask = mask.view(-1).numpy()

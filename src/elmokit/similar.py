@@ -153,7 +153,7 @@ def pca_2d(vectors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     mean = vectors.mean(dim=0)
     centred = vectors - mean  # (N, D)
     _, _, vh = torch.linalg.svd(centred, full_matrices=False)  # vh (min(N, D), D)
-    axes = torch.zeros(vectors.shape[1], 2, dtype=vectors.dtype)
+    axes = torch.zeros(vectors.shape[1], 2, dtype=vectors.dtype, device=vectors.device)
     axes[:, :min(2, vh.shape[0])] = vh[:2].T
     return mean, axes, centred @ axes
 
@@ -162,8 +162,8 @@ def kmeans(vectors: torch.Tensor, k: int, n_iterations: int = 50, seed: int = 0)
     """Cluster labels (N,) by k-means (cosine geometry: rows normalised), k-means++ start, seeded."""
     points = torch.nn.functional.normalize(vectors, dim=1)  # (N, D)
     k = min(k, len(points))
-    generator = torch.Generator().manual_seed(seed)
-    centres = points[torch.randint(len(points), (1,), generator=generator)]  # (1, D)
+    generator = torch.Generator(points.device).manual_seed(seed)
+    centres = points[torch.randint(len(points), (1,), generator=generator, device=points.device)]  # (1, D)
     while len(centres) < k:
         distances = torch.cdist(points, centres).min(dim=1).values ** 2  # (N,)
         weights = distances if distances.sum() > 0 else torch.ones_like(distances)

@@ -1,10 +1,14 @@
-"""Arguments shared by several subcommands: which model to load."""
+"""Arguments shared by several subcommands: which model to load, and where and in what precision
+to run it (`elmokit.devices`)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+import torch
+
+from elmokit.devices import DEVICE_HELP, DTYPES, resolve_device
 from elmokit.model import BiLM
 from elmokit.weights import load_model
 
@@ -24,3 +28,26 @@ def model_from_args(args: argparse.Namespace) -> BiLM:
     if args.options_file is not None:
         return load_model(args.options_file, args.weight_file)
     return load_model(args.model)
+
+
+def add_device_arguments(parser: argparse.ArgumentParser, dtype: bool = False, cuda_device: bool = False) -> None:
+    """--device (and with `cuda_device` AllenNLP's --cuda-device alias; with `dtype`, --dtype)."""
+    group = parser.add_argument_group("device and precision")
+    group.add_argument("--device", help=f"where to run: {DEVICE_HELP} (default: cpu)")
+    if cuda_device:
+        group.add_argument("--cuda-device", type=int,
+                           help="AllenNLP's spelling of --device: -1 for the CPU, N for cuda:N")
+    if dtype:
+        group.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
+                           help="bfloat16: the biLM's weights and products in bfloat16, its state and "
+                                "outputs in float32 (faster on CPUs with AVX512-BF16 and on GPUs, not "
+                                "exact); default: float32")
+
+
+def device_from_args(args: argparse.Namespace) -> torch.device:
+    cuda_device = getattr(args, "cuda_device", None)
+    if cuda_device is not None:
+        if args.device is not None:
+            raise ValueError(f"give --device or --cuda-device, not both (got {args.device} and {cuda_device})")
+        return resolve_device(None, cuda_device)
+    return resolve_device(args.device or "cpu")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from elmokit.commands.common import add_model_arguments, model_from_args
+from elmokit.commands.common import add_device_arguments, add_model_arguments, device_from_args, model_from_args
 from elmokit.elmo import ElmoEmbedder
 from elmokit.embedding import (
     FILE_FORMATS,
@@ -40,7 +40,13 @@ Sentences longer than --max-length tokens are embedded in overlapping windows an
 Work goes to OUTPUT.partial/ and OUTPUT appears only when complete; after an interruption (or a
 full disk), the same command with --resume continues from the last checkpoint; --overwrite
 discards it instead. One run writes an OUTPUT at a time (OUTPUT.lock). Several processes:
-`torchrun --nproc_per_node N -m elmokit embed ...` (each embeds every N-th line; rank 0 merges).
+`torchrun --nproc_per_node N -m elmokit embed ...` (each embeds every N-th line; rank 0 merges;
+on GPUs each process takes the one of its LOCAL_RANK).
+
+--device picks the CPU (default) or a GPU (cuda, cuda:N, or auto: one if torch sees it). --dtype
+bfloat16 runs the biLM's products in bfloat16 (the LSTM state and the outputs stay float32):
+faster on a CPU with AVX512-BF16 and on GPUs, not exact (speed and error per layer:
+bench/results/embed.md).
 
 Memory stays flat however long INPUT is (0.67 GB at 1M tokens, 0.70 GB at 2M with the built-in
 model): on glibc, blocks above 256 kB get their own mappings, returned when freed. That costs
@@ -81,14 +87,12 @@ def register(subcommands: argparse._SubParsersAction) -> None:
                         help="continue an interrupted run from OUTPUT.partial/ (same input and options)")
     parser.add_argument("--checkpoint-every", type=int, default=2000,
                         help="sentences between checkpoints, the most --resume redoes (default: 2000)")
-    parser.add_argument("--cuda-device", type=int, default=-1,
-                        help="GPU index, -1 for the CPU (default); under torchrun each process "
-                             "uses its LOCAL_RANK")
     parser.add_argument("--threads", type=int,
                         help="CPU threads for torch (default: torch's choice; on a busy machine 1 "
                              "can be much faster than several)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_model_arguments(parser)
+    add_device_arguments(parser, dtype=True, cuda_device=True)
     parser.set_defaults(func=run, output_format="all")
 
 
@@ -106,10 +110,10 @@ def run(args: argparse.Namespace) -> int:
     fix_malloc_mmap_threshold()  # peak memory flat however long the input
     rank, world_size, barrier = distributed_from_env()
     try:
-        device = args.cuda_device
-        if device >= 0 and world_size > 1:
-            device = int(os.environ.get("LOCAL_RANK", "0"))
-        embedder = ElmoEmbedder(module=model_from_args(args), cuda_device=device)
+        device = device_from_args(args)
+        if device.type == "cuda" and world_size > 1:  # one GPU a process
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        embedder = ElmoEmbedder(module=model_from_args(args), device=device, dtype=args.dtype)
         n_embedded = embed_file(embedder, args.input, args.output, options, overwrite=args.overwrite,
                                 resume=args.resume, progress=not args.quiet, rank=rank,
                                 world_size=world_size, barrier=barrier)

@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from elmokit.commands.common import add_device_arguments, device_from_args
+
 
 def register(subcommands: argparse._SubParsersAction) -> None:
     parser = subcommands.add_parser(
@@ -22,8 +24,8 @@ def register(subcommands: argparse._SubParsersAction) -> None:
                         help="also score every sentence alone (fresh state) into OUT: TSV, or JSON "
                              "lines if OUT ends in .jsonl")
     parser.add_argument("--overwrite", action="store_true", help="replace the --per-sentence file if it exists")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_device_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -54,9 +56,10 @@ def run(args: argparse.Namespace) -> int:
     model, vocab_path = load_model_dir(resolve_model_dir(args.model))
     vocab = Vocabulary.load(vocab_path)
     files = expand_paths(args.files)
-    result = corpus_perplexity(model, vocab, files, args.batch_size, args.unroll_steps, args.device)
+    device = device_from_args(args)
+    result = corpus_perplexity(model, vocab, files, args.batch_size, args.unroll_steps, device)
     if args.per_sentence is not None:
-        write_sentence_scores(model, vocab, files, args.per_sentence, args.batch_size, args.device)
+        write_sentence_scores(model, vocab, files, args.per_sentence, args.batch_size, device)
     if args.json:
         print(json.dumps(result))
     else:

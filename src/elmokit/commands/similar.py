@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from elmokit.commands.common import add_model_arguments, model_from_args
+from elmokit.commands.common import add_device_arguments, add_model_arguments, device_from_args, model_from_args
 from elmokit.io import refuse_overwrite
 from elmokit.elmo import ElmoEmbedder
 from elmokit.embedding import check_input_file, make_tokenizer
@@ -66,6 +66,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-length", type=int, default=256,
                         help="longer corpus sentences are embedded in overlapping windows (default: 256)")
     add_model_arguments(parser)
+    add_device_arguments(parser, dtype=True)
     parser.set_defaults(func=run)
 
 
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     check_max_length(args.max_length)
     query = make_tokenizer(args.tokenize)(args.query)
     position = query_position(query, args.position, args.word)
-    embedder = ElmoEmbedder(module=model_from_args(args))
+    embedder = ElmoEmbedder(module=model_from_args(args), device=device_from_args(args), dtype=args.dtype)
     n_layers = embedder.bilm.config.n_output_layers
     layers = sorted(set(args.layer)) if args.layer else list(range(n_layers))
     plot_layer = n_layers - 1 if args.plot_layer is None else args.plot_layer

@@ -8,6 +8,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from elmokit.devices import DEVICE_HELP, DTYPES
 from elmokit.tasks.formats import CONLLU_COLUMNS, FORMATS
 from elmokit.tasks.task_config import DATA_DIR_VARIABLE, DEFAULT_DATA_DIR, TASKS, TaskConfig
 
@@ -85,6 +86,11 @@ def _register_train(actions: argparse._SubParsersAction) -> None:
     parser.add_argument("--finetune", action="store_true", help="fine-tune the biLM (with --bilm-lr)")
     parser.add_argument("--cache-dir", help="keep the frozen biLM's layers here to share between runs")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's; 1 is best for small models)")
+    parser.add_argument("--device", default=defaults.device,
+                        help=f"where the biLM and the task model run: {DEVICE_HELP} (default {defaults.device})")
+    parser.add_argument("--bilm-dtype", choices=sorted(DTYPES), default=defaults.bilm_dtype,
+                        help="the frozen biLM's products in bfloat16 (faster on CPUs with AVX512-BF16 and on "
+                             f"GPUs, not exact) or float32 (default {defaults.bilm_dtype})")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (epoch lines are still printed)")
     parser.set_defaults(func=run_train)
 
@@ -104,6 +110,7 @@ def _register_eval(actions: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--data-dir", help="data folder (default: the one the run was trained with)")
     parser.add_argument("--max-sentences", type=int, help="score only a fixed subset of this many sentences")
+    parser.add_argument("--device", help=f"where to run: {DEVICE_HELP} (default: cpu)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=run_eval)
 
@@ -123,6 +130,7 @@ def _register_predict(actions: argparse._SubParsersAction) -> None:
     parser.add_argument("--column", choices=CONLLU_COLUMNS[1:], help="CoNLL-U: the column to fill (default: the run's)")
     parser.add_argument("--tokenize", action="store_true", help="raw text: split it with the Moses tokenizer")
     parser.add_argument("--jsonl", action="store_true", help="write JSON Lines ({tokens, labels} or {tokens, label})")
+    parser.add_argument("--device", help=f"where to run: {DEVICE_HELP} (default: cpu)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run_predict)
 
@@ -173,10 +181,11 @@ def run_eval(args: argparse.Namespace) -> int:
     from elmokit.tasks.run import evaluate_run, load
 
     if args.file is None:
-        scores = evaluate_run(args.run, args.split, args.data_dir, args.max_sentences, progress=not args.no_progress)
+        scores = evaluate_run(args.run, args.split, args.data_dir, args.max_sentences, progress=not args.no_progress,
+                              device=args.device)
         scored = {"run": str(args.run), "split": args.split, **scores}
     else:
-        run = load(args.run)
+        run = load(args.run, args.device)
         examples, info = run.read_file(args.file, args.data_format, args.column)
         scores = run.evaluate(examples, progress=not args.no_progress)[0]
         scored = {"run": str(args.run), "file": str(args.file), "n": len(examples), **info, **scores}
@@ -205,7 +214,7 @@ def run_predict(args: argparse.Namespace) -> int:
     from elmokit.tasks.run import load
 
     refuse_overwrite([args.output] if args.output is not None else [], args.overwrite)
-    run = load(args.run)
+    run = load(args.run, args.device)
     done = predict_file(run, args.input, args.output, args.data_format, args.column, args.tokenize, args.jsonl,
                         progress=not args.no_progress)
     if args.output is not None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from elmokit.devices import resolve_device
 from elmokit.model import BiLM
 from elmokit.tasks import readers
 from elmokit.tasks.charcnn import build_char_vocab, encode_chars
@@ -135,11 +136,13 @@ class TaskData:
                  layers: dict[str, list[torch.Tensor]] | None = None, vocabularies: Vocabularies | None = None):
         self.splits = splits
         self.tagging = config.spec.kind == "tagger"
+        self.device = resolve_device(config.device)  # where batches go
         self.vocabularies = vocabularies or Vocabularies.build(config, splits["train"])
         self.layers = layers
         if layers is None and bilm is not None and not config.finetune:
             self.layers = {split: cached_layers(bilm, [e.tokens for e in examples], config.cache_dir,
-                                                progress=config.progress, desc=f"ELMo {split}")
+                                                progress=config.progress, desc=f"ELMo {split}", device=self.device,
+                                                bilm_dtype=config.bilm_dtype)
                            for split, examples in splits.items()}
 
     @property
@@ -162,7 +165,7 @@ class TaskData:
             layers = [self.layers[split][i] for i in indices] if self.layers is not None else None
             chosen = [examples[i] for i in indices]
             yield self.vocabularies.batch([e.tokens for e in chosen], [gold_labels(e) for e in chosen], layers,
-                                          self.tagging)
+                                          self.tagging, self.device)
 
 
 def shuffled_batches(lengths: Sequence[int], batch_size: int, rng: random.Random, pool_batches: int = 50

@@ -7,6 +7,7 @@ Shape notation: B batch, T tokens, n tokens of one sentence, L LSTM layers, P pr
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from collections.abc import Sequence
@@ -19,7 +20,8 @@ from torch import nn
 from tqdm import tqdm
 
 from elmokit.chars import batch_to_ids
-from elmokit.elmo import ElmoEmbedder, remove_boundaries
+from elmokit.devices import dtype_name, resolve_dtype
+from elmokit.elmo import ElmoEmbedder, module_device, remove_boundaries
 from elmokit.io import atomic_path
 from elmokit.model import BiLM, ScalarMix
 
@@ -28,14 +30,21 @@ from elmokit.model import BiLM, ScalarMix
 # Frozen biLM: every sentence's layers computed once
 # ---------------------------------------------------------------------------------------------
 def compute_layers(bilm: BiLM, sentences: Sequence[Sequence[str]], batch_size: int = 64,
-                   dtype: torch.dtype = torch.float16, progress: bool = True, desc: str = "ELMo layers"
+                   dtype: torch.dtype = torch.float16, progress: bool = True, desc: str = "ELMo layers",
+                   device: str | torch.device | None = None, bilm_dtype: str | torch.dtype | None = None
                    ) -> list[torch.Tensor]:
-    """The (L+1, n, 2P) layers of each sentence from a frozen biLM, stored as `dtype`.
+    """The (L+1, n, 2P) layers of each sentence from a frozen biLM, stored (on the CPU) as `dtype`.
 
     The sentences stream through `batch_size` rows of the recurrence (`ElmoEmbedder.embed_many`):
-    exact whatever the batching, since the biLM is stateless.
+    exact whatever the batching, since the biLM is stateless. The biLM runs on `device` (default:
+    where it is; it is moved there) with its products in `bilm_dtype` (default float32; bfloat16
+    runs a converted copy, the biLM itself is left as it is).
     """
-    embedder = ElmoEmbedder(module=bilm)
+    bilm_dtype = resolve_dtype(bilm_dtype)
+    if bilm_dtype != bilm.lstm.layers[0].input_weight.dtype:
+        bilm = copy.deepcopy(bilm)
+    embedder = ElmoEmbedder(module=bilm, device=device if device is not None else module_device(bilm),
+                            dtype=bilm_dtype)
     window = batch_size * ElmoEmbedder.STREAM_WINDOW
     layers: list[torch.Tensor] = []
     bar = tqdm(total=len(sentences), desc=desc, unit="sent", disable=not progress, leave=False)
@@ -65,21 +74,24 @@ def sentences_fingerprint(sentences: Sequence[Sequence[str]]) -> str:
 
 
 def cached_layers(bilm: BiLM, sentences: Sequence[Sequence[str]], cache_dir: str | Path | None = None,
-                  model_key: str | None = None, progress: bool = True, desc: str = "ELMo layers"
+                  model_key: str | None = None, progress: bool = True, desc: str = "ELMo layers",
+                  device: str | torch.device | None = None, bilm_dtype: str | torch.dtype | None = None
                   ) -> list[torch.Tensor]:
-    """`compute_layers`, reusing `cache_dir/<model>-<sentences>.safetensors` when present (fp16,
-    written atomically), so that several seeds and runs share one pass of the biLM."""
+    """`compute_layers`, reusing `cache_dir/<model>[-bfloat16]-<sentences>.safetensors` when
+    present (fp16, written atomically), so that several seeds and runs share one pass of the biLM."""
     if cache_dir is None:
-        return compute_layers(bilm, sentences, progress=progress, desc=desc)
+        return compute_layers(bilm, sentences, progress=progress, desc=desc, device=device, bilm_dtype=bilm_dtype)
     model_key = model_key or model_fingerprint(bilm)
+    if resolve_dtype(bilm_dtype) != torch.float32:
+        model_key = f"{model_key}-{dtype_name(resolve_dtype(bilm_dtype))}"
     path = Path(cache_dir) / f"{model_key}-{sentences_fingerprint(sentences)}.safetensors"
     if path.is_file():
         with safe_open(str(path), framework="pt") as file:
             flat, lengths = file.get_tensor("layers"), file.get_tensor("lengths")  # (N, L+1, 2P), (S,)
         return [chunk.transpose(0, 1) for chunk in torch.split(flat, lengths.tolist())]
-    layers = compute_layers(bilm, sentences, progress=progress, desc=desc)
+    layers = compute_layers(bilm, sentences, progress=progress, desc=desc, device=device, bilm_dtype=bilm_dtype)
     flat = torch.cat([layer.transpose(0, 1) for layer in layers]).contiguous()  # (N, L+1, 2P)
-    lengths = torch.tensor([layer.shape[1] for layer in layers], dtype=torch.int64)
+    lengths = torch.tensor([layer.shape[1] for layer in layers], dtype=torch.int64, device="cpu")
     with atomic_path(path) as tmp:
         save_file({"layers": flat, "lengths": lengths}, str(tmp))
     return layers
@@ -88,7 +100,7 @@ def cached_layers(bilm: BiLM, sentences: Sequence[Sequence[str]], cache_dir: str
 def pad_layers(layers: Sequence[torch.Tensor]) -> torch.Tensor:
     """Sentences' (L+1, n_i, 2P) layers -> (B, L+1, T, 2P) float32, zero past each sentence."""
     n_layers, _, dim = layers[0].shape
-    batch = torch.zeros(len(layers), n_layers, max(layer.shape[1] for layer in layers), dim)
+    batch = torch.zeros(len(layers), n_layers, max(layer.shape[1] for layer in layers), dim, device=layers[0].device)
     for row, layer in enumerate(layers):
         batch[row, :, :layer.shape[1]] = layer
     return batch

@@ -16,8 +16,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import torch
 from safetensors.torch import load_file
 
+from elmokit.devices import resolve_device
+from elmokit.elmo import module_device
 from elmokit.model import BiLM
 from elmokit.tasks.data import Vocabularies, gold_labels, read_split, subsample
 from elmokit.tasks.features import compute_layers, model_fingerprint
@@ -54,14 +57,17 @@ class TaskRun:
         if not sentences:
             return []
         batch_size = batch_size or 2 * self.config.batch_size
+        device = module_device(self.model)
         layers = None
         if self.bilm is not None and not self.config.finetune:
-            layers = compute_layers(self.bilm, sentences, progress=progress)
+            layers = compute_layers(self.bilm, sentences, progress=progress, device=device,
+                                    bilm_dtype=self.config.bilm_dtype)
         tagging = self.kind == "tagger"
         predicted = []
         for start in range(0, len(sentences), batch_size):
             chunk = sentences[start:start + batch_size]
-            batch = self.vocabularies.batch(chunk, None, layers[start:start + batch_size] if layers is not None else None, tagging)
+            batch = self.vocabularies.batch(chunk, None, layers[start:start + batch_size] if layers is not None else None,
+                                            tagging, device)
             predicted.extend(self.model.predict(batch))
         if tagging:
             return [[self.labels[i] for i in row] for row in predicted]
@@ -102,8 +108,9 @@ def load_bilm(saved: dict, config: TaskConfig, run_dir: Path) -> BiLM | None:
     return bilm
 
 
-def load(run_dir: str | Path) -> TaskRun:
-    """Rebuild a trained task model from its run directory (see the module docstring)."""
+def load(run_dir: str | Path, device: str | torch.device | None = None) -> TaskRun:
+    """Rebuild a trained task model from its run directory (see the module docstring), on `device`
+    (default: the CPU, whatever device it was trained on)."""
     run_dir = Path(run_dir)
     for name in (RUN_CONFIG, RUN_WEIGHTS):
         if not (run_dir / name).is_file():
@@ -114,16 +121,17 @@ def load(run_dir: str | Path) -> TaskRun:
     vocabularies = Vocabularies(saved["vocab"], saved["labels"], saved.get("chars"))
     model = build_model(config, vocabularies, bilm)
     model.load_state_dict(load_file(str(run_dir / RUN_WEIGHTS)))
-    return TaskRun(config, model, vocabularies, bilm, run_dir)
+    return TaskRun(config, model.to(resolve_device(device)), vocabularies, bilm, run_dir)
 
 
 def evaluate_run(run_dir: str | Path, split: str = "test", data_dir: str | None = None,
-                 max_sentences: int | None = None, progress: bool = True) -> dict:
+                 max_sentences: int | None = None, progress: bool = True,
+                 device: str | torch.device | None = None) -> dict:
     """Score a saved run on one split of the data it was trained with (its files, or its preset's
     under `data_dir`, by default the folder it was trained from)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    run = load(run_dir)
+    run = load(run_dir, device)
     config = replace(run.config, data_dir=data_dir) if data_dir else run.config
     files = config.split_files()
     if split not in files:

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from elmokit.devices import DTYPES, check_device_name
 from elmokit.tasks.formats import CONLLU_COLUMNS, FORMATS
 
 DATA_DIR_VARIABLE = "ELMOKIT_DATA_DIR"
@@ -80,6 +82,8 @@ class TaskConfig:
     max_eval_sentences: int | None = None
     cache_dir: str | None = None  # share the frozen biLM's layers between runs
     threads: int | None = None  # torch intra-op threads; 1 is fastest for small models on a busy CPU
+    device: str = "cpu"  # where the biLM and the task model run: cpu, cuda, cuda:N, auto
+    bilm_dtype: str = "float32"  # the frozen biLM's products: float32, or bfloat16 (faster, not exact)
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -91,8 +95,27 @@ class TaskConfig:
                      "char_filters", "char_width"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_train_sentences", "max_eval_sentences", "threads"):  # None: not limited / torch's
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("lr", "bilm_lr"):
+            if not 0 < getattr(self, name) < math.inf:  # NaN fails too
+                raise ValueError(f"--{name.replace('_', '-')} must be a number > 0, got {getattr(self, name)}")
+        for name in ("dropout", "elmo_dropout"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(self, name)}")
+        if not 0 <= self.elmo_l2 < math.inf:
+            raise ValueError(f"--elmo-l2 must be a number >= 0, got {self.elmo_l2}")
+        if self.min_word_count < 0:
+            raise ValueError(f"--min-word-count must be >= 0, got {self.min_word_count}")
         if self.finetune and self.model is None:
             raise ValueError("--finetune needs an ELMo model (--model DIR)")
+        check_device_name(self.device)
+        if self.bilm_dtype not in DTYPES:
+            raise ValueError(f"--bilm-dtype must be one of {sorted(DTYPES)}, got {self.bilm_dtype!r}")
+        if self.finetune and self.bilm_dtype != "float32":
+            raise ValueError(f"--finetune trains the biLM in float32: --bilm-dtype {self.bilm_dtype} is for a "
+                             "frozen biLM")
         if self.data_format not in ("auto", *FORMATS):
             raise ValueError(f"--format must be auto or one of {', '.join(FORMATS)}, got {self.data_format!r}")
         if self.column not in CONLLU_COLUMNS[1:]:

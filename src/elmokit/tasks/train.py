@@ -166,7 +166,7 @@ def train_task(config: TaskConfig, bilm: BiLM | None = None, data: TaskData | No
     if data is None:
         data = TaskData(config, load_splits(config, log=report), bilm)
     seed_everything(config.seed)
-    model = build_model(config, data.vocabularies, bilm)
+    model = build_model(config, data.vocabularies, bilm).to(data.device)  # a fine-tuned biLM with it
     optimizer = make_optimizer(model, config)
     rng = random.Random(config.seed)
     metric = config.spec.metric
@@ -210,7 +210,7 @@ RUN_CONFIG, RUN_WEIGHTS = "task_config.json", "task_model.safetensors"
 def save_run(model, config: TaskConfig, vocabularies: Vocabularies, bilm: BiLM | None, out: Path) -> None:
     """The task's own weights and everything needed to rebuild it. A frozen biLM is not copied:
     its directory and a fingerprint of its weights are recorded, and checked when the run is loaded."""
-    tensors = {name: t.detach().contiguous() for name, t in model.state_dict().items()}
+    tensors = {name: t.detach().cpu().contiguous() for name, t in model.state_dict().items()}
     with atomic_path(out / RUN_WEIGHTS) as tmp:
         save_file(tensors, str(tmp))
     record = None

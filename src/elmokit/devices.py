@@ -1,0 +1,76 @@
+"""Where and in what precision elmokit runs: the one reading of `device=` / `--device` and of
+`dtype=` / `--dtype` that every entry point shares (Elmo, ElmoEmbedder, HubElmo, `elmo embed`,
+`elmo similar`, `elmo task`, `elmo train`, `elmo perplexity`).
+
+    device   "cpu", "cuda", "cuda:N", "auto" (the GPU if torch sees one, else the CPU), a
+             torch.device, or None (the CPU). Under torchrun, "cuda" and "auto" take the GPU of the
+             process's LOCAL_RANK. AllenNLP's `cuda_device` (-1 = the CPU, N = cuda:N) is an alias.
+    dtype    "float32" (the default, exact) or "bfloat16": the weights and their products in
+             bfloat16, the activations, the LSTM state and the outputs in float32 (inference only).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import torch
+
+DEVICE_HELP = "cpu, cuda, cuda:N or auto (the GPU if there is one; under torchrun, LOCAL_RANK's)"
+DEVICE_PATTERN = r"auto|cpu|cuda(:[0-9]+)?"  # the names a config file may hold
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def check_device_name(name: str) -> None:
+    """ValueError unless `name` is one of the device names a saved config may hold (whether that
+    device exists is checked when the run starts, on the machine it runs on)."""
+    if not isinstance(name, str) or re.fullmatch(DEVICE_PATTERN, name) is None:
+        raise ValueError(f"device must be {DEVICE_HELP}; got {name!r}")
+
+
+def resolve_device(device: str | torch.device | None = None, cuda_device: int | None = None) -> torch.device:
+    """The torch.device that `device` (or AllenNLP's `cuda_device`, an alias) names.
+
+    Raises ValueError for an unknown name, for both given, or for a GPU that torch cannot see.
+    """
+    if cuda_device is not None and cuda_device != -1:
+        if device is not None:
+            raise ValueError(f"give device= or cuda_device= (its AllenNLP alias), not both: "
+                             f"got device={device!r}, cuda_device={cuda_device}")
+        if cuda_device < -1:
+            raise ValueError(f"cuda_device must be -1 (the CPU) or a GPU index >= 0, got {cuda_device}")
+        device = f"cuda:{cuda_device}"
+    if device is None:
+        return torch.device("cpu")
+    if isinstance(device, str):
+        name = device.strip().lower()
+        if name == "auto":
+            name = "cuda" if torch.cuda.is_available() else "cpu"
+        if name == "cuda":
+            name = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        try:
+            device = torch.device(name)
+        except RuntimeError:
+            raise ValueError(f"device must be {DEVICE_HELP}; got {device!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device} asked for, but torch sees no CUDA GPU "
+                         f"(torch {torch.__version__}); use --device cpu")
+    return device
+
+
+def resolve_dtype(dtype: str | torch.dtype | None = None) -> torch.dtype:
+    """torch.float32 (None, "float32") or torch.bfloat16 ("bfloat16"); anything else is an error."""
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        return DTYPES[dtype]
+    if dtype not in DTYPES.values():
+        raise ValueError(f"dtype must be torch.float32 or torch.bfloat16, got {dtype}")
+    return dtype
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """"float32" / "bfloat16"."""
+    return str(dtype).removeprefix("torch.")
