@@ -1,31 +1,52 @@
 """Matrix products for inference on the CPU: oneDNN's kernels, which torch ships, where they apply.
 
 torch sends a dense fp32 product on the CPU to MKL, and MKL runs its AVX2 code on AMD processors.
-On this project's AMD EPYC (Zen 5, 2 threads) a 2048 x 2048 product reaches ~190 GFLOP/s through
-MKL and ~400 through oneDNN (AVX-512). The LSTM step's (32, 512) x (512, 16384) product runs at
+On this project's AMD EPYC (2 threads) a 2048 x 2048 product reaches ~190 GFLOP/s through MKL
+and ~400 through oneDNN (AVX-512). The LSTM step's (32, 512) x (512, 16384) product runs at
 ~90 GFLOP/s through MKL, ~170-240 through oneDNN and ~290-330 through oneDNN with the weight
 reordered once into its blocked layout (`bench/embed.py` measures these in every run).
 
 `linear` / `add_linear` take oneDNN's kernel (the op torch's own compiler emits for frozen
 `nn.Linear` layers) when no gradient is needed; `PackedLinear` also keeps the reordered weight for
 a stream of products with the same weight. With gradients, off the CPU, for other dtypes, or in a
-torch built without oneDNN, everything is `F.linear` / `addmm`. All compute in fp32 (no
-reduced-precision shortcut): they differ only in the order of the sums.
+torch built without oneDNN, everything is `F.linear` / `addmm`. In float32 both paths compute in
+float32 and differ only in the order of the sums; bfloat16 weights (reduced-precision inference,
+`BiLM.to(torch.bfloat16)`) give bfloat16 products, through oneDNN where the CPU has bf16 support.
+
+Which path runs:
+    * `ELMOKIT_KERNELS=torch` in the environment forces the plain path (`F.linear`) everywhere.
+    * The oneDNN ops are private to torch (`torch.ops.mkldnn`), so they are not trusted blindly:
+      the first product of each kind (plain, reordered weight, reordered weight plus an addend)
+      and dtype that goes through oneDNN is computed again with `F.linear` in float32 and
+      compared. If it differs, or raises, oneDNN is switched off for the rest of the process
+      with one warning, and that product's `F.linear` result is returned: a torch whose private
+      ops changed still gives correct results, only slower.
+    * `path_counts` counts the products each path ran ("onednn", "torch"); `onednn_active()`
+      says whether oneDNN would run now.
+
+oneDNN's primitive caches: oneDNN keeps a compiled primitive for every product shape it has run,
+in two caches of 1,024 entries each (oneDNN's and ideep's); an embedding run meets a new row
+count at nearly every call, and 2,000 of them held ~0.7 GB. When elmokit first runs a product
+through oneDNN it sets ONEDNN_PRIMITIVE_CACHE_CAPACITY and LRU_CACHE_CAPACITY to 64 in
+`os.environ` (values already set are kept): oneDNN reads them when it builds its first
+primitive, so they bound the caches only if nothing in the process used oneDNN before. Importing
+elmokit changes nothing; set them yourself (before anything runs) to choose other sizes.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
+from collections import Counter
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-# oneDNN keeps a compiled primitive for every product shape it has run, in two caches of 1,024
-# entries each (oneDNN's and ideep's); an embedding run meets a new row count at nearly every
-# call, and 2,000 of them held ~0.7 GB. 64 entries hold every shape a biLM reuses. Read when
-# oneDNN first runs a product, so set here, before that; a value the user set is kept.
-for _variable in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
-    os.environ.setdefault(_variable, "64")
+KERNELS_VARIABLE = "ELMOKIT_KERNELS"  # "torch": the plain path only; "auto" (default): oneDNN where it applies
+CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
+CACHE_CAPACITY = 64  # entries: every shape a biLM reuses
+CHECK_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2}  # of max |F.linear result| + 1
 
 
 def _onednn_linear_available() -> bool:
@@ -33,46 +54,158 @@ def _onednn_linear_available() -> bool:
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
-ONEDNN = _onednn_linear_available()
+ONEDNN = _onednn_linear_available()  # this torch has the ops
+_ONEDNN_DTYPES = {torch.float32} | (
+    {torch.bfloat16} if ONEDNN and torch.ops.mkldnn._is_mkldnn_bf16_supported() else set())
+
+path_counts: Counter = Counter()  # products run by each path: "onednn", "torch"
+_verified: set[tuple[str, torch.dtype]] = set()  # (kind, dtype) whose first oneDNN product was checked
+_state = {"disabled": None, "caches_set": False}  # disabled: why oneDNN was switched off, or None
+
+
+# The private ops, one place (tests replace these to play a torch whose ops changed).
+def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def _onednn_reorder(weight: torch.Tensor, rows: int) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+
+
+def _onednn_add_linear(addend: torch.Tensor, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise.binary(x, addend, packed, None, "add")
+
+
+def onednn_active() -> bool:
+    """Whether products without gradients on the CPU go through oneDNN now."""
+    requested = os.environ.get(KERNELS_VARIABLE, "auto").strip().lower() or "auto"
+    if requested not in ("auto", "torch"):
+        raise ValueError(f"{KERNELS_VARIABLE} must be 'torch' or 'auto', got {requested!r}")
+    return ONEDNN and requested == "auto" and _state["disabled"] is None
+
+
+def bound_onednn_caches(capacity: int = CACHE_CAPACITY) -> None:
+    """Set oneDNN's two primitive-cache capacities in os.environ, unless already set."""
+    for variable in CACHE_VARIABLES:
+        os.environ.setdefault(variable, str(capacity))
+    _state["caches_set"] = True
+
+
+def reset() -> None:
+    """Forget the checks, a switch-off and the counts (for tests)."""
+    path_counts.clear()
+    _verified.clear()
+    _state["disabled"] = None
 
 
 def _takes_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return (ONEDNN and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
-            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
+    takes = (x.device.type == "cpu" and x.dtype == weight.dtype and x.dtype in _ONEDNN_DTYPES
+             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+             and onednn_active())
+    if takes and not _state["caches_set"]:
+        bound_onednn_caches()
+    return takes
+
+
+def _checked(kind: str, onednn: Callable[[], torch.Tensor], reference: Callable[[], torch.Tensor],
+             plain: Callable[[], torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """The oneDNN product; the first one of its kind and dtype is compared with `reference`
+    (the same product by F.linear in float32). On a difference or an error oneDNN is switched
+    off and `plain` (F.linear in the inputs' dtype) is returned."""
+    if (kind, dtype) in _verified:
+        path_counts["onednn"] += 1
+        return onednn()
+    try:
+        result = onednn()
+    except Exception as error:  # noqa: BLE001 - any failure of a private op means: do not use it
+        return _plain_after(f"{kind} product failed: {type(error).__name__}: {error}", plain)
+    expected = reference()
+    if result.shape != expected.shape or result.dtype != dtype:
+        return _plain_after(f"{kind} product gave {tuple(result.shape)} {result.dtype}, expected "
+                            f"{tuple(expected.shape)} {dtype}", plain)
+    if result.numel():
+        difference = float((result.float() - expected).abs().max())
+        allowed = CHECK_TOLERANCE.get(dtype, 1e-4) * (1.0 + float(expected.abs().max()))
+        if not difference <= allowed:  # also NaN
+            return _plain_after(f"{kind} product differs from F.linear by {difference:.3g} "
+                                f"(allowed {allowed:.3g})", plain)
+        _verified.add((kind, dtype))
+    path_counts["onednn"] += 1
+    return result
+
+
+def _switch_off(reason: str) -> None:
+    """Stop using oneDNN in this process, with one warning saying why."""
+    if _state["disabled"] is None:
+        _state["disabled"] = reason
+        warnings.warn(f"elmokit.kernels: oneDNN switched off, products go through F.linear ({reason}; "
+                      f"torch {torch.__version__})", RuntimeWarning, stacklevel=4)
+
+
+def _plain_after(reason: str, plain: Callable[[], torch.Tensor]) -> torch.Tensor:
+    _switch_off(reason)
+    path_counts["torch"] += 1
+    return plain()
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight^T + bias, as `F.linear`: x (..., in), weight (out, in), bias (out,) -> (..., out)."""
-    if _takes_onednn(x, weight):
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-    return F.linear(x, weight, bias)
+    """x @ weight^T + bias, as `F.linear`: x (..., in), weight (out, in), bias (out,) -> (..., out).
+
+    A weight of another dtype than x (bfloat16 weights, float32 activations) computes the product
+    in the weight's dtype and returns it in x's dtype.
+    """
+    if x.dtype != weight.dtype:
+        return linear(x.to(weight.dtype), weight, bias).to(x.dtype)
+    if not _takes_onednn(x, weight):
+        path_counts["torch"] += 1
+        return F.linear(x, weight, bias)
+    return _checked("linear", lambda: _onednn_linear(x, weight, bias),
+                    lambda: F.linear(x.float(), weight.float(), None if bias is None else bias.float()),
+                    lambda: F.linear(x, weight, bias), x.dtype)
 
 
 class PackedLinear:
     """Products with one weight (out, in), many times: the weight is reordered once into oneDNN's
     blocked layout, tuned for about `rows` rows (any row count gives the right result).
+    `row_scale` (out, 1) multiplies the weight's rows first (the product is with weight * row_scale).
 
     For inference only (no gradients; inputs of the weight's dtype and device): the reordered copy
     does not follow later changes to `weight`, so build it where the weight is fixed
     (`BiLstmLayer.stream` keys its cache on the weights' versions).
     """
 
-    def __init__(self, weight: torch.Tensor, rows: int):
-        weight = weight.detach()
-        self.weight = self.packed = None  # one of the two: the reordered copy, or the weight itself
-        if _takes_onednn(weight, weight):
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
-        else:
-            self.weight = weight
+    def __init__(self, weight: torch.Tensor, rows: int, row_scale: torch.Tensor | None = None):
+        self.source, self.row_scale = weight.detach(), row_scale  # a view of the caller's weight: no copy
+        self.dtype = self.source.dtype
+        self.weight = self.packed = None  # one of the two: the weight itself, or the reordered copy
+        if _takes_onednn(self.source, self.source):
+            try:
+                self.packed = _onednn_reorder(self._scaled(), rows)
+            except Exception as error:  # noqa: BLE001
+                _switch_off(f"weight reorder failed: {type(error).__name__}: {error}")
+
+    def _scaled(self) -> torch.Tensor:
+        return self.source if self.row_scale is None else self.source * self.row_scale
+
+    def _plain_weight(self) -> torch.Tensor:
+        if self.weight is None:  # oneDNN was switched off after this product was packed
+            self.weight, self.packed = self._scaled(), None
+        return self.weight
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x @ weight^T + bias: x (R, in) -> (R, out)."""
-        if self.packed is None:
-            return F.linear(x, self.weight, bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
+        if self.packed is None or not onednn_active():
+            path_counts["torch"] += 1
+            return F.linear(x, self._plain_weight(), bias)
+        return _checked("packed", lambda: _onednn_linear(x, self.packed, bias),
+                        lambda: F.linear(x.float(), self._scaled().float(), None if bias is None else bias.float()),
+                        lambda: F.linear(x, self._plain_weight(), bias), self.dtype)
 
     def add(self, addend: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """addend + x @ weight^T, the sum fused into the product: addend (R, out), x (R, in)."""
-        if self.packed is None:
-            return torch.addmm(addend, x, self.weight.T)
-        return torch.ops.mkldnn._linear_pointwise.binary(x, addend, self.packed, None, "add")
+        if self.packed is None or not onednn_active():
+            path_counts["torch"] += 1
+            return torch.addmm(addend, x, self._plain_weight().T)
+        return _checked("packed_add", lambda: _onednn_add_linear(addend, x, self.packed),
+                        lambda: torch.addmm(addend.float(), x.float(), self._scaled().float().T),
+                        lambda: torch.addmm(addend, x, self._plain_weight().T), self.dtype)
