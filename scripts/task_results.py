@@ -31,7 +31,7 @@ import torch
 
 from elmokit.builtin import builtin_model_dir
 from elmokit.io import atomic_write_text
-from elmokit.tasks.report import plot_layer_weights, plot_probes
+from elmokit.tasks.report import plot_layer_weights, plot_probes, probe_findings, probe_tables
 from elmokit.tasks.train import DEFAULT_DATA_DIR, TaskConfig, TaskData, load_splits, train_task
 from elmokit.weights import load_model
 
@@ -112,33 +112,41 @@ def finished_run(out: Path, config: TaskConfig, args: argparse.Namespace) -> dic
     return result | {"reused": True}
 
 
-def run_task(name: str, bilm, args: argparse.Namespace) -> dict[str, list[dict]]:
-    """All seeds of both conditions of one experiment; the data (and the ELMo layers) loaded once."""
-    base = base_config(name, args)
-    splits = None
-    runs: dict[str, list[dict]] = {}
-    for condition, model in (("no_elmo", None), ("elmo", str(args.model))):
-        if condition not in args.conditions:
-            continue
-        condition_dir = args.runs_dir / name / condition
+class Runner:
+    """Runs of this invocation, one at a time in any order; the data (and the ELMo layers) of
+    each task and condition loaded once and shared by its seeds."""
+
+    def __init__(self, bilm, args: argparse.Namespace):
+        self.bilm, self.args = bilm, args
+        self.splits: dict[str, dict] = {}
+        self.data: dict[tuple[str, str], TaskData] = {}
+
+    def run(self, name: str, condition: str, seed: int) -> dict:
+        """One run: reused if finished with the same recipe, else trained."""
+        base = base_config(name, self.args)
+        model = str(self.args.model) if condition == "elmo" else None
+        condition_dir = self.args.runs_dir / name / condition
         features_record = condition_dir / "features.json"
-        data, runs[condition] = None, []
-        for seed in args.seeds:
-            config = TaskConfig(model=model, seed=seed, out=str(condition_dir / f"seed{seed}"), **base)
-            result = finished_run(Path(config.out), config, args) if features_record.is_file() else None
-            if result is None:
-                if data is None:
-                    splits = splits or load_splits(TaskConfig(**base))
-                    start = time.process_time()
-                    data = TaskData(TaskConfig(model=model, **base), splits, bilm if model else None)
-                    atomic_write_text(features_record, json.dumps(
-                        {"feature_cpu_seconds": round(time.process_time() - start, 1)}) + "\n")
-                result = train_task(config, bilm if model else None, data)
-            result.update(json.loads(features_record.read_text(encoding="utf-8")), experiment=name)
-            runs[condition].append(result)
-            print(json.dumps({k: result[k] for k in ("experiment", "elmo", "seed", "dev", "test", "cpu_seconds")}),
-                  flush=True)
-    return runs
+        config = TaskConfig(model=model, seed=seed, out=str(condition_dir / f"seed{seed}"), **base)
+        result = finished_run(Path(config.out), config, self.args) if features_record.is_file() else None
+        if result is None:
+            data = self.task_data(name, condition, base, model, features_record)
+            result = train_task(config, self.bilm if model else None, data)
+        result.update(json.loads(features_record.read_text(encoding="utf-8")), experiment=name)
+        print(json.dumps({k: result[k] for k in ("experiment", "elmo", "seed", "dev", "test", "cpu_seconds")}),
+              flush=True)
+        return result
+
+    def task_data(self, name: str, condition: str, base: dict, model: str | None, features_record: Path) -> TaskData:
+        if (name, condition) not in self.data:
+            if name not in self.splits:
+                self.splits[name] = load_splits(TaskConfig(**base))
+            start = time.process_time()
+            self.data[name, condition] = TaskData(TaskConfig(model=model, **base), self.splits[name],
+                                                  self.bilm if model else None)
+            atomic_write_text(features_record, json.dumps(
+                {"feature_cpu_seconds": round(time.process_time() - start, 1)}) + "\n")
+        return self.data[name, condition]
 
 
 def shown_split(runs: dict) -> str:
@@ -178,7 +186,9 @@ def findings(all_runs: dict, probes: dict | None, args: argparse.Namespace) -> l
         values = {c: scores(runs, c) for c in ("no_elmo", "elmo")}
         delta = statistics.mean(values["elmo"]) - statistics.mean(values["no_elmo"])
         spread = max(statistics.stdev(v) if len(v) > 1 else 0.0 for v in values.values())
-        if delta > spread:
+        if min(len(v) for v in values.values()) < 2:
+            verdict = "one seed so far: no spread to weigh the difference against"
+        elif delta > spread:
             verdict = "ELMo is better, by more than the seeds' spread"
         else:
             not_better.append(name)
@@ -201,23 +211,6 @@ def findings(all_runs: dict, probes: dict | None, args: argparse.Namespace) -> l
     return lines + [""]
 
 
-def probe_findings(probes: dict | None) -> list[str]:
-    lines = []
-    for name, key, paper in (("pos", "test", 1), ("wsd", "accuracy_covered", 2)):
-        if probes and name in probes:
-            layers = {k: v[key] for k, v in probes[name].items() if k.startswith("layer_")}
-            best = max(layers, key=layers.get)
-            lines.append(f"* {name.upper()} probe: best layer {best.split('_')[1]} ("
-                         + ", ".join(f"layer {k.split('_')[1]} {v:.2f}" for k, v in layers.items())
-                         + f"; the paper found layer {paper} best).")
-    if probes and "wsd" in probes:
-        mfs = probes["wsd"]["mfs"]["accuracy_covered"]
-        best = max(v["accuracy_covered"] for k, v in probes["wsd"].items() if k.startswith("layer_"))
-        lines.append(f"* WSD: the most frequent training sense of each lemma scores {mfs:.2f} on the same "
-                     f"covered tokens; the best layer's 1-NN {'beats' if best > mfs else 'does not beat'} it ({best:.2f}).")
-    return lines
-
-
 def mean_std(values: list[float]) -> str:
     std = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{statistics.mean(values):.2f} ± {std:.2f}"
@@ -227,7 +220,7 @@ def recipe_text(runs: dict) -> str:
     """A row's recipe, from its first ELMo run's recorded config."""
     config = runs["elmo"][0].get("config")
     if config is None:
-        return "not recorded (runs made before runs stored their config)"
+        return "not recorded with these runs (made before runs kept their config)"
     task_default = TaskConfig(**{k: v for k, v in config.items()})
     parts = [f"BiLSTM {config['hidden_dim']}", f"words {config['word_dim']}"]
     if task_default.use_chars:
@@ -239,8 +232,8 @@ def recipe_text(runs: dict) -> str:
 
 
 def table(all_runs: dict) -> list[str]:
-    lines = ["| task | split | no ELMo | ELMo | Δ | CPU s a run (no ELMo / ELMo) | ELMo layers CPU s (once) "
-             "| epochs kept (ELMo) | recipe |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| task | split | seeds | no ELMo | ELMo | Δ | CPU s a run (no ELMo / ELMo) | ELMo layers CPU s (once) "
+             "| epochs kept (ELMo) | recipe |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, runs in all_runs.items():
         split = shown_split(runs)
         cells, means = [], []
@@ -252,32 +245,10 @@ def table(all_runs: dict) -> list[str]:
         cpu = [statistics.mean(r["cpu_seconds"] for r in runs[c]) for c in ("no_elmo", "elmo")]
         mark = " †" if runs["elmo"][0].get("carried") else ""
         epochs = "/".join(str(r["best_epoch"]) for r in runs["elmo"])
-        lines.append(f"| {EXPERIMENTS[name][1]}{mark} | {split} | {cells[0]} | {cells[1]} | {means[1] - means[0]:+.2f} | "
+        seeds = f"{len(runs['no_elmo'])} / {len(runs['elmo'])}"
+        lines.append(f"| {EXPERIMENTS[name][1]}{mark} | {split} | {seeds} | {cells[0]} | {cells[1]} | {means[1] - means[0]:+.2f} | "
                      f"{cpu[0]:.0f} / {cpu[1]:.0f} | {runs['elmo'][0]['feature_cpu_seconds']:.0f} | {epochs} | "
                      f"{recipe_text(runs)} |")
-    return lines
-
-
-def probe_tables(probes: dict, quick: bool) -> list[str]:
-    lines = ["## Probes: what each layer knows", "",
-             "Plot: " + ("`probes.png`" if quick else "[probes](results/probes.png)"), ""]
-    if "pos" in probes:
-        lines += ["Linear UPOS probe (logistic regression on one layer's frozen vectors, UD EWT):", "",
-                  "| layer | dev acc. | test acc. |", "| --- | --- | --- |"]
-        lines += [f"| {key.split('_')[1]} | {v['dev']:.2f} | {v['test']:.2f} |" for key, v in probes["pos"].items()]
-        lines.append("")
-    if "wsd" in probes:
-        wsd = probes["wsd"]
-        lines += ["1-nearest-neighbour WSD on SemCor 3.0 (every 5th document held out; nearest training "
-                  f"occurrence of the same lemma and POS by cosine). Backoff for unseen lemmas: {wsd['backoff']}.", "",
-                  "| layer | acc. on covered tokens | coverage | acc. all (no backoff) | acc. all (with backoff) |",
-                  "| --- | --- | --- | --- | --- |"]
-        for key, v in wsd.items():
-            if isinstance(v, dict):
-                name = key.split("_")[1] if key.startswith("layer_") else "train MFS"
-                lines.append(f"| {name} | {v['accuracy_covered']:.2f} | {v['coverage']:.2f} | "
-                             f"{v['accuracy_all_no_backoff']:.2f} | {v['accuracy_all_with_backoff']:.2f} |")
-        lines.append("")
     return lines
 
 
@@ -293,11 +264,10 @@ def results_page(all_runs: dict, probes: dict | None, args: argparse.Namespace, 
         lines += ["# ELMo in real tasks", ""]
     config = TaskConfig(task="pos")
     model_name = "the built-in model (`gutenberg-en`)" if args.builtin else f"`{args.model}`"
-    seeds = sorted({r["seed"] for runs in all_runs.values() for r in runs["elmo"]})
     lines += [f"biLM: {model_name} — {bilm.config.lstm.n_layers} LSTM layers, {bilm.output_dim}-dim outputs, "
               f"{sum(p.numel() for p in bilm.parameters()):,} parameters.", "",
-              f"Each cell is the score on the split named, mean ± sample std over seeds {seeds}; dev in brackets "
-              "where the test split is shown. Task models: one BiLSTM layer over task word vectors (random init; "
+              "Each cell is the score on the split named, mean ± sample std over the runs (seeds) counted in "
+              "the seeds column (no ELMo / ELMo); dev in brackets where the test split is shown. Task models: one BiLSTM layer over task word vectors (random init; "
               "a char CNN beside them where the recipe says so), with ELMo concatenated at the input ([x; ELMo]); "
               "CRF output for NER, softmax for POS, pooling for SST. The biLM is frozen; its layers are computed once "
               f"per sentence. Scalar mix with dropout {config.elmo_dropout} and λ = {config.elmo_l2} on the mix weights "
@@ -323,7 +293,7 @@ def results_page(all_runs: dict, probes: dict | None, args: argparse.Namespace, 
                         f"--runs-dir {args.runs_dir}", *(["--probes"] if args.probes else [])])
     lines += ["## How this was made", "",
               f"`{command}` on {platform.machine()} ({platform.processor() or 'cpu'}), torch {torch.__version__}, "
-              f"{args.threads} thread(s); CPU time (process time) of all the runs and probes on this page: "
+              f"{args.threads} thread(s); CPU time (process time) of the runs{' and probes' if args.probes else ''} on this page: "
               f"{reused_cpu_minutes(all_runs) + total_cpu / 60:.1f} min ({total_cpu / 60:.1f} min in this invocation; "
               f"finished runs are reused). The runs made here are in `{args.runs_dir}/<task>/<condition>/seed<S>/` "
               "(metrics.jsonl, results.json, and the trained model).", ""]
@@ -344,6 +314,8 @@ def previous_results(args: argparse.Namespace) -> tuple[dict, dict | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Seed by seed (seed 1 of every task and condition first), writing the page after every run
+    once each row has a run, so that an interrupted table still shows what finished."""
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     start = time.process_time()
@@ -351,33 +323,54 @@ def main(argv: list[str] | None = None) -> int:
     if args.model is None and "elmo" in args.conditions:
         args.model = builtin_model_dir()
     bilm = load_model(args.model) if "elmo" in args.conditions else None
-    new_runs = {name: run_task(name, bilm, args) for name in args.tasks}
-    if set(args.conditions) != {"no_elmo", "elmo"}:
+    conditions = [c for c in ("elmo", "no_elmo") if c in args.conditions]
+    new_runs = {name: {c: [] for c in conditions} for name in args.tasks}
+    carried, probes = previous_results(args)
+    runner = Runner(bilm, args)
+    for seed in args.seeds:
+        for name in args.tasks:
+            for condition in conditions:
+                new_runs[name][condition].append(runner.run(name, condition, seed))
+                if len(conditions) == 2 and all(r for runs in new_runs.values() for r in runs.values()):
+                    write_results(new_runs, carried, probes, args, bilm, time.process_time() - start)
+    if len(conditions) < 2:
         print(f"ran {', '.join(args.conditions)} only: no table ({(time.process_time() - start) / 60:.1f} CPU min)")
         return 0
-    carried, probes = previous_results(args)
+    if args.probes:
+        probes = run_probes(bilm, args)
+    write_results(new_runs, carried, probes, args, bilm, time.process_time() - start)
+    print(f"wrote {args.out} ({(time.process_time() - start) / 60:.1f} CPU min)")
+    return 0
+
+
+def run_probes(bilm, args: argparse.Namespace) -> dict:
+    from elmokit.tasks.probes import pos_probe, wsd_probe
+
+    limits = dict(max_train_sentences=1000, max_eval_sentences=300) if args.quick else {}
+    probes = {"pos": pos_probe(bilm, args.data_dir, cache_dir=args.runs_dir / "elmo-cache",
+                               progress=not args.no_progress, **limits),
+              "wsd": wsd_probe(bilm, Path(args.data_dir) / "wsd" / "semcor3.0.tsv.gz",
+                               max_documents=20 if args.quick else None, progress=not args.no_progress)}
+    plot_probes(probes, figure_dir(args) / "probes.png")
+    return probes
+
+
+def figure_dir(args: argparse.Namespace) -> Path:
+    return args.out.parent / ("results" if not args.quick else "")
+
+
+def write_results(new_runs: dict, carried: dict, probes: dict | None, args: argparse.Namespace, bilm,
+                  cpu_seconds: float) -> None:
+    """The page, its plots and results.json, from the recorded runs (this invocation's and the carried)."""
     all_runs = {name: new_runs.get(name) or carried[name] for name in EXPERIMENTS if name in new_runs or name in carried}
-    figures = args.out.parent / ("results" if not args.quick else "")
     for name, runs in all_runs.items():
         plot_layer_weights([r["layer_weights"] for r in runs["elmo"]], f"{name}: learned ELMo layer weights",
-                           figures / f"layer_weights_{name}.png")
-    if args.probes:
-        from elmokit.tasks.probes import pos_probe, wsd_probe
-
-        limits = dict(max_train_sentences=1000, max_eval_sentences=300) if args.quick else {}
-        probes = {"pos": pos_probe(bilm, args.data_dir, cache_dir=args.runs_dir / "elmo-cache",
-                                   progress=not args.no_progress, **limits),
-                  "wsd": wsd_probe(bilm, Path(args.data_dir) / "wsd" / "semcor3.0.tsv.gz",
-                                   max_documents=20 if args.quick else None, progress=not args.no_progress)}
-        plot_probes(probes, figures / "probes.png")
-    total_cpu = time.process_time() - start
-    atomic_write_text(args.out, results_page(all_runs, probes, args, bilm, total_cpu))
+                           figure_dir(args) / f"layer_weights_{name}.png")
+    atomic_write_text(args.out, results_page(all_runs, probes, args, bilm, cpu_seconds))
     records = {name: {c: [{k: v for k, v in r.items() if k not in ("carried", "reused")} for r in results]
                       for c, results in runs.items()} for name, runs in all_runs.items()}
     atomic_write_text(args.out.with_suffix(".json"),
                       json.dumps({"quick": args.quick, "runs": records, "probes": probes}, indent=1) + "\n")
-    print(f"wrote {args.out} ({total_cpu / 60:.1f} CPU min)")
-    return 0
 
 
 if __name__ == "__main__":
