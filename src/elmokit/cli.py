@@ -13,6 +13,7 @@ import sys
 
 from elmokit import __version__
 from elmokit.commands import COMMAND_MODULES
+from elmokit.extras import MissingExtraError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `elmo ... | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0
-    except (UserError, OSError, ValueError) as error:  # OSError: a missing file, an output in use, a full disk
+    except (UserError, OSError, ValueError, MissingExtraError) as error:  # OSError: a missing file, an output in use, a full disk
         print(f"elmo {args.command}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as interrupt:

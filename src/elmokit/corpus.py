@@ -33,6 +33,7 @@ from multiprocessing import Pool
 from pathlib import Path
 from typing import IO
 
+from elmokit.extras import require
 from elmokit.io import atomic_path, atomic_write_text
 
 CHUNK_LINES = 256  # raw lines per task sent to a worker
@@ -333,16 +334,21 @@ def prepare_corpus(
 
     Returns:
         the counts, also written to `out_dir/prepare.json`.
+
+    Raises:
+        MissingExtraError: raw input and sacremoses or sentencex not installed (the `prepare` extra).
     """
     from tqdm import tqdm
 
     paths = expand_paths(inputs)
     out_dir = Path(out_dir)
-    _clear_old_shards(out_dir, overwrite)
     stats = PrepareStats(input_files=list(map(str, paths)))
     if pretokenized is None:
         pretokenized = looks_pretokenized(list(itertools.islice(
             _all_lines(paths, True, PrepareStats()), 200)))
+    if not pretokenized:  # checked here, before old shards are removed and workers start
+        require("prepare", "elmo prepare")
+    _clear_old_shards(out_dir, overwrite)
     stats.pretokenized = pretokenized
     workers = max(1, workers or os.cpu_count() or 1)
 

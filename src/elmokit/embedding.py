@@ -66,6 +66,7 @@ import torch
 
 from elmokit.corpus import CorpusError, not_a_regular_file, open_binary
 from elmokit.elmo import OUTPUT_FORMATS, ElmoEmbedder, position_windows, select_layers
+from elmokit.extras import require
 from elmokit.io import atomic_write_text, durable_replace, output_lock, refuse_overwrite
 
 FILE_FORMATS = ("hdf5", "npz")
@@ -161,9 +162,10 @@ def scan_input(path: Path, use_sentence_keys: bool) -> int:
 
 def make_tokenizer(tokenize: bool, lang: str = "en") -> Callable[[str], list[str]]:
     """str -> tokens: whitespace splitting, or sacremoses' MosesTokenizer (`escape=False`, as
-    `elmo prepare` tokenizes) for raw text."""
+    `elmo prepare` tokenizes) for raw text; MissingExtraError if sacremoses is not installed."""
     if not tokenize:
         return str.split
+    require("prepare", "Moses tokenization (--tokenize)", ("sacremoses",))
     from sacremoses import MosesTokenizer
 
     moses = MosesTokenizer(lang=lang)
@@ -439,6 +441,8 @@ def embed_file(embedder: ElmoEmbedder, input_path: str | Path, output_path: str 
     options = options or EmbedOptions()
     input_path, output_path = Path(input_path), Path(output_path)
     check_input_file(input_path)
+    if options.tokenize:  # before anything is written
+        require("prepare", "Moses tokenization (--tokenize)", ("sacremoses",))
     if output_path.is_dir():
         raise IsADirectoryError(f"output is a directory, expected a file name: {output_path}")
     lock = output_lock(lock_path(output_path), str(output_path)) if rank == 0 else contextlib.nullcontext()

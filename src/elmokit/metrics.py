@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from elmokit.extras import require
 from elmokit.io import atomic_path, atomic_write_text
 
 
@@ -74,16 +75,19 @@ def progress_bar(enabled: bool, initial: int):
 
 
 def plot_curves(metrics_path: Path, png_path: Path) -> None:
-    """Training loss and validation perplexities against training tokens, as a PNG."""
-    import matplotlib
+    """Training loss and validation perplexities against training tokens, as a PNG.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Raises:
+        MissingExtraError: matplotlib is not installed (the `plot` extra).
+    """
+    require("plot", "curves.png of elmo train")
+    from matplotlib.figure import Figure  # no pyplot: no backend is chosen, none is changed
 
     records = read_metrics(metrics_path) if metrics_path.exists() else []
     train = [r for r in records if "loss" in r]
     valid = [r for r in records if "valid_ppl" in r]
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    figure = Figure(figsize=(11, 4))
+    left, right = figure.subplots(1, 2)
     left.plot([r["tokens"] for r in train], [r["loss"] for r in train], linewidth=0.8)
     left.set(xlabel="training tokens", ylabel="training loss (nats)", title="training")
     for key, label in (("valid_forward_ppl", "forward"), ("valid_backward_ppl", "backward"), ("valid_ppl", "average")):
@@ -95,4 +99,3 @@ def plot_curves(metrics_path: Path, png_path: Path) -> None:
     figure.tight_layout()
     with atomic_path(png_path) as tmp:
         figure.savefig(tmp, format="png", dpi=100)
-    plt.close(figure)

@@ -23,6 +23,7 @@ import torch
 
 from elmokit.elmo import ElmoEmbedder
 from elmokit.embedding import embed_sentences, make_tokenizer, read_lines
+from elmokit.extras import require
 from elmokit.io import atomic_path
 
 WINDOW_OVERLAP = 32  # tokens of context on each side of a long sentence's windows
@@ -190,13 +191,16 @@ def cue_labels(sentences: Sequence[Sequence[str]], cues: Sequence[str]) -> list[
 
 def plot_occurrences(path: Path, projections: np.ndarray, labels: Sequence[str], query_point: np.ndarray,
                      title: str) -> None:
-    """Scatter the (N, 2) projections coloured by label, the query as a black star; PNG via Agg."""
-    import matplotlib
+    """Scatter the (N, 2) projections coloured by label, the query as a black star, as a PNG.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Raises:
+        MissingExtraError: matplotlib is not installed (the `plot` extra).
+    """
+    require("plot", "elmo similar --plot")
+    from matplotlib.figure import Figure  # no pyplot: no backend is chosen, none is changed
 
-    figure, axes = plt.subplots(figsize=(7, 6))
+    figure = Figure(figsize=(7, 6))
+    axes = figure.subplots()
     for label in sorted(set(labels), key=lambda name: (name == "other", name)):
         chosen = np.array([value == label for value in labels])
         axes.scatter(projections[chosen, 0], projections[chosen, 1], s=18, alpha=0.75,
@@ -209,4 +213,3 @@ def plot_occurrences(path: Path, projections: np.ndarray, labels: Sequence[str],
     figure.tight_layout()
     with atomic_path(path) as tmp:
         figure.savefig(tmp, format="png", dpi=100)
-    plt.close(figure)

@@ -23,6 +23,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from elmokit.chars import MAX_CHARS
 from elmokit.config import ConfigError, ElmoConfig
 from elmokit.data import LMBatch, LMBatcher, eval_batches
 from elmokit.devices import resolve_device
+from elmokit.extras import MissingExtraError
 from elmokit.lm import LanguageModel
 from elmokit.lstm import LstmState
 from elmokit.metrics import MetricsWindow, append_metrics, plot_curves, progress_bar, truncate_metrics
@@ -420,7 +422,10 @@ def run_evaluation(model: LanguageModel, config: TrainConfig, vocab, progress: P
         if config.patience and progress.bad_evals >= config.patience:
             progress.done = True
     if dist_.is_main:
-        plot_curves(out_dir / METRICS_NAME, out_dir / CURVES_NAME)
+        try:
+            plot_curves(out_dir / METRICS_NAME, out_dir / CURVES_NAME)
+        except MissingExtraError as error:  # metrics.jsonl holds the same numbers; shown once a run
+            warnings.warn(f"{error}; training goes on without it", stacklevel=1)
     return result
 
 

@@ -12,6 +12,7 @@ from elmokit.commands.common import add_device_arguments, add_model_arguments, d
 from elmokit.io import refuse_overwrite
 from elmokit.elmo import ElmoEmbedder
 from elmokit.embedding import check_input_file, make_tokenizer
+from elmokit.extras import require
 from elmokit.similar import (
     check_max_length,
     cue_labels,
@@ -76,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         if args.plot.is_dir():
             raise IsADirectoryError(f"--plot is a directory, expected a file name: {args.plot}")
         refuse_overwrite([args.plot], args.overwrite)
+        require("plot", "elmo similar --plot")  # before the corpus is embedded, not after
     for name in ("top_k", "batch_size", "clusters"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

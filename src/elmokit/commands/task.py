@@ -223,6 +223,7 @@ def run_predict(args: argparse.Namespace) -> int:
 
 
 def run_probe(args: argparse.Namespace) -> int:
+    from elmokit.extras import require
     from elmokit.io import atomic_write_text
     from elmokit.tasks.probes import pos_probe, wsd_probe
     from elmokit.tasks.report import plot_probes
@@ -230,6 +231,7 @@ def run_probe(args: argparse.Namespace) -> int:
     from elmokit.weights import load_model
 
     refuse_overwrite([args.out / "probes.json", args.out / "probes.png"], args.overwrite)
+    require("plot", "elmo task probe (probes.png)")  # before the probes run, not after
     bilm = load_model(args.model)
     results = {}
     if "pos" in args.probes:

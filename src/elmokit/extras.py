@@ -1,0 +1,50 @@
+"""Optional dependencies: which extra brings which package, and the error when one is missing.
+
+`pip install elmokit` brings what embedding needs (torch, numpy, h5py, safetensors, tqdm). The
+rest is imported only where it is used, after `require` has checked it is there:
+
+| extra | packages | used by |
+| --- | --- | --- |
+| `plot` | matplotlib | `curves.png` of `elmo train`, `elmo similar --plot`, the task and probe figures |
+| `prepare` | sacremoses, sentencex | `elmo prepare`, Moses tokenization (`--tokenize`) |
+| `all` | both of the above | |
+"""
+
+from __future__ import annotations
+
+import importlib
+
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "plot": ("matplotlib",),
+    "prepare": ("sacremoses", "sentencex"),
+}
+"""The packages of each optional extra (import names, the same as their pip names)."""
+
+
+class MissingExtraError(ImportError):
+    """An optional package is not installed; the message names the extra that brings it."""
+
+
+def require(extra: str, purpose: str, packages: tuple[str, ...] | None = None) -> None:
+    """Check that the packages `purpose` needs from `extra` can be imported, else say how to get them.
+
+    Args:
+        extra: a key of `EXTRAS`, e.g. "prepare".
+        purpose: what needs them, as the message starts, e.g. "elmo prepare".
+        packages: the packages of the extra that `purpose` needs (default: all of them).
+
+    Raises:
+        MissingExtraError: e.g. "elmo prepare needs sacremoses and sentencex:
+            pip install 'elmokit[prepare]'", when any of `packages` fails to import.
+    """
+    packages = EXTRAS[extra] if packages is None else packages
+    unknown = set(packages) - set(EXTRAS[extra])
+    if unknown:
+        raise ValueError(f"extra {extra!r} has no package {sorted(unknown)}; it has {list(EXTRAS[extra])}")
+    for package in packages:
+        try:
+            importlib.import_module(package)
+        except ImportError as error:
+            raise MissingExtraError(
+                f"{purpose} needs {' and '.join(packages)}: pip install 'elmokit[{extra}]'",
+                name=package) from error
