@@ -228,3 +228,18 @@ def test_training_batches_cover_every_example_once_with_similar_lengths():
     spread = sum(max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in batches) / len(batches)
     assert spread < 10  # sorted within pools of 200: a batch spans a few lengths, not the whole 1-60
     assert batches != shuffled_batches(lengths, 10, random.Random(2), 20)  # the order follows the rng
+
+
+def test_conllu_prediction_keeps_comments_multiword_ranges_and_empty_nodes(tmp_path):
+    from elmokit.tasks.formats import iter_records
+    from elmokit.tasks.predict import conllu_block
+    from tests.test_formats import CONLLU
+
+    path = tmp_path / "a.conllu"
+    path.write_text(CONLLU, encoding="utf-8")
+    record = next(iter_records(path, resolve_format(path, "tagger"), "tagger"))
+    written = conllu_block(record, ["A", "B", "C", "D"], "upos").splitlines()
+    original = CONLLU.split("\n\n")[0].splitlines()
+    assert len(written) == len(original) + 1 and written[-1] == ""
+    assert [line.split("\t")[3] for line in written[2:-1]] == ["A", "_", "B", "C", "D", "PRON"]
+    assert written[:2] == original[:2] and written[3] == original[3] and written[7] == original[7]
