@@ -239,6 +239,13 @@ class BiLstmLayer(nn.Module):
         scale[3 * self.cell_dim:] = 2.0
         return scale
 
+    def __getstate__(self) -> dict:
+        """copy.deepcopy and pickle leave out the reordered weights (oneDNN's opaque tensors cannot
+        be copied): a copy remakes them on first use."""
+        state = super().__getstate__()
+        state.pop("_packed_products", None)
+        return state
+
     def _packed(self, rows: int) -> tuple[list[PackedLinear], ...]:
         """The input, recurrent and projection products of each direction, their weights
         reordered for oneDNN (the candidate's rows doubled, see `_lstm_cell_`): made once per
