@@ -133,7 +133,7 @@ class Elmo(nn.Module):
         do_layer_norm: normalise each layer before mixing (one mean/variance per batch).
         dropout: applied to each representation (AllenNLP's default 0.5).
         vocab_to_cache: precompute the token layer for these words; then call with `word_inputs`.
-        keep_sentence_boundaries: keep <S> and </S> in the outputs.
+        keep_sentence_boundaries: keep `<S>` and `</S>` in the outputs.
         scalar_mix_parameters: fixed raw (pre-softmax) layer weights; frozen, gamma = 1.
         stateful: carry the LSTM state from call to call as the original did (spec §9).
         module: an already loaded `BiLM` to use instead of loading one (moved and converted in place).
@@ -263,7 +263,7 @@ class TokenCache:
 
     def embeddings(self, sentences: Sequence[Sequence[str]]) -> torch.Tensor:
         """The token layer of every position of `sentences` with boundaries, row-major
-        ([<S>, tokens of sentence 0, </S>, <S>, ...]): (N, P), a copy."""
+        (`[<S>, tokens of sentence 0, </S>, <S>, ...]`): (N, P), a copy."""
         lengths = np.fromiter(map(len, sentences), np.int64, len(sentences))
         tokens = [BOS_TOKEN, EOS_TOKEN, *itertools.chain.from_iterable(sentences)]
         with self.lock:
@@ -344,7 +344,9 @@ class ElmoEmbedder:
     """All L+1 layers of every token, as float32 arrays (L+1, n, 2P) (AllenNLP's `ElmoEmbedder`).
 
     Args:
-        options_file, weight_file: original files, or a native directory, or None (built-in model).
+        options_file: original options JSON, or a native model directory (then `weight_file` is
+            None), or None for the built-in English model.
+        weight_file: original HDF5 weights.
         cuda_device: -1 for the CPU (AllenNLP's argument), else a CUDA device index; an alias of `device`.
         stateful: carry the state between calls as the original did; by default every sentence is
             embedded from a fresh state, so results never depend on batching or order.

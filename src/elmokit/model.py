@@ -116,7 +116,7 @@ class TokenEncoder(nn.Module):
 # ---------------------------------------------------------------------------------------------
 class BiLMOutput(NamedTuple):
     """layers: L+1 tensors (B, S, 2P), boundaries included, zero at padding (layer 0 is the
-    token representation twice); mask: (B, S) bool, true on <S>, the tokens and </S>;
+    token representation twice); mask: (B, S) bool, true on `<S>`, the tokens and `</S>`;
     state: the final LSTM state, to pass to the next call for the original stateful behaviour
     (None for a biLM in bfloat16, which runs stateless)."""
 
@@ -185,7 +185,9 @@ class BiLM(nn.Module):
         return encoded.view(*char_ids.shape[:-1], -1)
 
     def forward(self, char_ids: torch.Tensor, state: LstmState | None = None) -> BiLMOutput:
-        """Args:
+        """Every layer of every position, sentence boundaries added.
+
+        Args:
             char_ids: (B, T, W) from `batch_to_ids`, right-padded with all-zero rows.
             state: initial LSTM state for these B rows (spec §9); zeros if None.
         """
