@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,11 +59,21 @@ def help_text(parser: argparse.ArgumentParser) -> str:
         parser.formatter_class = formatter_class
 
 
+def cli_parser() -> argparse.ArgumentParser:
+    """The `elmo` parser: `build_parser()` of the module that pyproject.toml's `elmo` script names."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the docs extra brings tomli
+        import tomli as tomllib
+
+    pyproject = tomllib.loads((README.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    module_name = pyproject["project"]["scripts"]["elmo"].split(":")[0]
+    return importlib.import_module(module_name).build_parser()
+
+
 def cli_reference() -> str:
     """The Markdown of the CLI reference page."""
-    from elmokit.cli import build_parser
-
-    root = build_parser()
+    root = cli_parser()
     pages, index = [], []
 
     def visit(parser: argparse.ArgumentParser, summary: str, depth: int) -> None:

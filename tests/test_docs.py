@@ -37,10 +37,8 @@ def test_site_builds_in_strict_mode(tmp_path):
 
     # the CLI reference holds the --help text of every parser, sub-subcommands included
     hooks = load_hooks()
-    from elmokit.cli import build_parser
-
     cli_page = html.unescape((site / "cli" / "index.html").read_text(encoding="utf-8"))
-    parsers, stack = [], [build_parser()]
+    parsers, stack = [], [hooks.cli_parser()]
     while stack:
         parser = stack.pop()
         parsers.append(parser.prog)
