@@ -21,16 +21,18 @@ WORDS = "the cat sat on a mat dog ran to house big small".split()
 
 
 def fails_in_one_line(argv: list[str], capsys, *expected: str) -> str:
-    """Run `elmo argv` in-process: exit status 2, one line on stderr naming everything `expected`."""
+    """Run `elmo argv` in-process: exit status 2 and one error line on stderr, its last line (what
+    a command reported before, e.g. the data it read, may come above), naming all of `expected`."""
     capsys.readouterr()
     assert main(argv) == 2
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip() and "\r" not in line]  # no progress bars
-    assert len(lines) == 1, err
+    errors = [line for line in lines if line.startswith("elmo") and ": error: " in line]
+    assert len(errors) == 1 and lines[-1] == errors[0], err
     assert "Traceback" not in err
     for text in expected:
-        assert text in lines[0], (text, lines[0])
-    return lines[0]
+        assert text in errors[0], (text, errors[0])
+    return errors[0]
 
 
 @pytest.fixture(scope="module")
@@ -234,3 +236,102 @@ def test_similar_windows_a_sentence_longer_than_max_length(files, tmp_path, caps
     (tmp_path / "corpus.txt").write_text(long_line + "\n")
     assert main(["similar", str(tmp_path / "corpus.txt"), "--query", "the cat", "--word", "cat",
                  "--max-length", "65", "--model", str(files["model"])]) == 0
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["--max-train-sentences", "0"], "--max-train-sentences must be >= 1, got 0"),
+    (["--max-eval-sentences", "-2"], "--max-eval-sentences must be >= 1, got -2"),
+    (["--lr", "-0.1"], "--lr must be a number > 0, got -0.1"),
+    (["--lr", "nan"], "--lr must be a number > 0, got nan"),
+    (["--bilm-lr", "0"], "--bilm-lr must be a number > 0, got 0.0"),
+    (["--dropout", "1"], "--dropout must be in [0, 1), got 1.0"),
+    (["--elmo-l2", "-1"], "--elmo-l2 must be a number >= 0"),
+])
+def test_task_train_values_out_of_range(files, tmp_path, capsys, extra, expected):
+    tagged = _tagged_file(tmp_path)
+    fails_in_one_line(["task", "train", "--task", "pos", "--model", "none", "--train", str(tagged), "--dev",
+                       str(tagged), "--out", str(tmp_path / "run"), "--no-progress", *extra], capsys, expected)
+    assert not (tmp_path / "run").exists()
+
+
+def test_task_train_out_is_a_file(files, tmp_path, capsys):
+    tagged = _tagged_file(tmp_path)
+    (tmp_path / "run").write_text("a file")
+    fails_in_one_line(["task", "train", "--task", "pos", "--model", "none", "--train", str(tagged), "--dev",
+                       str(tagged), "--out", str(tmp_path / "run"), "--no-progress"], capsys,
+                      f"--out {tmp_path / 'run'} is a file")
+    assert (tmp_path / "run").read_text() == "a file"
+
+
+@pytest.mark.parametrize("damage", ["truncated", "missing-dev"])
+def test_a_task_run_that_fails_leaves_no_run_directory(files, tmp_path, capsys, damage):
+    tagged = _tagged_file(tmp_path)
+    train, dev = tagged, tmp_path / "no-dev.txt"
+    if damage == "truncated":
+        packed = gzip.compress(tagged.read_bytes())
+        (tmp_path / "dev.txt.gz").write_bytes(packed[: len(packed) // 2])
+        dev = tmp_path / "dev.txt.gz"
+    fails_in_one_line(["task", "train", "--task", "pos", "--model", "none", "--train", str(train), "--dev", str(dev),
+                       "--out", str(tmp_path / "run"), "--no-progress", "--max-epochs", "1"], capsys, str(dev))
+    assert not (tmp_path / "run").exists()
+
+
+def _tagged_file(folder: Path) -> Path:
+    lines = ["the DET", "cat NOUN", "sat VERB", "", "a DET", "dog NOUN", "ran VERB", ""]
+    (folder / "tagged.txt").write_text("\n".join(lines * 3) + "\n", encoding="utf-8")
+    return folder / "tagged.txt"
+
+
+# ---------------------------------------------------------------------------------------------
+# Outputs the format cannot hold, memory, messages of other libraries
+# ---------------------------------------------------------------------------------------------
+def test_a_sentence_too_long_for_an_npz_key(files, tmp_path, capsys):
+    (tmp_path / "in.txt").write_text("a b\n" + " ".join(["wörd"] * 14_000) + "\n", encoding="utf-8")
+    fails_in_one_line(["embed", str(tmp_path / "in.txt"), str(tmp_path / "out.npz"), "--use-sentence-keys",
+                       "--model", str(files["model"]), "--quiet"], capsys, "in.txt:2", "too long to be a key of a .npz",
+                      "--format hdf5")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
+    assert main(["embed", str(tmp_path / "in.txt"), str(tmp_path / "out.h5"), "--use-sentence-keys",
+                 "--model", str(files["model"]), "--quiet"]) == 0  # HDF5 names have no such limit
+
+
+def test_a_batch_too_large_for_memory_is_one_line(files, trained_run, capsys):
+    fails_in_one_line(["perplexity", str(trained_run), str(files["train"]), "--batch-size", "10000000000000"],
+                      capsys, "out of memory", "--batch-size")
+
+
+def test_a_multi_line_library_message_is_one_line(files, tmp_path, capsys):
+    (tmp_path / "checkpoint.pt").write_bytes(b"0")  # torch.load's refusal spans several lines
+    fails_in_one_line(["export", str(tmp_path / "checkpoint.pt"), "--native", str(tmp_path / "out")], capsys,
+                      "not a readable elmokit checkpoint")
+
+
+# ---------------------------------------------------------------------------------------------
+# Elmo on empty batches: empty outputs of the right shape
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("keep_boundaries", [False, True])
+@pytest.mark.parametrize("sentences, batch", [([], 0), ([[]], 1), ([[], []], 2)])
+def test_elmo_on_empty_batches(files, sentences, batch, keep_boundaries):
+    from elmokit import Elmo, ElmoEmbedder, batch_to_ids, load_pretrained
+
+    bilm = load_pretrained(files["model"])
+    elmo = Elmo(module=bilm, num_output_representations=2, dropout=0.0,
+                keep_sentence_boundaries=keep_boundaries).eval()
+    out = elmo(batch_to_ids(sentences))
+    positions = 2 if keep_boundaries else 0
+    assert [tuple(r.shape) for r in out["elmo_representations"]] == [(batch, positions, 12)] * 2
+    assert out["mask"].shape == (batch, positions) and out["mask"].dtype == torch.bool
+    assert int(out["mask"].sum()) == batch * positions
+    assert all(r.dtype == torch.float32 for r in out["elmo_representations"])
+    # as the embedder: nothing for no sentence, (L+1, 0, 2P) for an empty one
+    assert [a.shape for a in ElmoEmbedder(module=bilm).embed_batch(sentences)] == [(3, 0, 12)] * batch
+
+
+def test_elmo_on_empty_cached_word_inputs(files):
+    from elmokit import Elmo, load_pretrained
+
+    elmo = Elmo(module=load_pretrained(files["model"]), dropout=0.0, vocab_to_cache=["@@PADDING@@", "cat"]).eval()
+    for word_ids, shape in ((torch.zeros(0, 0, dtype=torch.long), (0, 0)), (torch.zeros(1, 0, dtype=torch.long), (1, 0)),
+                            (torch.zeros(2, 0, 4, dtype=torch.long), (2, 0, 4))):
+        out = elmo(word_inputs=word_ids)
+        assert out["elmo_representations"][0].shape == (*shape, 12) and out["mask"].shape == shape

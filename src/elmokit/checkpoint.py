@@ -96,7 +96,8 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # a truncated or foreign file
-        raise WeightFileError(f"{path}: not a readable elmokit checkpoint ({error})") from error
+        first_line = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
+        raise WeightFileError(f"{path}: not a readable elmokit checkpoint ({first_line})") from error
     for key in ("model", "elmo_config", "vocab_size"):
         if key not in checkpoint:
             raise WeightFileError(f"{path}: not an elmokit training checkpoint (no {key!r})")

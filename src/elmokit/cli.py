@@ -32,6 +32,17 @@ class UserError(Exception):
     """An error in what the user asked for; printed without a traceback."""
 
 
+def one_line(error: BaseException) -> str:
+    """The error's message on one line (a library's message may span several)."""
+    return " ".join(line.strip() for line in str(error).splitlines() if line.strip()) or type(error).__name__
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """An allocation that failed: Python's MemoryError, or torch's CPU or CUDA allocator."""
+    return isinstance(error, MemoryError) or any(text in str(error) for text in ("can't allocate memory",
+                                                                               "out of memory"))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -40,7 +51,13 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0
     except (UserError, OSError, ValueError, MissingExtraError) as error:  # OSError: a missing file, an output in use, a full disk
-        print(f"elmo {args.command}: error: {error}", file=sys.stderr)
+        print(f"elmo {args.command}: error: {one_line(error)}", file=sys.stderr)
+        return 2
+    except (MemoryError, RuntimeError) as error:
+        if not out_of_memory(error):
+            raise
+        print(f"elmo {args.command}: error: out of memory, ask for less at once (a smaller --batch-size or "
+              f"sizes): {one_line(error)[:300]}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as interrupt:
         detail = f": {interrupt}" if str(interrupt) else ""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -185,12 +186,18 @@ class Elmo(nn.Module):
         device = module_device(self.bilm)
         if word_inputs is not None and self.word_embedding is not None:
             leading = word_inputs.shape[:-1]
-            output = self._run_cached(word_inputs.reshape(-1, word_inputs.shape[-1]).to(device))
+            word_ids = word_inputs.reshape(math.prod(leading), word_inputs.shape[-1])  # (B, T)
+            if len(word_ids) == 0:  # no sentence: nothing to run
+                return self._empty_output(leading, word_ids.shape[1], device)
+            output = self._run_cached(word_ids.to(device))
         else:
             if inputs is None:
                 raise ValueError("Elmo needs `inputs` (char ids), or `word_inputs` with vocab_to_cache")
             leading = inputs.shape[:-2]
-            output = _run_bilm(self.bilm, inputs.reshape(-1, *inputs.shape[-2:]).to(device), self.carried)
+            char_ids = inputs.reshape(math.prod(leading), *inputs.shape[-2:])  # (B, T, W)
+            if len(char_ids) == 0:  # batch_to_ids([]): nothing to run
+                return self._empty_output(leading, char_ids.shape[1], device)
+            output = _run_bilm(self.bilm, char_ids.to(device), self.carried)
 
         representations = []
         for mix in self.scalar_mixes:
@@ -200,6 +207,16 @@ class Elmo(nn.Module):
                 mixed, mask = remove_boundaries(mixed, output.mask)
             representations.append(self.dropout(mixed).view(*leading, *mixed.shape[1:]))
         return {"elmo_representations": representations, "mask": mask.view(*leading, mask.shape[-1])}
+
+    def _empty_output(self, leading: torch.Size, n_tokens: int, device: torch.device
+                      ) -> dict[str, torch.Tensor | list[torch.Tensor]]:
+        """What a batch without sentences gives: (*leading, T, 2P) representations and a (*leading, T)
+        mask with no element (T + 2 positions with the boundaries kept)."""
+        n_positions = n_tokens + 2 if self.keep_sentence_boundaries else n_tokens
+        representations = [torch.zeros(*leading, n_positions, self.get_output_dim(), device=device)
+                           for _ in self.scalar_mixes]
+        return {"elmo_representations": representations,
+                "mask": torch.zeros(*leading, n_positions, dtype=torch.bool, device=device)}
 
     def _run_cached(self, word_ids: torch.Tensor) -> BiLMOutput:
         """word_ids (B, T): indices into vocab_to_cache, whose entry 0 is padding (as in AllenNLP)."""

@@ -72,6 +72,7 @@ from elmokit.io import atomic_write_text, durable_replace, output_lock, refuse_o
 FILE_FORMATS = ("hdf5", "npz")
 INDEX_KEY = "sentence_to_index"
 PROGRESS_GLOB = "progress-rank*.json"
+NPZ_MAX_NAME_BYTES = 65_535  # a zip member's name has a 16-bit length
 
 
 @dataclass
@@ -150,13 +151,18 @@ def key_sentence(key: str) -> str:
     return re.sub(r"%([0-9A-F]{2})", lambda match: chr(int(match[1], 16)), key)
 
 
-def scan_input(path: Path, use_sentence_keys: bool) -> int:
-    """Read the whole input once before anything is written, so that a bad line stops the run at
-    once and leaves nothing behind. Returns the number of lines."""
+def scan_input(path: Path, use_sentence_keys: bool, file_format: str = "hdf5") -> int:
+    """Read the whole input once before anything is written, so that a bad line (or a sentence
+    too long to be a .npz key) stops the run at once and leaves nothing behind. Returns the
+    number of lines."""
     n_lines = 0
     for n_lines, line in enumerate(read_lines(path), start=1):
-        if use_sentence_keys:
-            _key(path, n_lines - 1, line, use_sentence_keys)
+        if use_sentence_keys and file_format == "npz":
+            size = len(f"{_key(path, n_lines - 1, line, use_sentence_keys)}.npy".encode("utf-8"))
+            if size > NPZ_MAX_NAME_BYTES:
+                raise ValueError(f"{path}:{n_lines}: this sentence is too long to be a key of a .npz file "
+                                 f"({size:,} bytes as a member name; a zip file allows {NPZ_MAX_NAME_BYTES:,}): "
+                                 "write HDF5 (--format hdf5), or key by line number (no --use-sentence-keys)")
     return n_lines
 
 
@@ -448,7 +454,7 @@ def embed_file(embedder: ElmoEmbedder, input_path: str | Path, output_path: str 
     lock = output_lock(lock_path(output_path), str(output_path)) if rank == 0 else contextlib.nullcontext()
     with lock:  # rank 0 speaks for its run: a second `elmo embed` to this output stops here
         refuse_overwrite([output_path], overwrite)
-        n_lines = scan_input(input_path, options.use_sentence_keys)
+        n_lines = scan_input(input_path, options.use_sentence_keys, options.file_format)
         if n_lines == 0:
             raise ValueError(f"input file is empty: {input_path}")
         partial = partial_dir(output_path)

@@ -13,6 +13,7 @@ import contextlib
 import errno
 import json
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -103,6 +104,26 @@ def refuse_overwrite(paths: Iterable[str | Path], overwrite: bool, what: str = "
     existing = [str(path) for path in paths if Path(path).exists()]
     if existing and not overwrite:
         raise FileExistsError(f"{what} exists: {', '.join(existing)} (use --overwrite to replace it)")
+
+
+@contextlib.contextmanager
+def removed_if_unfinished(directory: str | Path, keep_if: str) -> Iterator[None]:
+    """Write a run into `directory`: if the block stops (an error, an interrupt) before the file
+    `keep_if` exists there (a checkpoint to resume from, a finished run's results), what the block
+    added to `directory` is removed, the directory itself if the block made it: a failed start
+    leaves no half-made run behind. Under torchrun only rank 0 removes anything."""
+    directory = Path(directory)
+    before = set(directory.iterdir()) if directory.is_dir() else None
+    try:
+        yield
+    except BaseException:
+        if int(os.environ.get("RANK", "0")) == 0 and directory.is_dir() and not (directory / keep_if).exists():
+            for path in [directory] if before is None else sorted(set(directory.iterdir()) - before):
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+        raise
 
 
 # ---------------------------------------------------------------------------------------------

@@ -157,9 +157,11 @@ def _register_probe(actions: argparse._SubParsersAction) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from elmokit.io import refuse_overwrite
+    from elmokit.io import refuse_overwrite, removed_if_unfinished
     from elmokit.tasks.train import train_task
 
+    if args.out.exists() and not args.out.is_dir():
+        raise FileExistsError(f"--out {args.out} is a file; give the directory to write the run in")
     refuse_overwrite(sorted(args.out.iterdir()) if args.out.is_dir() else [], args.overwrite,
                      f"a run in --out {args.out}")
     names = {spec.name for spec in dataclasses.fields(TaskConfig)}
@@ -172,7 +174,8 @@ def run_train(args: argparse.Namespace) -> int:
         model = None if args.model.lower() == "none" else args.model
     values.update(model=model, out=str(args.out),
                   progress=not args.no_progress)
-    results = train_task(TaskConfig(**values))
+    with removed_if_unfinished(args.out, keep_if="results.json"):  # a failed run leaves nothing half-made
+        results = train_task(TaskConfig(**values))
     print(json.dumps({name: value for name, value in results.items() if name != "config"}))
     return 0
 

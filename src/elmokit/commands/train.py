@@ -17,7 +17,6 @@ import dataclasses
 import json
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,26 +50,6 @@ def register(subcommands: argparse._SubParsersAction) -> None:
             parser.add_argument(*flags, dest=spec.name, type=kind, default=argparse.SUPPRESS,
                                 metavar=spec.name.upper(), help=help_text)
     parser.set_defaults(func=run)
-
-
-@contextlib.contextmanager
-def removed_if_unfinished(out_dir: Path) -> Iterator[None]:
-    """A run that stops (an error, an interrupt) before its first checkpoint cannot be resumed:
-    what it added to `out_dir` (the directory itself, if it made it) is removed, so that a failed
-    start leaves no half-made run behind. A run with a checkpoint is kept for --resume."""
-    from elmokit.checkpoint import CHECKPOINT_NAME
-
-    before = set(out_dir.iterdir()) if out_dir.is_dir() else None
-    try:
-        yield
-    except BaseException:
-        if int(os.environ.get("RANK", "0")) == 0 and out_dir.is_dir() and not (out_dir / CHECKPOINT_NAME).exists():
-            for path in [out_dir] if before is None else sorted(set(out_dir.iterdir()) - before):
-                if path.is_dir():
-                    shutil.rmtree(path)
-                else:
-                    path.unlink()
-        raise
 
 
 def _default(spec: dataclasses.Field) -> Any:
@@ -116,7 +95,8 @@ def claim_run_dir(out_dir: Path, overwrite: bool) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from elmokit.io import output_lock
+    from elmokit.checkpoint import CHECKPOINT_NAME
+    from elmokit.io import output_lock, removed_if_unfinished
     from elmokit.train import train
 
     if args.resume and args.overwrite:
@@ -131,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     with lock:
         if config.output_dir and main_process and not args.resume:
             claim_run_dir(out_dir, args.overwrite)
-        with removed_if_unfinished(out_dir):
+        with removed_if_unfinished(out_dir, keep_if=CHECKPOINT_NAME):  # no checkpoint: nothing to resume
             progress = train(config, resume=args.resume)
     summary = {"output_dir": config.output_dir, "steps": progress.step, "tokens": progress.tokens,
                "epochs": progress.epoch}

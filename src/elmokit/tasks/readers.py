@@ -7,12 +7,12 @@ raises `DataFormatError` naming the file and the 1-based line of anything malfor
 from __future__ import annotations
 
 import csv
-import gzip
 import io
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from elmokit.corpus import GzipReader
 from elmokit.tasks.schemes import iob1_to_bio
 
 UPOS_TAGS = ("ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON",
@@ -59,8 +59,8 @@ def open_text(path: str | Path) -> io.TextIOBase:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data file not found: {path}")
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
+    if path.suffix == ".gz":  # a truncated or fake .gz: an error naming the file (corpus.GzipReader)
+        return io.TextIOWrapper(GzipReader(path, "rb"), encoding="utf-8")
     return open(path, encoding="utf-8")
 
 

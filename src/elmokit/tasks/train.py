@@ -157,7 +157,6 @@ def train_task(config: TaskConfig, bilm: BiLM | None = None, data: TaskData | No
         torch.set_num_threads(config.threads)
     start_cpu, start_wall = time.process_time(), time.perf_counter()
     out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
     if bilm is None and config.model is not None:
         bilm = load_model(config.model)
     frozen_bilm = bilm
@@ -171,6 +170,7 @@ def train_task(config: TaskConfig, bilm: BiLM | None = None, data: TaskData | No
     rng = random.Random(config.seed)
     metric = config.spec.metric
     stopping, best_state = EarlyStopping(config.patience), None
+    out.mkdir(parents=True, exist_ok=True)  # only now that the data and the models are in hand
     with open(out / "metrics.jsonl", "w", encoding="utf-8") as log:
         for epoch in range(1, config.max_epochs + 1):
             train_loss = train_epoch(model, optimizer, data, config, rng, epoch)
