@@ -48,13 +48,14 @@ def resolve_device(device: str | torch.device | None = None, cuda_device: int | 
             name = "cuda" if torch.cuda.is_available() else "cpu"
         if name == "cuda":
             name = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
-        try:
-            device = torch.device(name)
-        except RuntimeError:
-            raise ValueError(f"device must be {DEVICE_HELP}; got {device!r}") from None
+        if re.fullmatch(DEVICE_PATTERN, name) is None:  # torch.device would also take meta, xla, ...
+            raise ValueError(f"device must be {DEVICE_HELP}; got {device!r}")
+        device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device} asked for, but torch sees no CUDA GPU "
                          f"(torch {torch.__version__}); use --device cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device {device} asked for, but torch sees {torch.cuda.device_count()} CUDA GPU(s)")
     return device
 
 

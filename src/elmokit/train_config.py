@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from elmokit.config import ConfigError
 from elmokit.corpus import expand_paths, require_tokens
+from elmokit.devices import check_device_name
 from elmokit.io import atomic_write_text
 
-DEVICE_PATTERN = r"auto|cpu|cuda(:[0-9]+)?"  # what the device option accepts
 _TYPES = {  # a field's declared type -> (does a value have it, how messages name it)
     "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
     "float": (lambda v: isinstance(v, float) and math.isfinite(v), "a finite number"),
@@ -99,8 +98,10 @@ class TrainConfig:
         require(self.grad_clip >= 0, f"grad_clip must be >= 0, got {self.grad_clip}")
         require(self.checkpoint_every % self.log_every == 0,
                 f"checkpoint_every ({self.checkpoint_every}) must be a multiple of log_every ({self.log_every})")
-        require(re.fullmatch(DEVICE_PATTERN, self.device) is not None,
-                f"device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
+        try:
+            check_device_name(self.device)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
         require(not (self.init_from and self.init_from_original), "give init_from or init_from_original, not both")
         require(len(self.init_from_original) in (0, 2),
                 f"init_from_original needs [options.json, weights.hdf5], got {self.init_from_original}")
