@@ -204,30 +204,53 @@ def test_char_cnn_is_the_convolution_with_max_pool(tiny_model):
         torch.testing.assert_close(cnn(char_ids), reference, atol=1e-6, rtol=1e-6)
 
 
-def test_inference_products_equal_the_plain_ones():
-    """elmokit.kernels (oneDNN without gradients on the CPU, the weight reordered once) against
-    F.linear and addmm, for any row count; with gradients it is F.linear itself."""
+def test_inference_products_equal_the_plain_ones_and_take_the_path_they_should(monkeypatch):
+    """elmokit.kernels against products written out here (einsum in float64): in float32 without
+    gradients through oneDNN (where this torch has it), in float64 and with gradients through the
+    plain torch path; `path_counts` says which path ran each product."""
+    from elmokit import kernels
     from elmokit.kernels import PackedLinear, linear
+
+    monkeypatch.delenv(kernels.KERNELS_VARIABLE, raising=False)
+    kernels.reset()
+
+    def expected(x, weight, bias=None, addend=None):  # (rows, out) in float64
+        out = torch.einsum("ri,oi->ro", x.double(), weight.double())
+        return out + (0 if bias is None else bias.double()) + (0 if addend is None else addend.double())
 
     torch.manual_seed(2)
     weight, bias = torch.randn(24, 10), torch.randn(24)
+    fast = "onednn" if kernels.onednn_active() else "torch"
     with torch.no_grad():
         product = PackedLinear(weight, rows=5)
         for rows in (1, 5, 33):
             x, addend = torch.randn(rows, 10), torch.randn(rows, 24)
-            torch.testing.assert_close(linear(x, weight, bias), F.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(product(x, bias), F.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(product(x), x @ weight.T, atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(product.add(addend, x), torch.addmm(addend, x, weight.T), atol=1e-5, rtol=1e-5)
+            before = dict(kernels.path_counts)
+            results = [(linear(x, weight, bias), expected(x, weight, bias)),
+                       (product(x, bias), expected(x, weight, bias)), (product(x), expected(x, weight)),
+                       (product.add(addend, x), expected(x, weight, addend=addend))]
+            for got, want in results:
+                assert got.dtype == torch.float32
+                torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+            assert kernels.path_counts[fast] - before.get(fast, 0) == 4  # every one of them the fast path
         assert linear(torch.randn(3, 4, 10), weight).shape == (3, 4, 24)
-        plain = PackedLinear(weight.double(), rows=5)  # not fp32: the plain product, no oneDNN
+
+        before = dict(kernels.path_counts)  # float64: oneDNN is never asked, the plain product runs
+        plain = PackedLinear(weight.double(), rows=5)
         x, addend = torch.randn(4, 10, dtype=torch.float64), torch.randn(4, 24, dtype=torch.float64)
-        torch.testing.assert_close(plain(x, bias.double()), F.linear(x, weight.double(), bias.double()))
-        torch.testing.assert_close(plain.add(addend, x), addend + x @ weight.double().T)
+        torch.testing.assert_close(plain(x, bias.double()), expected(x, weight, bias))
+        torch.testing.assert_close(plain.add(addend, x), expected(x, weight, addend=addend))
+        assert kernels.path_counts["torch"] - before.get("torch", 0) == 2
+        assert kernels.path_counts["onednn"] == before.get("onednn", 0)
+
+    before = dict(kernels.path_counts)  # with gradients: F.linear, so that autograd sees it
     weight.requires_grad_(True)
     x = torch.randn(5, 10)
     linear(x, weight, bias).sum().backward()
     torch.testing.assert_close(weight.grad, torch.ones(5, 24).T @ x)
+    assert kernels.path_counts["torch"] - before.get("torch", 0) == 1
+    assert kernels.path_counts["onednn"] == before.get("onednn", 0)
+    kernels.reset()
 
 
 def test_stream_follows_weights_changed_in_place(tiny_model):
