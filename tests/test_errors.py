@@ -290,6 +290,39 @@ def test_a_task_run_that_fails_leaves_no_run_directory(files, tmp_path, capsys, 
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("damage, expected", [
+    ({"task_config.json": "[1, 2]"}, "not a task run's config"),
+    ({"task_config.json": "{}"}, "not a task run's config"),
+    ({"task_config.json": '{"config": [1], "vocab": [], "labels": []}'}, "not a task run's config"),
+    ({"task_config.json": '{"config": {"colour": 1}, "vocab": [], "labels": []}'}, "not a task run's config"),
+    ({"task_config.json": "\udcff"}, "not valid JSON"),
+    ({"task_model.safetensors": "junk"}, "not a readable safetensors file"),
+])
+def test_a_damaged_task_run_is_named(files, tmp_path, capsys, damage, expected):
+    tagged = _tagged_file(tmp_path)
+    run = tmp_path / "run"
+    assert main(["task", "train", "--task", "pos", "--model", "none", "--train", str(tagged), "--dev", str(tagged),
+                 "--out", str(run), "--max-epochs", "1", "--no-progress"]) == 0
+    for name, text in damage.items():
+        (run / name).write_bytes(text.encode("utf-8", "surrogateescape"))
+    fails_in_one_line(["task", "eval", str(run), str(tagged), "--no-progress"], capsys, str(run / name), expected)
+
+
+def test_task_weights_that_do_not_match_their_config(files, tmp_path, capsys):
+    from safetensors.torch import save_file
+
+    tagged = _tagged_file(tmp_path)
+    run = tmp_path / "run"
+    assert main(["task", "train", "--task", "pos", "--model", "none", "--train", str(tagged), "--dev", str(tagged),
+                 "--out", str(run), "--max-epochs", "1", "--no-progress"]) == 0
+    save_file({"tag_scores.bias": torch.zeros(3)}, str(run / "task_model.safetensors"))
+    fails_in_one_line(["task", "eval", str(run), str(tagged), "--no-progress"], capsys, "task_model.safetensors",
+                      "does not match task_config.json")
+    save_file({"tag_scores.bias": torch.zeros(3, dtype=torch.int32)}, str(run / "task_model.safetensors"))
+    fails_in_one_line(["task", "eval", str(run), str(tagged), "--no-progress"], capsys,
+                      "'tag_scores.bias' has dtype I32, expected floating point")
+
+
 def _tagged_file(folder: Path) -> Path:
     lines = ["the DET", "cat NOUN", "sat VERB", "", "a DET", "dog NOUN", "ran VERB", ""]
     (folder / "tagged.txt").write_text("\n".join(lines * 3) + "\n", encoding="utf-8")

@@ -228,7 +228,7 @@ def model_arguments(choose: Choices, place: Place) -> list[str]:
 
 def write_inputs(draw, place: Place) -> None:
     """The example's input files: the fuzzed input, a second one, a JSON file, an empty file,
-    and a hostile model (a native directory and an HDF5 file, damaged at random)."""
+    a hostile model (a native directory and an HDF5 file, damaged at random) and a hostile task run."""
     name, content = draw(input_files())
     place.input_name = name
     (place.inputs / name).write_bytes(content)
@@ -247,6 +247,14 @@ def write_inputs(draw, place: Place) -> None:
         (hostile / "model.safetensors").write_bytes(draw(random_bytes))
     original = place.shared["weights"].read_bytes()
     (place.inputs / "hostile.hdf5").write_bytes(original[:draw(st.integers(0, len(original)))])
+    task = place.inputs / "hostile_task"  # a task run directory, damaged likewise
+    shutil.copytree(place.shared["task"], task)
+    damage = draw(st.sampled_from(["config", "truncate", "none"]))
+    if damage == "config":
+        (task / "task_config.json").write_bytes(draw(json_files()))
+    elif damage == "truncate":
+        weights = (task / "task_model.safetensors").read_bytes()
+        (task / "task_model.safetensors").write_bytes(weights[:draw(st.integers(0, len(weights) - 1))])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -407,8 +415,9 @@ def build_demo(choose: Choices, place: Place) -> list[str]:
 
 def build_task(choose: Choices, place: Place) -> list[str]:
     shared = place.shared
-    run = choose.pick(([str(shared["task"])], [place.model_path("missing"), place.model_path("folder"),
-                                               place.model_path("input"), str(shared["model"])]))
+    run = choose.pick(([str(shared["task"]), str(place.inputs / "hostile_task")],
+                       [place.model_path("missing"), place.model_path("folder"), place.model_path("input"),
+                        str(shared["model"])]))
     data = ([place.input_path("input"), str(shared["tagged"])],
             [place.input_path(kind) for kind in ("missing", "folder", "empty", "json")])
     formats = (["auto", "conllu", "columns", "tsv", "csv", "jsonl"], ["x"])

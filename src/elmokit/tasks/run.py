@@ -17,7 +17,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from elmokit.devices import resolve_device
 from elmokit.elmo import module_device
@@ -28,7 +27,7 @@ from elmokit.tasks.formats import read_examples, resolve_format
 from elmokit.tasks.metrics import score_predictions
 from elmokit.tasks.task_config import SPLITS, TaskConfig
 from elmokit.tasks.train import RUN_CONFIG, RUN_WEIGHTS, build_model
-from elmokit.weights import load_model
+from elmokit.weights import WeightFileError, load_model, read_safetensors
 
 
 class TaskRun:
@@ -115,13 +114,38 @@ def load(run_dir: str | Path, device: str | torch.device | None = None) -> TaskR
     for name in (RUN_CONFIG, RUN_WEIGHTS):
         if not (run_dir / name).is_file():
             raise FileNotFoundError(f"{run_dir}: not a task run directory (no {name})")
-    saved = json.loads((run_dir / RUN_CONFIG).read_text(encoding="utf-8"))
-    config = TaskConfig(**saved["config"])
+    saved = _read_run_config(run_dir / RUN_CONFIG)
+    try:
+        config = TaskConfig(**saved["config"])
+    except TypeError as error:  # a key TaskConfig does not have, or lacks
+        raise ValueError(f"{run_dir / RUN_CONFIG}: not a task run's config ({error})") from None
     bilm = load_bilm(saved, config, run_dir)
     vocabularies = Vocabularies(saved["vocab"], saved["labels"], saved.get("chars"))
     model = build_model(config, vocabularies, bilm)
-    model.load_state_dict(load_file(str(run_dir / RUN_WEIGHTS)))
+    weights = read_safetensors(run_dir / RUN_WEIGHTS)  # float and finite, or an error naming the tensor
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as error:  # missing, unexpected or differently shaped tensors
+        raise WeightFileError(f"{run_dir / RUN_WEIGHTS}: does not match {RUN_CONFIG} "
+                              f"({' '.join(str(error).split())[:400]})") from None
     return TaskRun(config, model.to(resolve_device(device)), vocabularies, bilm, run_dir)
+
+
+def _read_run_config(path: Path) -> dict:
+    """OUT/task_config.json, checked for the structure `save_run` writes (it may have been edited)."""
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from None
+    expected = {"config": dict, "vocab": list, "labels": list}
+    if not isinstance(saved, dict) or any(not isinstance(saved.get(key), kind) for key, kind in expected.items()):
+        raise ValueError(f"{path}: not a task run's config (expected an object with a config object and "
+                         "vocab and labels lists)")
+    if not isinstance(saved.get("chars"), (list, type(None))) or not isinstance(saved.get("bilm"), (dict, type(None))):
+        raise ValueError(f"{path}: not a task run's config (chars must be a list, bilm an object)")
+    if saved.get("bilm") and not {"path", "fingerprint"} <= set(saved["bilm"]):
+        raise ValueError(f"{path}: its bilm record lacks the path or the fingerprint of the biLM")
+    return saved
 
 
 def evaluate_run(run_dir: str | Path, split: str = "test", data_dir: str | None = None,
