@@ -106,7 +106,8 @@ def _read_hdf5(path: Path, config: ElmoConfig, options_name: str) -> dict[str, n
                         f"in {options_name} imply {shape}"
                     )
                 _check_hdf5_storage(path, name, datasets[name])
-            arrays = {name: np.asarray(datasets[name][...], dtype=np.float32) for name in expected}
+            with np.errstate(over="ignore"):  # a float64 beyond float32's range: inf, refused below
+                arrays = {name: np.asarray(datasets[name][...], dtype=np.float32) for name in expected}
     except OSError as error:
         raise WeightFileError(f"{path}: not a readable HDF5 weight file ({error})") from error
     for name, array in arrays.items():
