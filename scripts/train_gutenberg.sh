@@ -25,7 +25,7 @@ done
 # 2. The softmax vocabulary: the 100,000 most frequent training tokens.
 [ -f "$WORK/vocab.txt" ] || "$ELMO" vocab "$WORK/train/*.txt.gz" -o "$WORK/vocab.txt" --max-size 100000
 # 3. Validation during training on the first 2,000 valid sentences (full valid and test at the end).
-[ -f "$WORK/valid-2k.txt" ] || zcat "$WORK/valid/shard-00000.txt.gz" | head -2000 > "$WORK/valid-2k.txt"
+[ -f "$WORK/valid-2k.txt" ] || zcat "$WORK/valid/shard-00000.txt.gz" | awk 'NR <= 2000' > "$WORK/valid-2k.txt"  # awk reads on: no SIGPIPE under pipefail
 # 4. Train (sampled softmax, bf16 autocast).
 if [ -f "$RUN/checkpoint.pt" ]; then
   exec "$ELMO" train --resume --output-dir "$RUN" --threads "${THREADS:-2}"
