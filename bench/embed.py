@@ -81,10 +81,10 @@ def _best_gflops(product, flops: float, repeats: int, trials: int, synchronize) 
 
 def matmul_gflops(threads: int, device: str, size: int = 2048, repeats: int = 10, trials: int = 8) -> dict[str, float]:
     """The machine's sustained matmul throughput through each kernel the model may use: on the CPU,
-    MKL (`torch.mm`, a plain float32 product) and oneDNN (what `elmokit.kernels` runs without
+    MKL (`torch.mm`, a plain float32 product) and oneDNN (what `elmokit.inference.kernels` runs without
     gradients) in float32 and bfloat16; on a GPU, `torch.mm` (cuBLAS) in float32 (TF32 off) and
     bfloat16. The best of `trials` timings of `repeats` (size x size) products."""
-    from elmokit.kernels import _ONEDNN_DTYPES, ONEDNN, linear
+    from elmokit.inference.kernels import _ONEDNN_DTYPES, ONEDNN, linear
 
     torch.set_num_threads(threads)
     a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
@@ -115,10 +115,10 @@ def recurrent_product_gflops(shape: str, rows: int, threads: int, dtype: str, de
                              repeats: int = 20, trials: int = 5) -> float:
     """The ceiling of the LSTM step: GFLOP/s of its two products at `rows` rows alone, (R, P) x
     (P, 4C) and (R, C) x (C, P) for both directions, through the kernels the model uses
-    (`elmokit.kernels`) in `dtype`. The recurrent part of every position (5PC of the LSTM's 9PC
+    (`elmokit.inference.kernels`) in `dtype`. The recurrent part of every position (5PC of the LSTM's 9PC
     multiply-adds) can run no faster than this."""
     from elmokit import ElmoConfig
-    from elmokit.kernels import PackedLinear
+    from elmokit.inference.kernels import PackedLinear
 
     torch.set_num_threads(threads)
     lstm = ElmoConfig.from_name(shape).lstm

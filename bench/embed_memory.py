@@ -71,7 +71,7 @@ def main() -> None:
     if not GUTENBERG_VALID.is_file():
         sys.exit(f"needs {GUTENBERG_VALID} (the shared data folder beside the repo)")
     from elmokit import BiLM, ElmoConfig, save_pretrained
-    from elmokit.builtin import builtin_model_dir
+    from elmokit.model.builtin import builtin_model_dir
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="embed-memory-") as tmp:

@@ -45,11 +45,11 @@ from torch import nn
 
 from embed import matmul_gflops  # bench/embed.py: the same roofline measurement
 
-from elmokit.config import ElmoConfig, LSTMConfig
-from elmokit.data import LMBatcher
-from elmokit.lm import LanguageModel
-from elmokit.model import TokenEncoder
-from elmokit.vocab import Vocabulary, make_vocab
+from elmokit.model.config import ElmoConfig, LSTMConfig
+from elmokit.training.data import LMBatcher
+from elmokit.training.lm import LanguageModel
+from elmokit.model.bilm import TokenEncoder
+from elmokit.training.vocab import Vocabulary, make_vocab
 
 REPO = Path(__file__).resolve().parents[1]
 PTB = Path(os.environ.get("PTB_DATA", REPO.parent / "shared" / "data" / "ptb"))

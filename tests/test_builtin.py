@@ -10,7 +10,7 @@ import pytest
 from safetensors import safe_open
 
 from elmokit import ElmoEmbedder
-from elmokit.builtin import MODELS_DIR, BUILTIN_MODEL, builtin_model_dir
+from elmokit.model.builtin import MODELS_DIR, BUILTIN_MODEL, builtin_model_dir
 from elmokit.cli import main
 from elmokit.commands.demo import SAMPLES
 

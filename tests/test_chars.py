@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elmokit.chars import BOS_IDS, EOS_IDS, add_boundaries, batch_to_ids, tokens_to_char_ids
+from elmokit.model.chars import BOS_IDS, EOS_IDS, add_boundaries, batch_to_ids, tokens_to_char_ids
 
 
 def reference_ids(token: str) -> list[int]:

@@ -9,7 +9,7 @@ import h5py
 import torch
 
 from elmokit.cli import build_parser, main
-from elmokit.weights import read_safetensors
+from elmokit.model.weights import read_safetensors
 
 
 def test_every_subcommand_has_complete_help(capsys):

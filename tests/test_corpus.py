@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from elmokit.corpus import (CorpusError, ShardWriter, expand_paths, looks_pretokenized, prepare_corpus,
+from elmokit.training.corpus import (CorpusError, ShardWriter, expand_paths, looks_pretokenized, prepare_corpus,
                             tokenize_paragraphs)
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"  # ../shared beside the repo

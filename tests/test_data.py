@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from elmokit.chars import tokens_to_char_ids
-from elmokit.corpus import CorpusError
-from elmokit.data import LMBatch, LMBatcher, SentenceStream, eval_batches
-from elmokit.vocab import Vocabulary, make_vocab
+from elmokit.model.chars import tokens_to_char_ids
+from elmokit.training.corpus import CorpusError
+from elmokit.training.data import LMBatch, LMBatcher, SentenceStream, eval_batches
+from elmokit.training.vocab import Vocabulary, make_vocab
 
 WORDS = [f"w{i}" for i in range(30)]
 

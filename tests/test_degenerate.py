@@ -11,7 +11,7 @@ import torch
 
 from elmokit import ElmoEmbedder
 from elmokit.cli import main
-from elmokit.corpus import CorpusError
+from elmokit.training.corpus import CorpusError
 from tests.conftest import tiny_config
 
 BLANK_FILES = {"empty.txt": "", "blank.txt": "\n  \n\t\n\n", "nbsp.txt": "\u00a0\n \u2009\n"}
@@ -52,9 +52,9 @@ def test_train_on_an_empty_or_blank_corpus_is_an_error(corpus, capsys, name):
 
 @pytest.fixture
 def lm_dir(corpus) -> Path:
-    from elmokit.checkpoint import save_model_dir
-    from elmokit.lm import LanguageModel
-    from elmokit.vocab import Vocabulary
+    from elmokit.training.checkpoint import save_model_dir
+    from elmokit.training.lm import LanguageModel
+    from elmokit.training.vocab import Vocabulary
 
     torch.manual_seed(0)
     model = LanguageModel(tiny_config(), len(Vocabulary.load(corpus["vocab"])))
@@ -75,9 +75,9 @@ def test_perplexity_of_an_empty_or_blank_file_is_an_error(corpus, lm_dir, capsys
 
 
 def test_corpus_perplexity_refuses_no_tokens(corpus, lm_dir):
-    from elmokit.checkpoint import load_model_dir
-    from elmokit.perplexity import corpus_perplexity
-    from elmokit.vocab import Vocabulary
+    from elmokit.training.checkpoint import load_model_dir
+    from elmokit.training.perplexity import corpus_perplexity
+    from elmokit.training.vocab import Vocabulary
 
     model, vocab_path = load_model_dir(lm_dir)
     with pytest.raises(CorpusError, match="nothing to score"):

@@ -1,4 +1,4 @@
-"""`elmo embed` and its engine (elmokit.embedding) on a tiny model: layouts, long sentences,
+"""`elmo embed` and its engine (elmokit.inference.files) on a tiny model: layouts, long sentences,
 bad input, a killed run resumed, and two processes under torchrun."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 
 from elmokit import ElmoEmbedder
 from elmokit.cli import main
-from elmokit.embedding import embed_sentences, shape_output, split_windows
+from elmokit.inference.files import embed_sentences, shape_output, split_windows
 from tests.conftest import REPO
 
 SUBPROCESS_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src")}
@@ -200,7 +200,7 @@ def test_torchrun_two_processes_equal_one(model_dir, tmp_path):
 
 
 def test_windows_bound_sentences_and_tokens_held_at_once():
-    from elmokit.elmo import position_windows
+    from elmokit.inference.elmo import position_windows
 
     sentences = [["w"] * n for n in (3, 4, 10, 1, 1, 1, 2, 30, 2)]
     windows = list(position_windows(sentences, max_sentences=3, max_positions=12))
@@ -214,7 +214,7 @@ def test_windows_bound_sentences_and_tokens_held_at_once():
 def test_malloc_threshold_is_set_unless_the_user_chose_one(monkeypatch):
     import ctypes.util
 
-    from elmokit.embedding import fix_malloc_mmap_threshold
+    from elmokit.inference.files import fix_malloc_mmap_threshold
 
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "33554432")
     assert fix_malloc_mmap_threshold() is False  # the user's choice stands

@@ -133,7 +133,7 @@ def test_dev_stdin_from_a_pipe_is_refused_in_a_real_process(files, tmp_path):
     (lambda o: o.update(lstm="big"), "lstm"),
 ], ids=["string", "flat", "triple", "object", "string-count", "list-section", "int-section", "string-section"])
 def test_malformed_options_name_the_file_and_key(files, tmp_path, capsys, edit, expected):
-    from elmokit.weights import save_original
+    from elmokit.model.weights import save_original
     from elmokit import load_pretrained
 
     save_original(load_pretrained(files["model"]), tmp_path / "options.json", tmp_path / "weights.hdf5")
@@ -149,7 +149,7 @@ def test_a_compound_hdf5_dataset_is_named(files, tmp_path, capsys):
     import numpy as np
 
     from elmokit import load_pretrained
-    from elmokit.weights import save_original
+    from elmokit.model.weights import save_original
 
     save_original(load_pretrained(files["model"]), tmp_path / "options.json", tmp_path / "weights.hdf5")
     with h5py.File(tmp_path / "weights.hdf5", "a") as file:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from elmokit.cli import main
-from elmokit.config import CharCNNConfig, ElmoConfig, LSTMConfig
+from elmokit.model.config import CharCNNConfig, ElmoConfig, LSTMConfig
 from elmokit.extras import EXTRAS, MissingExtraError, require
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,8 +84,8 @@ def test_embed_tokenize_without_sacremoses(monkeypatch, model_dir, tmp_path, cap
 
 
 def test_plots_without_matplotlib(monkeypatch, tmp_path):
-    from elmokit.metrics import plot_curves
-    from elmokit.similar import plot_occurrences
+    from elmokit.training.metrics import plot_curves
+    from elmokit.inference.similar import plot_occurrences
     from elmokit.tasks.report import plot_layer_weights, plot_probes
 
     absent(monkeypatch, "matplotlib", "matplotlib.figure")

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from elmokit import ElmoEmbedder, batch_to_ids, load_original
-from elmokit.chars import tokens_to_char_ids
+from elmokit.model.chars import tokens_to_char_ids
 
 
 def _fixture(fixture_dir):

@@ -75,7 +75,7 @@ bio_sequences = st.lists(st.sampled_from(["O", "B-A", "I-A", "B-B", "I-B"]), min
 @given(bio_sequences)
 def test_bio_spans_survive_the_iob1_and_bioes_readings(tags):
     """Writing a BIO sequence's spans in IOB1 or BIOES and reading them back gives the same spans."""
-    from elmokit.tasks.metrics import bio_spans
+    from elmokit.tasks.scores import bio_spans
 
     spans = bio_spans(tags)
     iob1, bioes = ["O"] * len(tags), ["O"] * len(tags)

@@ -48,8 +48,8 @@ from pathlib import Path
 import numpy as np
 import matplotlib
 from matplotlib import rcsetup
-from elmokit.metrics import plot_curves
-from elmokit.similar import plot_occurrences
+from elmokit.training.metrics import plot_curves
+from elmokit.inference.similar import plot_occurrences
 from elmokit.tasks.report import plot_layer_weights, plot_probes
 
 out = Path(sys.argv[1])

@@ -68,7 +68,7 @@ def test_atomic_write_syncs_the_file_then_renames_then_syncs_the_directory(tmp_p
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to name the synced files")
 def test_checkpoints_and_models_are_synced(tiny_model, tmp_path, monkeypatch):
     from elmokit import save_pretrained
-    from elmokit.checkpoint import save_checkpoint
+    from elmokit.training.checkpoint import save_checkpoint
 
     events = _record_syncs(monkeypatch)
     save_checkpoint(tmp_path / "checkpoint.pt", {"model": tiny_model.state_dict()})

@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from elmokit.config import CharCNNConfig, ElmoConfig, LSTMConfig
-from elmokit.data import LMBatch
-from elmokit.lm import LanguageModel, LogUniformSampler
-from elmokit.lstm import LstmState
+from elmokit.model.config import CharCNNConfig, ElmoConfig, LSTMConfig
+from elmokit.training.data import LMBatch
+from elmokit.training.lm import LanguageModel, LogUniformSampler
+from elmokit.model.lstm import LstmState
 from elmokit.training import softmax
 from elmokit.training.recurrence import forward_streams
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elmokit.tasks.metrics import accuracy, bio_spans, score_predictions, span_f1
+from elmokit.tasks.scores import accuracy, bio_spans, score_predictions, span_f1
 
 
 def test_bio_spans_basic():

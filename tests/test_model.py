@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from elmokit import BiLM, ScalarMix, batch_to_ids, save_original
-from elmokit.chars import tokens_to_char_ids
+from elmokit.model.chars import tokens_to_char_ids
 from elmokit.training.recurrence import forward_streams
 from tests.conftest import SENTENCES, tiny_config
 
@@ -175,7 +175,7 @@ def test_sentences_streamed_through_rows_match_one_at_a_time(tiny_model, rows):
 
 
 def test_stream_layout_places_every_position_once():
-    from elmokit.lstm import _stream_layout
+    from elmokit.model.lstm import _stream_layout
 
     sizes = np.array([5, 2, 9, 3, 3, 7])
     layout = _stream_layout(sizes, rows=3)
@@ -205,11 +205,11 @@ def test_char_cnn_is_the_convolution_with_max_pool(tiny_model):
 
 
 def test_inference_products_equal_the_plain_ones_and_take_the_path_they_should(monkeypatch):
-    """elmokit.kernels against products written out here (einsum in float64): in float32 without
+    """elmokit.inference.kernels against products written out here (einsum in float64): in float32 without
     gradients through oneDNN (where this torch has it), in float64 and with gradients through the
     plain torch path; `path_counts` says which path ran each product."""
-    from elmokit import kernels
-    from elmokit.kernels import PackedLinear, linear
+    from elmokit.inference import kernels
+    from elmokit.inference.kernels import PackedLinear, linear
 
     monkeypatch.delenv(kernels.KERNELS_VARIABLE, raising=False)
     kernels.reset()

@@ -18,9 +18,9 @@ import torch
 
 from elmokit import (BiLM, CharCNNConfig, ConfigError, ElmoConfig, LSTMConfig, batch_to_ids, load_original,
                      save_original, save_pretrained)
-from elmokit.checkpoint import save_checkpoint, save_model_dir
+from elmokit.training.checkpoint import save_checkpoint, save_model_dir
 from elmokit.cli import main
-from elmokit.lm import LanguageModel
+from elmokit.training.lm import LanguageModel
 from tests.conftest import SENTENCES
 
 

@@ -11,7 +11,7 @@ import torch
 
 from elmokit import ElmoEmbedder
 from elmokit.cli import main
-from elmokit.similar import LayerNeighbours, cue_labels, find_similar, kmeans, pca_2d
+from elmokit.inference.similar import LayerNeighbours, cue_labels, find_similar, kmeans, pca_2d
 
 CORPUS = [
     "the children play in the park .",

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from elmokit.cli import main
-from elmokit.config import CharCNNConfig, ElmoConfig, LSTMConfig
+from elmokit.model.config import CharCNNConfig, ElmoConfig, LSTMConfig
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = ("the cat sat on a mat dog ran to house big small red green blue one two three and of "
@@ -126,9 +126,9 @@ def test_a_stop_signal_checkpoints_the_step_it_stops_at(corpus, tmp_path, stop_s
 
 
 def test_export_original_and_native_give_identical_bilm_outputs(corpus, tmp_path):
-    from elmokit.checkpoint import load_checkpoint, model_from_checkpoint
-    from elmokit.chars import batch_to_ids
-    from elmokit.weights import load_original, load_pretrained, read_safetensors
+    from elmokit.training.checkpoint import load_checkpoint, model_from_checkpoint
+    from elmokit.model.chars import batch_to_ids
+    from elmokit.model.weights import load_original, load_pretrained, read_safetensors
 
     run = tmp_path / "run"
     assert main(["train", "--config", str(corpus["train_json"]), "--output-dir", str(run), "--epochs", "1"]) == 0
@@ -160,8 +160,8 @@ def test_perplexity_command_matches_an_independent_computation(corpus, tmp_path,
     the inference engine (BiLM.contextualize, the embedder's LSTM) over the same streams and a
     float64 log-softmax: with one row, the whole file is one stream, every sentence carrying
     the state of the ones before; --per-sentence scores each sentence from a fresh state."""
-    from elmokit.checkpoint import load_model_dir
-    from elmokit.vocab import Vocabulary
+    from elmokit.training.checkpoint import load_model_dir
+    from elmokit.training.vocab import Vocabulary
 
     run = tmp_path / "run"
     assert main(["train", "--config", str(corpus["train_json"]), "--output-dir", str(run), "--epochs", "1",
@@ -205,7 +205,7 @@ def _stream_nll(model, vocab, inputs: list[str], targets: list[str], direction: 
     """Summed NLL of `targets` after each of `inputs`, read as one stream from a zero state by the
     forward (direction 0) or backward (1) LSTM: the backward one reads its row right to left,
     so it is given the stream reversed and its outputs are turned back."""
-    from elmokit.chars import tokens_to_char_ids
+    from elmokit.model.chars import tokens_to_char_ids
 
     row = inputs if direction == 0 else inputs[::-1]
     with torch.no_grad():
@@ -219,10 +219,10 @@ def _stream_nll(model, vocab, inputs: list[str], targets: list[str], direction: 
 
 
 def test_init_from_keeps_the_softmax_and_init_from_original_replaces_it(corpus, tmp_path):
-    from elmokit.checkpoint import load_model_dir
-    from elmokit.train import TrainConfig, build_model
-    from elmokit.vocab import Vocabulary
-    from elmokit.weights import save_original
+    from elmokit.training.checkpoint import load_model_dir
+    from elmokit.training.loop import TrainConfig, build_model
+    from elmokit.training.vocab import Vocabulary
+    from elmokit.model.weights import save_original
 
     run = tmp_path / "run"
     assert main(["train", "--config", str(corpus["train_json"]), "--output-dir", str(run), "--epochs", "1"]) == 0
@@ -244,8 +244,8 @@ def test_init_from_keeps_the_softmax_and_init_from_original_replaces_it(corpus, 
 def test_config_file_overrides_and_errors(corpus, tmp_path):
     from elmokit.commands.train import config_from_args
     from elmokit.cli import build_parser
-    from elmokit.config import ConfigError
-    from elmokit.train import TrainConfig
+    from elmokit.model.config import ConfigError
+    from elmokit.training.loop import TrainConfig
 
     args = build_parser().parse_args(["train", "--config", str(corpus["train_json"]), "--lr", "0.05",
                                       "--batch-size", "8", "--no-bf16", "--valid", "a.txt", "b.txt"])

@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from elmokit.corpus import CorpusError
-from elmokit.vocab import Vocabulary, build_vocab, count_tokens, make_vocab
+from elmokit.training.corpus import CorpusError
+from elmokit.training.vocab import Vocabulary, build_vocab, count_tokens, make_vocab
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import torch
 
 from elmokit import (ConfigError, ElmoConfig, WeightFileError, batch_to_ids, load_original, load_pretrained,
                      save_original, save_pretrained)
-from elmokit.weights import expected_datasets
+from elmokit.model.weights import expected_datasets
 from tests.conftest import SENTENCES
 
 
@@ -300,7 +300,7 @@ def _edit_config(directory, section, **values):
 
 
 def test_huge_config_in_a_small_directory_allocates_nothing(model_dir, monkeypatch):
-    from elmokit import weights
+    from elmokit.model import weights
 
     _edit_config(model_dir, "lstm", cell_dim=2**26, projection_dim=2**10)  # ~2 TB of float32
     devices = []
@@ -313,7 +313,7 @@ def test_huge_config_in_a_small_directory_allocates_nothing(model_dir, monkeypat
 
 
 def test_more_layers_than_the_file_has_tensors_is_refused_before_building(model_dir, monkeypatch):
-    from elmokit import weights
+    from elmokit.model import weights
 
     _edit_config(model_dir, "lstm", n_layers=10**9)
     monkeypatch.setattr(weights, "BiLM", lambda config: pytest.fail("built a model"))
@@ -341,7 +341,7 @@ def test_integer_and_bool_tensors_are_refused(tiny_model, tmp_path, dtype, name)
 
 
 def test_an_integer_softmax_is_refused_too(tiny_model, tmp_path):
-    from elmokit.weights import read_safetensors
+    from elmokit.model.weights import read_safetensors
 
     save_pretrained(tiny_model, tmp_path / "m", extra_tensors={"softmax.weight": torch.zeros(5, 6, dtype=torch.int16)})
     with pytest.raises(WeightFileError, match=r"'softmax.weight' has dtype I16"):

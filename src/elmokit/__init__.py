@@ -1,11 +1,11 @@
 """elmokit: train ELMo on your own corpus and serve its contextual word vectors."""
 
-from elmokit.chars import batch_to_ids
-from elmokit.config import CharCNNConfig, ConfigError, ElmoConfig, LSTMConfig
-from elmokit.elmo import Elmo, ElmoEmbedder, HubElmo, TokenCache
-from elmokit.embedding import iter_embeddings, read_embeddings
-from elmokit.model import BiLM, BiLMOutput, LstmState, ScalarMix
-from elmokit.weights import (
+from elmokit.model.chars import batch_to_ids
+from elmokit.model.config import CharCNNConfig, ConfigError, ElmoConfig, LSTMConfig
+from elmokit.inference.elmo import Elmo, ElmoEmbedder, HubElmo, TokenCache
+from elmokit.inference.files import iter_embeddings, read_embeddings
+from elmokit.model.bilm import BiLM, BiLMOutput, LstmState, ScalarMix
+from elmokit.model.weights import (
     WeightFileError,
     load_model,
     load_original,

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from elmokit.devices import DEVICE_HELP, DTYPES, resolve_device
-from elmokit.model import BiLM
-from elmokit.weights import load_model
+from elmokit.model.bilm import BiLM
+from elmokit.model.weights import load_model
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from elmokit.commands.common import add_model_arguments, model_from_args
 from elmokit.io import refuse_overwrite
-from elmokit.weights import CONFIG_NAME, WEIGHTS_NAME, save_original, save_pretrained
+from elmokit.model.weights import CONFIG_NAME, WEIGHTS_NAME, save_original, save_pretrained
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:

@@ -11,8 +11,8 @@ import numpy as np
 
 from elmokit.commands.common import add_model_arguments, model_from_args
 from elmokit.commands.similar import print_result
-from elmokit.elmo import ElmoEmbedder
-from elmokit.similar import find_similar, query_position
+from elmokit.inference.elmo import ElmoEmbedder
+from elmokit.inference.similar import find_similar, query_position
 
 SAMPLES = Path(str(files("elmokit") / "demo" / "play.txt"))
 QUERY = "They play football on Sundays ."

@@ -31,7 +31,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 def load_source(source: Path, last: bool = False):
     """(LanguageModel, vocab path or None) from a run dir, a model dir or a checkpoint file."""
-    from elmokit.checkpoint import CHECKPOINT_NAME, VOCAB_NAME, load_checkpoint, load_model_dir, model_from_checkpoint
+    from elmokit.training.checkpoint import CHECKPOINT_NAME, VOCAB_NAME, load_checkpoint, load_model_dir, model_from_checkpoint
     from elmokit.commands.perplexity import resolve_model_dir
 
     if source.is_dir() and last:
@@ -46,9 +46,9 @@ def load_source(source: Path, last: bool = False):
 
 
 def run(args: argparse.Namespace) -> int:
-    from elmokit.checkpoint import PROVENANCE_NAME, VOCAB_NAME, save_model_dir
+    from elmokit.training.checkpoint import PROVENANCE_NAME, VOCAB_NAME, save_model_dir
     from elmokit.io import refuse_overwrite
-    from elmokit.weights import CONFIG_NAME, WEIGHTS_NAME, save_original
+    from elmokit.model.weights import CONFIG_NAME, WEIGHTS_NAME, save_original
 
     if args.original is None and args.native is None:
         raise ValueError("nothing to do: give --original OPTIONS_JSON WEIGHTS_HDF5 and/or --native DIR")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from elmokit.builtin import builtin_model_dir
+from elmokit.model.builtin import builtin_model_dir
 from elmokit.commands.common import add_model_arguments, model_from_args
 
 

@@ -31,8 +31,8 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 def resolve_model_dir(path: Path) -> Path:
     """A model directory itself, or the best/ model of a training run directory."""
-    from elmokit.checkpoint import is_model_dir
-    from elmokit.train import BEST_DIR
+    from elmokit.training.checkpoint import is_model_dir
+    from elmokit.training.loop import BEST_DIR
 
     if is_model_dir(path):
         return path
@@ -45,11 +45,11 @@ def resolve_model_dir(path: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from elmokit.checkpoint import load_model_dir
-    from elmokit.corpus import expand_paths
+    from elmokit.training.checkpoint import load_model_dir
+    from elmokit.training.corpus import expand_paths
     from elmokit.io import refuse_overwrite
-    from elmokit.perplexity import corpus_perplexity
-    from elmokit.vocab import Vocabulary
+    from elmokit.training.perplexity import corpus_perplexity
+    from elmokit.training.vocab import Vocabulary
 
     if args.per_sentence is not None:
         refuse_overwrite([args.per_sentence], args.overwrite)
@@ -71,9 +71,9 @@ def run(args: argparse.Namespace) -> int:
 
 def write_sentence_scores(model, vocab, files: list[Path], out: Path, batch_size: int, device: str) -> None:
     """One line per non-blank input line: file, line number, targets, NLLs and perplexities."""
-    from elmokit.corpus import open_text
+    from elmokit.training.corpus import open_text
     from elmokit.io import atomic_path
-    from elmokit.perplexity import sentence_scores
+    from elmokit.training.perplexity import sentence_scores
 
     located, sentences = [], []
     for path in files:

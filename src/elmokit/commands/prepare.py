@@ -1,4 +1,4 @@
-"""`elmo prepare`: raw text -> tokenized shards, one sentence per line (see elmokit.corpus)."""
+"""`elmo prepare`: raw text -> tokenized shards, one sentence per line (see elmokit.training.corpus)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from elmokit.corpus import prepare_corpus
+from elmokit.training.corpus import prepare_corpus
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:

@@ -10,10 +10,10 @@ import torch
 
 from elmokit.commands.common import add_device_arguments, add_model_arguments, device_from_args, model_from_args
 from elmokit.io import refuse_overwrite
-from elmokit.elmo import ElmoEmbedder
-from elmokit.embedding import check_input_file, make_tokenizer
+from elmokit.inference.elmo import ElmoEmbedder
+from elmokit.inference.files import check_input_file, make_tokenizer
 from elmokit.extras import require
-from elmokit.similar import (
+from elmokit.inference.similar import (
     check_max_length,
     cue_labels,
     find_similar,

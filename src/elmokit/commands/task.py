@@ -167,7 +167,7 @@ def run_train(args: argparse.Namespace) -> int:
     names = {spec.name for spec in dataclasses.fields(TaskConfig)}
     values = {name: value for name, value in vars(args).items() if name in names}
     if args.model is None:
-        from elmokit.builtin import builtin_model_dir
+        from elmokit.model.builtin import builtin_model_dir
 
         model = str(builtin_model_dir())
     else:
@@ -231,7 +231,7 @@ def run_probe(args: argparse.Namespace) -> int:
     from elmokit.tasks.probes import pos_probe, wsd_probe
     from elmokit.tasks.report import plot_probes
     from elmokit.io import refuse_overwrite
-    from elmokit.weights import load_model
+    from elmokit.model.weights import load_model
 
     refuse_overwrite([args.out / "probes.json", args.out / "probes.png"], args.overwrite)
     require("plot", "elmo task probe (probes.png)")  # before the probes run, not after

@@ -25,7 +25,7 @@ LOCK_NAME = "train.lock"
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
-    from elmokit.train import TrainConfig
+    from elmokit.training.loop import TrainConfig
 
     parser = subcommands.add_parser(
         "train", help="train an ELMo biLM on a tokenized corpus",
@@ -58,7 +58,7 @@ def _default(spec: dataclasses.Field) -> Any:
 
 def config_from_args(args: argparse.Namespace) -> Any:
     """The TrainConfig of these arguments: --config (or the resumed run's file), then overrides."""
-    from elmokit.train import TRAIN_CONFIG_NAME, TrainConfig
+    from elmokit.training.loop import TRAIN_CONFIG_NAME, TrainConfig
 
     names = {spec.name for spec in dataclasses.fields(TrainConfig)}
     overrides = {name: value for name, value in vars(args).items() if name in names}
@@ -76,9 +76,9 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
 def run_files(out_dir: Path) -> list[Path]:
     """What a run writes in its directory and that exists there."""
-    from elmokit.checkpoint import CHECKPOINT_NAME
-    from elmokit.train import BEST_DIR, CURVES_NAME, METRICS_NAME, TRAIN_CONFIG_NAME
-    from elmokit.weights import CONFIG_NAME
+    from elmokit.training.checkpoint import CHECKPOINT_NAME
+    from elmokit.training.loop import BEST_DIR, CURVES_NAME, METRICS_NAME, TRAIN_CONFIG_NAME
+    from elmokit.model.weights import CONFIG_NAME
 
     names = (CHECKPOINT_NAME, TRAIN_CONFIG_NAME, CONFIG_NAME, METRICS_NAME, CURVES_NAME, BEST_DIR)
     return [out_dir / name for name in names if (out_dir / name).exists()]
@@ -95,9 +95,9 @@ def claim_run_dir(out_dir: Path, overwrite: bool) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from elmokit.checkpoint import CHECKPOINT_NAME
+    from elmokit.training.checkpoint import CHECKPOINT_NAME
     from elmokit.io import output_lock, removed_if_unfinished
-    from elmokit.train import train
+    from elmokit.training.loop import train
 
     if args.resume and args.overwrite:
         raise ValueError("give --resume (continue the run) or --overwrite (replace it), not both")

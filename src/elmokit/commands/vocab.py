@@ -1,4 +1,4 @@
-"""`elmo vocab`: count a tokenized corpus and write the softmax vocabulary (see elmokit.vocab)."""
+"""`elmo vocab`: count a tokenized corpus and write the softmax vocabulary (see elmokit.training.vocab)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from elmokit.io import refuse_overwrite
-from elmokit.vocab import make_vocab, stats_path
+from elmokit.training.vocab import make_vocab, stats_path
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:

@@ -6,7 +6,7 @@ from elmokit.tasks.classifier import Classifier
 from elmokit.tasks.crf import CRF
 from elmokit.tasks.encoder import Batch, ContextEncoder
 from elmokit.tasks.features import ElmoMixes, cached_layers, compute_layers
-from elmokit.tasks.metrics import accuracy, bio_spans, span_f1
+from elmokit.tasks.scores import accuracy, bio_spans, span_f1
 from elmokit.tasks.readers import (
     DataFormatError,
     read_conll2003,

@@ -5,7 +5,7 @@ over the word's characters, giving a vector that sees spelling, capitals and aff
 vocabulary learned from the training set alone misses for rare and unseen words).
 
 The task's own character vocabulary is built from its training words (0 padding, 1 unknown);
-it is not the biLM's byte-level char-id scheme (`elmokit.chars`).
+it is not the biLM's byte-level char-id scheme (`elmokit.model.chars`).
 
 Shape notation: B batch, T tokens, W characters of the longest word (capped), C char embedding
 dim, F filters.

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from elmokit.devices import resolve_device
-from elmokit.model import BiLM
+from elmokit.model.bilm import BiLM
 from elmokit.tasks import readers
 from elmokit.tasks.charcnn import build_char_vocab, encode_chars
 from elmokit.tasks.encoder import Batch

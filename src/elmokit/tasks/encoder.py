@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from elmokit.model import BiLM
+from elmokit.model.bilm import BiLM
 from elmokit.tasks.charcnn import CharCNN
 from elmokit.tasks.features import ElmoMixes, bilm_layers
 

@@ -19,11 +19,11 @@ from safetensors.torch import save_file
 from torch import nn
 from tqdm import tqdm
 
-from elmokit.chars import batch_to_ids
+from elmokit.model.chars import batch_to_ids
 from elmokit.devices import dtype_name, resolve_dtype
-from elmokit.elmo import ElmoEmbedder, module_device, remove_boundaries
+from elmokit.inference.elmo import ElmoEmbedder, module_device, remove_boundaries
 from elmokit.io import atomic_path
-from elmokit.model import BiLM, ScalarMix
+from elmokit.model.bilm import BiLM, ScalarMix
 
 
 # ---------------------------------------------------------------------------------------------

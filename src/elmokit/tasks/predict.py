@@ -115,7 +115,7 @@ def predict_file(run, input_path: str | Path, output: str | Path | None = None, 
     `tokenize` splits raw text with the Moses tokenizer (text, TSV, CSV and JSONL "text"), else
     text is split on whitespace.
     """
-    from elmokit.embedding import make_tokenizer
+    from elmokit.inference.files import make_tokenizer
 
     if tokenize and data_format == "auto" and run.kind == "tagger":
         data_format = "text"

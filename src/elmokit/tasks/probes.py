@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from elmokit.model import BiLM
+from elmokit.model.bilm import BiLM
 from elmokit.tasks.features import cached_layers, compute_layers
 from elmokit.tasks.readers import UPOS_TAGS, SenseSentence, read_conllu, read_semcor
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from elmokit.corpus import GzipReader
+from elmokit.training.corpus import GzipReader
 from elmokit.tasks.schemes import iob1_to_bio
 
 UPOS_TAGS = ("ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON",

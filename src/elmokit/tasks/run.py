@@ -19,15 +19,15 @@ from pathlib import Path
 import torch
 
 from elmokit.devices import resolve_device
-from elmokit.elmo import module_device
-from elmokit.model import BiLM
+from elmokit.inference.elmo import module_device
+from elmokit.model.bilm import BiLM
 from elmokit.tasks.data import Vocabularies, gold_labels, read_split, subsample
 from elmokit.tasks.features import compute_layers, model_fingerprint
 from elmokit.tasks.formats import read_examples, resolve_format
-from elmokit.tasks.metrics import score_predictions
+from elmokit.tasks.scores import score_predictions
 from elmokit.tasks.task_config import SPLITS, TaskConfig
 from elmokit.tasks.train import RUN_CONFIG, RUN_WEIGHTS, build_model
-from elmokit.weights import WeightFileError, load_model, read_safetensors
+from elmokit.model.weights import WeightFileError, load_model, read_safetensors
 
 
 class TaskRun:

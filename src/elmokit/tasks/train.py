@@ -22,16 +22,16 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from elmokit.io import atomic_path, atomic_write_text
-from elmokit.model import BiLM
+from elmokit.model.bilm import BiLM
 from elmokit.tasks.charcnn import CharCNN
 from elmokit.tasks.classifier import Classifier
 from elmokit.tasks.data import TaskData, Vocabularies, gold_labels, load_splits  # noqa: F401 (re-exported)
 from elmokit.tasks.encoder import ContextEncoder
 from elmokit.tasks.features import model_fingerprint
-from elmokit.tasks.metrics import score_predictions
+from elmokit.tasks.scores import score_predictions
 from elmokit.tasks.tagger import Tagger
 from elmokit.tasks.task_config import DEFAULT_DATA_DIR, SPLITS, TASKS, TaskConfig  # noqa: F401 (re-exported)
-from elmokit.weights import load_model
+from elmokit.model.weights import load_model
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from elmokit.lstm import BiLstm, LstmState
+from elmokit.model.lstm import BiLstm, LstmState
 
 
 class LstmLayerFunction(torch.autograd.Function):

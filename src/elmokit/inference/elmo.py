@@ -27,10 +27,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from elmokit.chars import BOS_TOKEN, EOS_TOKEN, batch_to_ids, token_mask, tokens_to_char_ids
+from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN, batch_to_ids, token_mask, tokens_to_char_ids
 from elmokit.devices import dtype_name, resolve_device, resolve_dtype
-from elmokit.model import BiLM, BiLMOutput, LstmState, ScalarMix
-from elmokit.weights import load_model
+from elmokit.model.bilm import BiLM, BiLMOutput, LstmState, ScalarMix
+from elmokit.model.weights import load_model
 
 OUTPUT_FORMATS = ("all", "top", "average")
 
@@ -498,9 +498,9 @@ class ElmoEmbedder:
         with `use_sentence_keys`; shape (L+1, n, 2P) for "all", (n, 2P) for "top" and "average";
         plus `sentence_to_index` (JSON) unless `forget_sentences`. A blank line is an empty
         sentence. Streams batch by batch; the file appears only when complete. More options
-        (.npz, sentence vectors, resume, long sentences): `elmokit.embedding.embed_file`.
+        (.npz, sentence vectors, resume, long sentences): `elmokit.inference.files.embed_file`.
         """
-        from elmokit.embedding import EmbedOptions, embed_file
+        from elmokit.inference.files import EmbedOptions, embed_file
 
         options = EmbedOptions(output_format=output_format, batch_size=batch_size,
                                forget_sentences=forget_sentences, use_sentence_keys=use_sentence_keys)

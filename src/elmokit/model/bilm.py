@@ -27,10 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from elmokit.chars import MAX_CHARS, N_CHAR_IDS, add_boundaries
-from elmokit.config import ElmoConfig
-from elmokit.kernels import linear
-from elmokit.lstm import BiLstm, LstmState
+from elmokit.model.chars import MAX_CHARS, N_CHAR_IDS, add_boundaries
+from elmokit.model.config import ElmoConfig
+from elmokit.inference.kernels import linear
+from elmokit.model.lstm import BiLstm, LstmState
 
 _ACTIVATIONS = {"relu": torch.relu, "tanh": torch.tanh}
 
@@ -128,7 +128,7 @@ class BiLMOutput(NamedTuple):
 class BiLM(nn.Module):
     """The ELMo bidirectional language model, built fresh from a config (no loading here).
 
-    Use `elmokit.load_model` / `elmokit.weights` to fill it from the original HDF5 files or from
+    Use `elmokit.load_model` / `elmokit.model.weights` to fill it from the original HDF5 files or from
     the native `config.json` + `model.safetensors`.
 
     Reduced precision, for inference: `bilm.to(torch.bfloat16)` stores the weights in bfloat16;

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from elmokit.elmo import ElmoEmbedder
-from elmokit.embedding import embed_sentences, make_tokenizer, read_lines
+from elmokit.inference.elmo import ElmoEmbedder
+from elmokit.inference.files import embed_sentences, make_tokenizer, read_lines
 from elmokit.extras import require
 from elmokit.io import atomic_path
 

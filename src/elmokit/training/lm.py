@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from elmokit.chars import MAX_CHARS
-from elmokit.config import ElmoConfig
-from elmokit.lstm import LstmState
-from elmokit.model import BiLM
+from elmokit.model.chars import MAX_CHARS
+from elmokit.model.config import ElmoConfig
+from elmokit.model.lstm import LstmState
+from elmokit.model.bilm import BiLM
 from elmokit.training.recurrence import forward_streams
 from elmokit.training.softmax import full_softmax_nll_sum, sampled_softmax_nll_sum
 

@@ -56,9 +56,9 @@ from typing import IO
 import numpy as np
 import torch
 
-from elmokit.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS, tokens_to_char_ids
-from elmokit.corpus import CorpusError, expand_paths, locate_decode_error, open_text
-from elmokit.vocab import Vocabulary
+from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS, tokens_to_char_ids
+from elmokit.training.corpus import CorpusError, expand_paths, locate_decode_error, open_text
+from elmokit.training.vocab import Vocabulary
 
 STATE_FORMAT = "elmokit.LMBatcher/1"
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from elmokit.chars import BOS_TOKEN, EOS_TOKEN
-from elmokit.corpus import CorpusError, expand_paths, locate_decode_error, open_text
+from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN
+from elmokit.training.corpus import CorpusError, expand_paths, locate_decode_error, open_text
 from elmokit.io import atomic_write_text
 
 UNK_TOKEN = "<UNK>"

@@ -20,9 +20,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from elmokit.config import ConfigError, ElmoConfig, read_options
+from elmokit.model.config import ConfigError, ElmoConfig, read_options
 from elmokit.io import atomic_path, atomic_write_text
-from elmokit.model import BiLM
+from elmokit.model.bilm import BiLM
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -360,7 +360,7 @@ def load_model(options_or_directory: str | Path | None = None, weight_file: str 
     * nothing: the built-in English model shipped with elmokit.
     """
     if options_or_directory is None:
-        from elmokit.builtin import builtin_model_dir
+        from elmokit.model.builtin import builtin_model_dir
 
         return load_pretrained(builtin_model_dir())
     path = Path(options_or_directory)

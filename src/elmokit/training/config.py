@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from elmokit.config import ConfigError
-from elmokit.corpus import expand_paths, require_tokens
+from elmokit.model.config import ConfigError
+from elmokit.training.corpus import expand_paths, require_tokens
 from elmokit.devices import check_device_name
 from elmokit.io import atomic_write_text
 

@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from elmokit.config import ElmoConfig
+from elmokit.model.config import ElmoConfig
 from elmokit.io import atomic_path, atomic_write_text
-from elmokit.lm import LanguageModel
-from elmokit.weights import CONFIG_NAME, WEIGHTS_NAME, WeightFileError, load_pretrained, read_safetensors, save_pretrained
+from elmokit.training.lm import LanguageModel
+from elmokit.model.weights import CONFIG_NAME, WEIGHTS_NAME, WeightFileError, load_pretrained, read_safetensors, save_pretrained
 
 CHECKPOINT_NAME = "checkpoint.pt"
 VOCAB_NAME = "vocab.txt"

@@ -64,8 +64,8 @@ import h5py
 import numpy as np
 import torch
 
-from elmokit.corpus import CorpusError, not_a_regular_file, open_binary
-from elmokit.elmo import OUTPUT_FORMATS, ElmoEmbedder, position_windows, select_layers
+from elmokit.training.corpus import CorpusError, not_a_regular_file, open_binary
+from elmokit.inference.elmo import OUTPUT_FORMATS, ElmoEmbedder, position_windows, select_layers
 from elmokit.extras import require
 from elmokit.io import atomic_write_text, durable_replace, output_lock, refuse_overwrite
 

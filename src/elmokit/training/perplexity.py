@@ -19,12 +19,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from elmokit.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS, tokens_to_char_ids
-from elmokit.corpus import CorpusError
-from elmokit.data import eval_batches
+from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS, tokens_to_char_ids
+from elmokit.training.corpus import CorpusError
+from elmokit.training.data import eval_batches
 from elmokit.devices import resolve_device
-from elmokit.lm import LanguageModel
-from elmokit.vocab import Vocabulary
+from elmokit.training.lm import LanguageModel
+from elmokit.training.vocab import Vocabulary
 
 
 @dataclass
@@ -53,7 +53,7 @@ def corpus_perplexity(model: LanguageModel, vocab: Vocabulary, files: Sequence[s
                       ) -> dict[str, float]:
     """forward_ppl, backward_ppl, ppl and n_tokens of every sentence of `files`; CorpusError
     if they hold no sentence (an empty or blank-only file)."""
-    from elmokit.train import evaluate
+    from elmokit.training.loop import evaluate
 
     _check_vocab(model, vocab)
     device = resolve_device(device)

@@ -8,7 +8,7 @@ Three ways to run the same weights:
                               an optional carried state (spec §9); differentiable
     (LM training runs the same weights through `elmokit.training.recurrence`)
     BiLstm.forward_sentences  inference: many sentences streamed through R rows, each from a
-                              zero state; oneDNN products on the CPU (`elmokit.kernels`)
+                              zero state; oneDNN products on the CPU (`elmokit.inference.kernels`)
 
 Shape notation (as in model.py): B batch, S positions with boundaries, N real positions,
 P projection dim, C cell dim, L layers, D = 2 directions, U steps, R rows of the recurrence.
@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from elmokit.config import ElmoConfig
-from elmokit.kernels import PackedLinear
+from elmokit.model.config import ElmoConfig
+from elmokit.inference.kernels import PackedLinear
 
 # ---------------------------------------------------------------------------------------------
 # Forward and backward LSTM stacks with projection, clipping and residuals
@@ -189,7 +189,7 @@ class BiLstmLayer(nn.Module):
         """Inference: inputs (D, U, R, P) laid out by `_stream_layout` -> outputs (D, U, R, P),
         every sentence from a zero state. The gate inputs are computed a block of steps at a
         time (bounded memory however long the streams); the products go through
-        `elmokit.kernels.PackedLinear` (oneDNN on the CPU); the elementwise work is done in place.
+        `elmokit.inference.kernels.PackedLinear` (oneDNN on the CPU); the elementwise work is done in place.
 
         Weights in a reduced precision (`BiLM.to(torch.bfloat16)`) with float32 inputs: each
         product runs in the weights' dtype, while the bias, the gates, the cell state, the

@@ -32,17 +32,17 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from elmokit import checkpoint as ckpt
-from elmokit.chars import MAX_CHARS
-from elmokit.config import ConfigError, ElmoConfig
-from elmokit.data import LMBatch, LMBatcher, eval_batches
+from elmokit.training import checkpoint as ckpt
+from elmokit.model.chars import MAX_CHARS
+from elmokit.model.config import ConfigError, ElmoConfig
+from elmokit.training.data import LMBatch, LMBatcher, eval_batches
 from elmokit.devices import resolve_device
 from elmokit.extras import MissingExtraError
-from elmokit.lm import LanguageModel
-from elmokit.lstm import LstmState
-from elmokit.metrics import MetricsWindow, append_metrics, plot_curves, progress_bar, truncate_metrics
-from elmokit.train_config import TrainConfig
-from elmokit.weights import WEIGHTS_NAME, load_original, load_pretrained, read_safetensors
+from elmokit.training.lm import LanguageModel
+from elmokit.model.lstm import LstmState
+from elmokit.training.metrics import MetricsWindow, append_metrics, plot_curves, progress_bar, truncate_metrics
+from elmokit.training.config import TrainConfig
+from elmokit.model.weights import WEIGHTS_NAME, load_original, load_pretrained, read_safetensors
 
 METRICS_NAME = "metrics.jsonl"
 CURVES_NAME = "curves.png"
@@ -271,7 +271,7 @@ def _check_bf16(device: torch.device) -> None:
 
 def train(config: TrainConfig, resume: bool = False) -> Progress:
     """Train (or, with `resume`, continue) the run in `config.output_dir`; returns the counters."""
-    from elmokit.vocab import Vocabulary
+    from elmokit.training.vocab import Vocabulary
 
     config.check_paths()
     dist_ = setup_distributed(config)

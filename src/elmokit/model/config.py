@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from elmokit.chars import MAX_CHARS, N_CHAR_IDS
+from elmokit.model.chars import MAX_CHARS, N_CHAR_IDS
 
 ACTIVATIONS = ("relu", "tanh")
 MAX_CHARACTERS_PER_TOKEN = MAX_CHARS  # options key char_cnn.max_characters_per_token: always 50
