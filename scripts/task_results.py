@@ -68,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--max-epochs", type=int, help="override the epoch cap of every run")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--page-only", action="store_true",
+                        help="train nothing: write the page from the runs that finished (e.g. while a table runs)")
     parser.add_argument("--fresh", action="store_true",
                         help="rerun every run (default: a run whose results.json exists is reused, so an "
                              "interrupted table resumes where it stopped)")
@@ -121,14 +123,16 @@ class Runner:
         self.splits: dict[str, dict] = {}
         self.data: dict[tuple[str, str], TaskData] = {}
 
-    def run(self, name: str, condition: str, seed: int) -> dict:
-        """One run: reused if finished with the same recipe, else trained."""
+    def run(self, name: str, condition: str, seed: int) -> dict | None:
+        """One run: reused if finished with the same recipe, else trained (None with --page-only)."""
         base = base_config(name, self.args)
         model = str(self.args.model) if condition == "elmo" else None
         condition_dir = self.args.runs_dir / name / condition
         features_record = condition_dir / "features.json"
         config = TaskConfig(model=model, seed=seed, out=str(condition_dir / f"seed{seed}"), **base)
         result = finished_run(Path(config.out), config, self.args) if features_record.is_file() else None
+        if result is None and self.args.page_only:
+            return None
         if result is None:
             data = self.task_data(name, condition, base, model, features_record)
             result = train_task(config, self.bilm if model else None, data)
@@ -252,7 +256,8 @@ def table(all_runs: dict) -> list[str]:
     return lines
 
 
-def results_page(all_runs: dict, probes: dict | None, args: argparse.Namespace, bilm, total_cpu: float) -> str:
+def results_page(all_runs: dict, probes: dict | None, args: argparse.Namespace, bilm, total_cpu: float,
+                 pending: list[str]) -> str:
     lines = []
     if args.quick:
         lines += ["# Task results — SMOKE TEST", "",
@@ -273,6 +278,14 @@ def results_page(all_runs: dict, probes: dict | None, args: argparse.Namespace, 
               f"per sentence. Scalar mix with dropout {config.elmo_dropout} and λ = {config.elmo_l2} on the mix weights "
               f"(Peters et al., 2018). Adam, batch {config.batch_size}, early stopping on dev.", ""]
     lines += table(all_runs)
+    if pending:
+        lines += ["", "Not finished yet (no run of each condition): " + ", ".join(EXPERIMENTS[n][1] for n in pending)
+                  + "; the command under \"How this was made\" resumes them."]
+    missing = {name: len(args.seeds) - min(len(r) for r in runs.values()) for name, runs in all_runs.items()
+               if name in args.tasks and min(len(r) for r in runs.values()) < len(args.seeds)}
+    if missing:
+        lines += ["", "Still to run: " + ", ".join(f"{EXPERIMENTS[n][1]}: {k} of {len(args.seeds)} seeds"
+                                                   for n, k in missing.items()) + "."]
     if any(runs["elmo"][0].get("carried") for runs in all_runs.values()):
         lines += ["", "† carried over from the previous results.json: runs recorded by an earlier invocation (the "
                   "recipe column says how they were made), not rerun by this one."]
@@ -288,7 +301,8 @@ def results_page(all_runs: dict, probes: dict | None, args: argparse.Namespace, 
     if probes:
         lines += probe_tables(probes, args.quick)
     lines += findings(all_runs, probes, args)
-    command = " ".join(["python scripts/task_results.py", *([] if args.builtin else [f"--model {args.model}"]),
+    command = " ".join(["OMP_NUM_THREADS=1 .venv/bin/python scripts/task_results.py",
+                        *([] if args.builtin else [f"--model {args.model}"]),
                         *(["--quick"] if args.quick else []), f"--tasks {' '.join(args.tasks)}",
                         f"--runs-dir {args.runs_dir}", *(["--probes"] if args.probes else [])])
     lines += ["## How this was made", "",
@@ -330,16 +344,18 @@ def main(argv: list[str] | None = None) -> int:
     for seed in args.seeds:
         for name in args.tasks:
             for condition in conditions:
-                new_runs[name][condition].append(runner.run(name, condition, seed))
-                if len(conditions) == 2 and all(r for runs in new_runs.values() for r in runs.values()):
+                result = runner.run(name, condition, seed)
+                new_runs[name][condition] += [result] if result is not None else []
+                if len(conditions) == 2 and result is not None and not args.page_only:
                     write_results(new_runs, carried, probes, args, bilm, time.process_time() - start)
     if len(conditions) < 2:
         print(f"ran {', '.join(args.conditions)} only: no table ({(time.process_time() - start) / 60:.1f} CPU min)")
         return 0
-    if args.probes:
+    if args.probes and not args.page_only:
         probes = run_probes(bilm, args)
-    write_results(new_runs, carried, probes, args, bilm, time.process_time() - start)
-    print(f"wrote {args.out} ({(time.process_time() - start) / 60:.1f} CPU min)")
+    written = write_results(new_runs, carried, probes, args, bilm, time.process_time() - start)
+    print(f"wrote {args.out}" if written else "no task has a finished run of each condition yet: no page",
+          f"({(time.process_time() - start) / 60:.1f} CPU min)")
     return 0
 
 
@@ -360,17 +376,24 @@ def figure_dir(args: argparse.Namespace) -> Path:
 
 
 def write_results(new_runs: dict, carried: dict, probes: dict | None, args: argparse.Namespace, bilm,
-                  cpu_seconds: float) -> None:
-    """The page, its plots and results.json, from the recorded runs (this invocation's and the carried)."""
-    all_runs = {name: new_runs.get(name) or carried[name] for name in EXPERIMENTS if name in new_runs or name in carried}
+                  cpu_seconds: float) -> bool:
+    """The page, its plots and results.json, from the recorded runs: this invocation's tasks that
+    have a run of each condition (the others are named as not finished) and the carried ones."""
+    ready = {name: runs for name, runs in new_runs.items() if all(runs.values())}
+    if not ready:
+        return False
+    all_runs = {name: ready.get(name) or carried[name] for name in EXPERIMENTS
+                if name in ready or (name in carried and name not in new_runs)}
     for name, runs in all_runs.items():
         plot_layer_weights([r["layer_weights"] for r in runs["elmo"]], f"{name}: learned ELMo layer weights",
                            figure_dir(args) / f"layer_weights_{name}.png")
-    atomic_write_text(args.out, results_page(all_runs, probes, args, bilm, cpu_seconds))
+    pending = [name for name in new_runs if name not in ready]
+    atomic_write_text(args.out, results_page(all_runs, probes, args, bilm, cpu_seconds, pending))
     records = {name: {c: [{k: v for k, v in r.items() if k not in ("carried", "reused")} for r in results]
                       for c, results in runs.items()} for name, runs in all_runs.items()}
     atomic_write_text(args.out.with_suffix(".json"),
                       json.dumps({"quick": args.quick, "runs": records, "probes": probes}, indent=1) + "\n")
+    return True
 
 
 if __name__ == "__main__":
