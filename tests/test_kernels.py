@@ -1,4 +1,4 @@
-"""elmokit.inference.kernels: which path runs (oneDNN's private ops, or F.linear with ELMOKIT_KERNELS=torch),
+"""elmokit.kernels: which path runs (oneDNN's private ops, or F.linear with ELMOKIT_KERNELS=torch),
 the check of the first oneDNN product of each kind against F.linear (a torch whose private ops
 changed is caught: one warning, then F.linear, the same vectors), the oneDNN cache settings made
 only when oneDNN first runs, and the torch range pyproject.toml allows being the one tested here."""
@@ -107,7 +107,7 @@ def test_the_bfloat16_products_are_checked_too(tiny_model, monkeypatch):
 
 CACHE_PROBE = r"""
 import json, os, sys
-import elmokit, elmokit.inference.elmo, elmokit.inference.kernels
+import elmokit, elmokit.inference.elmo, elmokit.kernels
 names = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 after_import = {name: os.environ.get(name) for name in names}
 from elmokit import BiLM, ElmoEmbedder

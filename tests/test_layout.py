@@ -13,7 +13,7 @@ PACKAGE = SRC / "elmokit"
 
 # The floors, lowest first: a module may import from its own floor or a lower one.
 FLOORS = [
-    {"elmokit.io", "elmokit.devices", "elmokit.extras"},  # leaf utilities
+    {"elmokit.io", "elmokit.devices", "elmokit.extras", "elmokit.kernels"},  # leaf utilities
     {"elmokit.model"},
     {"elmokit.inference", "elmokit.training"},
     {"elmokit.tasks"},

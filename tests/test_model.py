@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from elmokit import BiLM, ScalarMix, batch_to_ids, save_original
 from elmokit.model.chars import tokens_to_char_ids
+from elmokit.inference.engine import contextualize_sentences, stream_layout
 from elmokit.training.recurrence import forward_streams
 from tests.conftest import SENTENCES, tiny_config
 
@@ -165,7 +166,7 @@ def test_sentences_streamed_through_rows_match_one_at_a_time(tiny_model, rows):
     sizes = np.array([2, 3, 7, 12, 2, 30, 5, 9, 4])  # 2 = an empty sentence (<S> </S>)
     tokens = torch.randn(int(sizes.sum()), tiny_model.config.lstm.projection_dim) * 3
     with torch.no_grad():
-        layers = tiny_model.contextualize_sentences(tokens, sizes, rows)
+        layers = contextualize_sentences(tiny_model, tokens, sizes, rows)
         start = 0
         for size in sizes:
             alone = tiny_model.contextualize(tokens[start:start + size], torch.ones(1, size, dtype=torch.bool))
@@ -175,10 +176,9 @@ def test_sentences_streamed_through_rows_match_one_at_a_time(tiny_model, rows):
 
 
 def test_stream_layout_places_every_position_once():
-    from elmokit.model.lstm import _stream_layout
 
     sizes = np.array([5, 2, 9, 3, 3, 7])
-    layout = _stream_layout(sizes, rows=3)
+    layout = stream_layout(sizes, rows=3)
     n_positions = int(sizes.sum())
     for index in (layout.forward_index, layout.backward_index):
         placed = index[index < n_positions]
@@ -205,11 +205,11 @@ def test_char_cnn_is_the_convolution_with_max_pool(tiny_model):
 
 
 def test_inference_products_equal_the_plain_ones_and_take_the_path_they_should(monkeypatch):
-    """elmokit.inference.kernels against products written out here (einsum in float64): in float32 without
+    """elmokit.kernels against products written out here (einsum in float64): in float32 without
     gradients through oneDNN (where this torch has it), in float64 and with gradients through the
     plain torch path; `path_counts` says which path ran each product."""
-    from elmokit.inference import kernels
-    from elmokit.inference.kernels import PackedLinear, linear
+    from elmokit import kernels
+    from elmokit.kernels import PackedLinear, linear
 
     monkeypatch.delenv(kernels.KERNELS_VARIABLE, raising=False)
     kernels.reset()

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from elmokit.inference.engine import bilm_forward
 from elmokit import Elmo, ElmoEmbedder, HubElmo, batch_to_ids, kernels
 from elmokit.cli import main
 from elmokit.tasks.features import cached_layers
@@ -75,7 +76,9 @@ def test_what_bfloat16_cannot_do_is_refused(tiny_model):
         ElmoEmbedder(module=copy.deepcopy(tiny_model), dtype=torch.float16)
     low = copy.deepcopy(tiny_model).to(torch.bfloat16)
     with pytest.raises(ValueError, match="zero state only"):
-        low(batch_to_ids(SENTENCES), state=copy.deepcopy(tiny_model)(batch_to_ids(SENTENCES)).state)
+        bilm_forward(low, batch_to_ids(SENTENCES), state=copy.deepcopy(tiny_model)(batch_to_ids(SENTENCES)).state)
+    with pytest.raises(ValueError, match="run in elmokit.inference.engine"):  # BiLM.forward is float32's
+        low(batch_to_ids(SENTENCES))
 
 
 def test_embed_command_in_bfloat16(model_dir, tmp_path):

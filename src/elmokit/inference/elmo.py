@@ -30,6 +30,7 @@ from torch import nn
 from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN, batch_to_ids, token_mask, tokens_to_char_ids
 from elmokit.devices import dtype_name, resolve_device, resolve_dtype
 from elmokit.model.bilm import BiLM, BiLMOutput, LstmState, ScalarMix
+from elmokit.inference.engine import bilm_contextualize, bilm_forward, contextualize_sentences
 from elmokit.model.weights import load_model
 
 OUTPUT_FORMATS = ("all", "top", "average")
@@ -86,7 +87,7 @@ def carrying(carried: CarriedState | None) -> contextlib.AbstractContextManager:
 def _run_bilm(bilm: BiLM, char_ids: torch.Tensor, carried: CarriedState | None) -> BiLMOutput:
     with carrying(carried):
         state = carried.take(char_ids.shape[0]) if carried is not None else None
-        output = bilm(char_ids, state)
+        output = bilm_forward(bilm, char_ids, state)
         if carried is not None:
             carried.store(output.state)
     return output
@@ -226,7 +227,7 @@ class Elmo(nn.Module):
         token_embeddings = self.word_embedding[torch.from_numpy(rows).to(self.word_embedding.device)]
         with carrying(self.carried):
             state = self.carried.take(len(lengths)) if self.carried is not None else None
-            output = self.bilm.contextualize(token_embeddings, _boundary_mask(lengths), state)
+            output = bilm_contextualize(self.bilm, token_embeddings, _boundary_mask(lengths), state)
             if self.carried is not None:
                 self.carried.store(output.state)
         return output
@@ -414,7 +415,7 @@ class ElmoEmbedder:
         token_embeddings = self.cache.embeddings(batch)  # (N, P)
         with carrying(self.carried):
             state = self.carried.take(len(batch)) if self.carried is not None else None
-            output = self.bilm.contextualize(token_embeddings, _boundary_mask(lengths), state)
+            output = bilm_contextualize(self.bilm, token_embeddings, _boundary_mask(lengths), state)
             if self.carried is not None:
                 self.carried.store(output.state)
         return output
@@ -464,7 +465,7 @@ class ElmoEmbedder:
             table = self.bilm.encode_tokens(torch.from_numpy(tokens_to_char_ids(tokens)).to(self.device))
             table_rows = _boundary_rows(lengths, np.arange(2, len(tokens)))
             token_embeddings = table[torch.from_numpy(table_rows).to(table.device)]  # (N, P)
-        layers = self.bilm.contextualize_sentences(token_embeddings, lengths + 2, rows)
+        layers = contextualize_sentences(self.bilm, token_embeddings, lengths + 2, rows)
         layers = [layer.float().cpu().numpy() for layer in layers]  # L+1 of (N, 2P)
         first = np.cumsum(lengths + 2) - (lengths + 2) + 1  # each sentence's first token
         return [np.stack([layer[start:start + n] for layer in layers])  # (L+1, n, 2P), its own copy
@@ -540,7 +541,7 @@ class HubElmo(nn.Module):
     def forward(self, sentences: Sequence[Sequence[str]] | torch.Tensor) -> dict[str, torch.Tensor]:
         char_ids = sentences if isinstance(sentences, torch.Tensor) else batch_to_ids(sentences)
         char_ids = char_ids.to(module_device(self.bilm))
-        output = self.bilm(char_ids)
+        output = bilm_forward(self.bilm, char_ids)
         layers = [remove_boundaries(layer, output.mask)[0] for layer in output.layers]
         mask = token_mask(char_ids)  # (B, T)
         elmo = remove_boundaries(self.mix(output.layers, output.mask), output.mask)[0]

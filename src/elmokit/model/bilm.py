@@ -29,7 +29,7 @@ from torch import nn
 
 from elmokit.model.chars import MAX_CHARS, N_CHAR_IDS, add_boundaries
 from elmokit.model.config import ElmoConfig
-from elmokit.inference.kernels import linear
+from elmokit.kernels import linear
 from elmokit.model.lstm import BiLstm, LstmState
 
 _ACTIVATIONS = {"relu": torch.relu, "tanh": torch.tanh}
@@ -211,20 +211,6 @@ class BiLM(nn.Module):
         tokens = tokens.index_copy(0, real_positions, token_embeddings).view(batch_size, n_positions, -1)
         lstm_layers, state = self.lstm(tokens, mask.sum(dim=1), state)
         return BiLMOutput([torch.cat([tokens, tokens], dim=-1), *lstm_layers], mask, state)
-
-    def contextualize_sentences(self, token_embeddings: torch.Tensor, sizes: np.ndarray, rows: int
-                                ) -> list[torch.Tensor]:
-        """The L+1 layers (N, 2P) of many sentences laid end to end, each from a zero state.
-
-        Args:
-            token_embeddings: (N, P) of every position, boundaries included, sentence after sentence.
-            sizes: (n,) positions of each sentence (tokens + 2).
-            rows: sentences in the recurrence at once (see `BiLstm.forward_sentences`).
-        """
-        if len(token_embeddings) == 0:
-            return [token_embeddings.new_zeros(0, self.output_dim)] * self.config.n_output_layers
-        lstm_layers = self.lstm.forward_sentences(token_embeddings, sizes, rows)
-        return [torch.cat([token_embeddings, token_embeddings], dim=-1), *lstm_layers]
 
 
 # ---------------------------------------------------------------------------------------------

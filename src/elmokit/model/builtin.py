@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 BUILTIN_MODEL = "gutenberg-en"
-MODELS_DIR = Path(__file__).parent / "models"
+MODELS_DIR = Path(__file__).resolve().parents[1] / "models"  # elmokit/models/
 
 
 def builtin_model_dir() -> Path:

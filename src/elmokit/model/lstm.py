@@ -3,12 +3,13 @@
     token representations (D, ..., P) -> BiLstmLayer x L (cell and projection clipping,
     residual from layer 2 on) -> one (.., 2P) output per layer, [forward | backward]
 
-Three ways to run the same weights:
-    BiLstm.forward            right-padded sentences, packed so rows that have ended drop out;
-                              an optional carried state (spec §9); differentiable
-    (LM training runs the same weights through `elmokit.training.recurrence`)
-    BiLstm.forward_sentences  inference: many sentences streamed through R rows, each from a
-                              zero state; oneDNN products on the CPU (`elmokit.inference.kernels`)
+The weights and the cell math live here; three engines run them:
+    BiLstm.forward                      right-padded sentences, packed so rows that have ended
+                                        drop out; an optional carried state (spec §9);
+                                        differentiable (autograd over the step loop)
+    elmokit.inference.engine            inference: many sentences streamed through R rows, each
+                                        from a zero state; oneDNN products on the CPU
+    elmokit.training.recurrence         LM training: a hand-written forward/backward through time
 
 Shape notation (as in model.py): B batch, S positions with boundaries, N real positions,
 P projection dim, C cell dim, L layers, D = 2 directions, U steps, R rows of the recurrence.
@@ -16,16 +17,13 @@ P projection dim, C cell dim, L layers, D = 2 directions, U steps, R rows of the
 
 from __future__ import annotations
 
-import heapq
 from typing import NamedTuple
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from elmokit.model.config import ElmoConfig
-from elmokit.inference.kernels import PackedLinear
 
 # ---------------------------------------------------------------------------------------------
 # Forward and backward LSTM stacks with projection, clipping and residuals
@@ -64,47 +62,6 @@ def _packed_order(lengths: torch.Tensor, n_positions: int) -> _PackedOrder:
     )
 
 
-class _StreamLayout(NamedTuple):
-    """Sentences laid end to end in R streams, read one step of every stream at a time.
-
-    Each sentence still starts from a zero state (`starts` marks where the state is reset), so
-    the results are those of one sentence at a time, but all R rows of the recurrence stay busy
-    until the end instead of idling while the longest sentence of a batch finishes.
-    """
-
-    forward_index: torch.Tensor  # (U, R) flat position read at each step of each stream; N = none
-    backward_index: torch.Tensor  # (U, R) the same, every sentence read from its end
-    starts: torch.Tensor  # (U, R) bool: a sentence starts here
-    reset_steps: list[bool]  # (U,) any start at this step
-
-
-def _stream_layout(sizes: np.ndarray, rows: int) -> _StreamLayout:
-    """Place sentences of `sizes` positions (boundaries included) in `rows` streams: the longest
-    first, each in the stream that is shortest so far, so the streams end close together."""
-    n_sentences, n_positions = len(sizes), int(sizes.sum())
-    rows = max(1, min(rows, n_sentences))
-    stream, offset = np.empty(n_sentences, np.int64), np.empty(n_sentences, np.int64)
-    heap = [(0, row) for row in range(rows)]
-    for sentence in np.argsort(-sizes, kind="stable"):  # one step per sentence, not per token
-        total, row = heapq.heappop(heap)
-        stream[sentence], offset[sentence] = row, total
-        heapq.heappush(heap, (total + int(sizes[sentence]), row))
-    n_steps = max(total for total, _ in heap)
-
-    first = np.cumsum(sizes) - sizes  # flat position of each sentence's first position
-    sentence = np.repeat(np.arange(n_sentences), sizes)  # (N,)
-    within = np.arange(n_positions) - first[sentence]
-    step, row = offset[sentence] + within, stream[sentence]
-    forward = np.full((n_steps, rows), n_positions, np.int64)
-    forward[step, row] = np.arange(n_positions)
-    backward = np.full((n_steps, rows), n_positions, np.int64)
-    backward[step, row] = first[sentence] + sizes[sentence] - 1 - within
-    starts = np.zeros((n_steps, rows), bool)
-    starts[offset, stream] = True
-    return _StreamLayout(torch.from_numpy(forward), torch.from_numpy(backward),
-                         torch.from_numpy(starts), starts.any(axis=1).tolist())
-
-
 def _lstm_cell(gates: torch.Tensor, cell: torch.Tensor, cell_dim: int, cell_clip: float
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gates (D, b, 4C) in the order (i, f, o, j) and the previous cell -> (new cell, o * tanh(cell))."""
@@ -113,20 +70,6 @@ def _lstm_cell(gates: torch.Tensor, cell: torch.Tensor, cell_dim: int, cell_clip
     if cell_clip:
         cell = cell.clamp(-cell_clip, cell_clip)
     return cell, output_gate * torch.tanh(cell)
-
-
-def _lstm_cell_(gates: torch.Tensor, cell: torch.Tensor, cell_output: torch.Tensor, cell_dim: int,
-                cell_clip: float) -> None:
-    """`_lstm_cell` in place, for inference, with every tanh as tanh(x) = 2 sigmoid(2x) - 1
-    (torch's sigmoid is ~4x faster than its tanh on the CPU): gates (R, 4C) hold (i, f, o, 2j),
-    the candidate pre-doubled by the weights (exact in binary floating point), and are
-    overwritten; cell (R, C) is updated; cell_output (R, C) is set to o * tanh(cell)."""
-    input_gate, forget_gate, output_gate, candidate = gates.sigmoid_().chunk(4, dim=-1)
-    candidate.mul_(2).sub_(1)  # tanh(j)
-    cell.mul_(forget_gate).addcmul_(input_gate, candidate)
-    if cell_clip:
-        cell.clamp_(-cell_clip, cell_clip)
-    torch.mul(cell, 2, out=cell_output).sigmoid_().mul_(2).sub_(1).mul_(output_gate)  # o * tanh(cell)
 
 
 class BiLstmLayer(nn.Module):
@@ -181,86 +124,12 @@ class BiLstmLayer(nn.Module):
         final_cell = torch.cat([c for _, c in reversed(finished)], dim=1)  # (D, B, C)
         return torch.cat(outputs, dim=1), final_hidden, final_cell
 
-    GATE_BUDGET = 1 << 23  # floats of precomputed gate inputs held at once by `stream` (32 MB)
-
-    @torch.no_grad()
-    def stream(self, inputs: torch.Tensor, layout: _StreamLayout, cell_clip: float, proj_clip: float
-               ) -> torch.Tensor:
-        """Inference: inputs (D, U, R, P) laid out by `_stream_layout` -> outputs (D, U, R, P),
-        every sentence from a zero state. The gate inputs are computed a block of steps at a
-        time (bounded memory however long the streams); the products go through
-        `elmokit.inference.kernels.PackedLinear` (oneDNN on the CPU); the elementwise work is done in place.
-
-        Weights in a reduced precision (`BiLM.to(torch.bfloat16)`) with float32 inputs: each
-        product runs in the weights' dtype, while the bias, the gates, the cell state, the
-        recurrent state and the outputs stay in the inputs' dtype."""
-        _, n_steps, rows, dim = inputs.shape
-        cell_dim = self.cell_dim
-        compute_dtype = self.input_weight.dtype  # of the products
-        mixed = compute_dtype != inputs.dtype
-        block = max(1, min(n_steps, self.GATE_BUDGET // (2 * rows * 4 * cell_dim)))  # steps of gate inputs at once
-        input_products, recurrent_products, projections = self._packed(rows)
-        keep = (~layout.starts).to(device=inputs.device, dtype=inputs.dtype).unsqueeze(-1)  # (U, R, 1)
-        bias = ((self.bias.to(inputs.dtype) + self.forget_offset.to(inputs.dtype))
-                * self._candidate_doubled().to(inputs.dtype)).squeeze(1)  # (D, 4C): (i, f, o, 2j)
-        outputs = inputs.new_empty(2, n_steps, rows, dim)
-        hidden = inputs.new_zeros(2, rows, dim)
-        cell = inputs.new_zeros(2, rows, cell_dim)
-        cell_output = inputs.new_empty(2, rows, cell_dim)
-        for first in range(0, n_steps, block):
-            block_inputs = inputs[:, first:first + block]  # (D, k, R, P)
-            if mixed:  # the product in compute_dtype, the bias added in the inputs' dtype
-                gate_inputs = [torch.add(bias[d], input_products[d](block_inputs[d].reshape(-1, dim).to(compute_dtype)))
-                               .view(-1, rows, 4 * cell_dim) for d in range(2)]  # D x (k, R, 4C)
-            else:
-                gate_inputs = [input_products[d](block_inputs[d].reshape(-1, dim), bias[d]).view(-1, rows, 4 * cell_dim)
-                               for d in range(2)]  # D x (k, R, 4C)
-            for offset in range(len(gate_inputs[0])):
-                step = first + offset
-                if layout.reset_steps[step]:  # a new sentence starts in some rows: zero their state
-                    hidden = hidden * keep[step]  # not in place: `hidden` is the last step's output
-                    cell.mul_(keep[step])
-                product_hidden = hidden.to(compute_dtype)  # (D, R, P); `hidden` itself when not mixed
-                for d in range(2):
-                    if mixed:
-                        gates = torch.add(gate_inputs[d][offset], recurrent_products[d](product_hidden[d]))  # (R, 4C)
-                    else:
-                        gates = recurrent_products[d].add(gate_inputs[d][offset], hidden[d])  # (R, 4C)
-                    _lstm_cell_(gates, cell[d], cell_output[d], cell_dim, cell_clip)
-                    outputs[d, step] = projections[d](cell_output[d].to(compute_dtype))  # (R, P)
-                hidden = outputs[:, step]
-                if proj_clip:
-                    hidden.clamp_(-proj_clip, proj_clip)
-        return outputs
-
-    def _candidate_doubled(self) -> torch.Tensor:
-        """(4C,): 1 for the gates i, f, o, 2 for the candidate j."""
-        scale = self.forget_offset.new_ones(4 * self.cell_dim)
-        scale[3 * self.cell_dim:] = 2.0
-        return scale
-
     def __getstate__(self) -> dict:
         """copy.deepcopy and pickle leave out the reordered weights (oneDNN's opaque tensors cannot
         be copied): a copy remakes them on first use."""
         state = super().__getstate__()
         state.pop("_packed_products", None)
         return state
-
-    def _packed(self, rows: int) -> tuple[list[PackedLinear], ...]:
-        """The input, recurrent and projection products of each direction, their weights
-        reordered for oneDNN (the candidate's rows doubled, see `_lstm_cell_`): made once per
-        row count, kept until a weight changes."""
-        weights = (self.input_weight, self.recurrent_weight, self.projection)
-        key = (rows, *((weight.data_ptr(), weight._version, weight.dtype) for weight in weights))
-        cache = self.__dict__.get("_packed_products")
-        if cache is None or cache[0] != key:
-            block_rows = max(rows, self.GATE_BUDGET // (2 * 4 * self.cell_dim))  # input products: a block of steps
-            doubled = self._candidate_doubled()[:, None]  # (4C, 1)
-            products = tuple([PackedLinear(weight[d], hint, row_scale=scale) for d in range(2)]
-                             for weight, scale, hint in zip(weights, (doubled, doubled, None), (block_rows, rows, rows)))
-            self.__dict__["_packed_products"] = cache = (key, products)
-        return cache[1]
-
 
 class BiLstm(nn.Module):
     """The forward and the backward LSTM stacks, run together but never mixing (spec §6).
@@ -287,7 +156,7 @@ class BiLstm(nn.Module):
 
     def forward(
         self, inputs: torch.Tensor, lengths: torch.Tensor, state: LstmState | None = None
-    ) -> tuple[list[torch.Tensor], LstmState | None]:
+    ) -> tuple[list[torch.Tensor], LstmState]:
         """Run both directions over right-padded sequences.
 
         Args:
@@ -297,12 +166,11 @@ class BiLstm(nn.Module):
 
         Returns:
             one (B, S, 2P) tensor per layer, [forward | backward], zero at padding; and the final
-            state: forward after each row's last position, backward after its first. With
-            weights in a reduced precision (inference only, zero initial state) the final state
-            is None.
+            state: forward after each row's last position, backward after its first.
         """
         if self.layers[0].input_weight.dtype != inputs.dtype:
-            return self._forward_reduced(inputs, lengths, state), None
+            raise ValueError(f"LSTM weights in {self.layers[0].input_weight.dtype} with {inputs.dtype} inputs: "
+                             "reduced-precision weights run in elmokit.inference.engine (bilm_forward)")
         batch_size, n_positions, _ = inputs.shape
         packing = _packed_order(lengths.cpu(), n_positions)
         forward_index = packing.forward_index.to(inputs.device)
@@ -320,55 +188,6 @@ class BiLstm(nn.Module):
         unsort = torch.empty_like(order)
         unsort[order] = torch.arange(batch_size, device=order.device)
         return layer_outputs, LstmState(final.hidden[:, :, unsort], final.cell[:, :, unsort])
-
-    def _forward_reduced(self, inputs: torch.Tensor, lengths: torch.Tensor, state: LstmState | None
-                         ) -> list[torch.Tensor]:
-        """`forward` with bfloat16 weights and float32 inputs: the stream path (`forward_sentences`),
-        one row per sentence. For inference: no gradient, no carried state."""
-        dtype = self.layers[0].input_weight.dtype
-        if state is not None:
-            raise ValueError(f"an LSTM with {dtype} weights runs from a zero state only (no carried state); "
-                             "use float32 weights for stateful runs")
-        if torch.is_grad_enabled() and (inputs.requires_grad or any(p.requires_grad for p in self.parameters())):
-            raise ValueError(f"an LSTM with {dtype} weights is for inference only; fine-tune in float32")
-        batch_size, n_positions, dim = inputs.shape
-        mask = torch.arange(n_positions, device=inputs.device) < lengths.to(inputs.device).unsqueeze(1)  # (B, S)
-        layers = self.forward_sentences(inputs[mask], lengths.cpu().numpy(), batch_size)  # L x (N, 2P)
-        outputs = []
-        for layer in layers:
-            padded = inputs.new_zeros(batch_size, n_positions, 2 * dim)  # (B, S, 2P)
-            padded[mask] = layer
-            outputs.append(padded)
-        return outputs
-
-    @torch.no_grad()
-    def forward_sentences(self, tokens: torch.Tensor, sizes: np.ndarray, rows: int) -> list[torch.Tensor]:
-        """Inference (no gradients): many sentences, each from a zero state, `rows` at a time.
-
-        Args:
-            tokens: (N, P) token representations of all sentences end to end, boundaries included.
-            sizes: (n,) positions of each sentence (its tokens + 2).
-            rows: rows of the recurrence; each sentence starts in the row the last one freed.
-
-        Returns:
-            one (N, 2P) tensor per layer, [forward | backward], in the order of `tokens`.
-        """
-        n_positions, dim = tokens.shape
-        layout = _stream_layout(np.asarray(sizes, np.int64), rows)
-        indices = [index.to(tokens.device) for index in (layout.forward_index, layout.backward_index)]
-        padded = torch.cat([tokens, tokens.new_zeros(1, dim)])  # position N: the idle tail of a stream
-        layer_input = torch.stack([padded[index] for index in indices])  # (D, U, R, P)
-        outputs = []
-        for number, layer in enumerate(self.layers):
-            output = layer.stream(layer_input, layout, self.cell_clip, self.proj_clip)
-            if number > 0:
-                output = output + layer_input  # residual from layer 2 on
-            unpacked = tokens.new_empty(n_positions + 1, 2 * dim)
-            for direction, index in enumerate(indices):
-                unpacked[:, direction * dim:(direction + 1) * dim][index.flatten()] = output[direction].flatten(0, 1)
-            outputs.append(unpacked[:n_positions])
-            layer_input = output
-        return outputs
 
     def _run_layers(self, layer_input: torch.Tensor, batch_sizes: list[int], state: LstmState
                     ) -> tuple[list[torch.Tensor], LstmState]:

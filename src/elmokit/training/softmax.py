@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from elmokit.inference.kernels import linear
+from elmokit.kernels import linear
 
 LOGIT_BUDGET = 1 << 24  # floats of logits held at once (64 MB): all N rows of a 10k softmax, blocks of a 100k one
 

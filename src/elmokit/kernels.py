@@ -138,7 +138,7 @@ def _switch_off(reason: str) -> None:
     """Stop using oneDNN in this process, with one warning saying why."""
     if _state["disabled"] is None:
         _state["disabled"] = reason
-        warnings.warn(f"elmokit.inference.kernels: oneDNN switched off, products go through F.linear ({reason}; "
+        warnings.warn(f"elmokit.kernels: oneDNN switched off, products go through F.linear ({reason}; "
                       f"torch {torch.__version__})", RuntimeWarning, stacklevel=4)
 
 
