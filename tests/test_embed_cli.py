@@ -200,7 +200,7 @@ def test_torchrun_two_processes_equal_one(model_dir, tmp_path):
 
 
 def test_windows_bound_sentences_and_tokens_held_at_once():
-    from elmokit.inference.elmo import position_windows
+    from elmokit.inference.windows import position_windows
 
     sentences = [["w"] * n for n in (3, 4, 10, 1, 1, 1, 2, 30, 2)]
     windows = list(position_windows(sentences, max_sentences=3, max_positions=12))

@@ -2,7 +2,9 @@
 
 from elmokit.model.chars import batch_to_ids
 from elmokit.model.config import CharCNNConfig, ConfigError, ElmoConfig, LSTMConfig
-from elmokit.inference.elmo import Elmo, ElmoEmbedder, HubElmo, TokenCache
+from elmokit.inference.cache import TokenCache
+from elmokit.inference.elmo import Elmo, HubElmo
+from elmokit.inference.embedder import ElmoEmbedder
 from elmokit.inference.files import iter_embeddings, read_embeddings
 from elmokit.model.bilm import BiLM, BiLMOutput, LstmState, ScalarMix
 from elmokit.model.weights import (

@@ -11,7 +11,7 @@ import numpy as np
 
 from elmokit.commands.common import add_model_arguments, model_from_args
 from elmokit.commands.similar import print_result
-from elmokit.inference.elmo import ElmoEmbedder
+from elmokit.inference.embedder import ElmoEmbedder
 from elmokit.inference.similar import find_similar, query_position
 
 SAMPLES = Path(str(files("elmokit") / "demo" / "play.txt"))

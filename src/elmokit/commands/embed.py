@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from elmokit.commands.common import add_device_arguments, add_model_arguments, device_from_args, model_from_args
-from elmokit.inference.elmo import ElmoEmbedder
+from elmokit.inference.embedder import ElmoEmbedder
 from elmokit.inference.files import (
     FILE_FORMATS,
     EmbedOptions,

@@ -10,7 +10,7 @@ import torch
 
 from elmokit.commands.common import add_device_arguments, add_model_arguments, device_from_args, model_from_args
 from elmokit.io import refuse_overwrite
-from elmokit.inference.elmo import ElmoEmbedder
+from elmokit.inference.embedder import ElmoEmbedder
 from elmokit.inference.files import check_input_file, make_tokenizer
 from elmokit.extras import require
 from elmokit.inference.similar import (

@@ -1,5 +1,6 @@
-"""What users call: `Elmo` (scalar mixes for a task), `ElmoEmbedder` (arrays for sentences, batches
-and files) and `HubElmo` (the TF-Hub output names). Drop-in for AllenNLP's classes of the same names.
+"""The biLM as torch modules: `Elmo` (scalar mixes for a task, AllenNLP's class) and `HubElmo`
+(the TF-Hub output names), with what they share with `ElmoEmbedder` (inference/embedder.py):
+moving a biLM to its device and precision, and the carried state.
 
 Stateless by default: the same sentence gives the same vectors whatever else is in the batch and
 whatever came before. `stateful=True` reproduces the original carried LSTM state (spec §9).
@@ -17,10 +18,9 @@ the carried state) is behind a lock; the biLM's forward pass changes nothing sha
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -30,11 +30,8 @@ from torch import nn
 from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN, batch_to_ids, token_mask, tokens_to_char_ids
 from elmokit.devices import dtype_name, resolve_device, resolve_dtype
 from elmokit.model.bilm import BiLM, BiLMOutput, LstmState, ScalarMix
-from elmokit.inference.engine import bilm_contextualize, bilm_forward, contextualize_sentences
+from elmokit.inference.engine import bilm_contextualize, bilm_forward
 from elmokit.model.weights import load_model
-
-OUTPUT_FORMATS = ("all", "top", "average")
-
 
 # ---------------------------------------------------------------------------------------------
 # Carried state (spec §9), only when asked for
@@ -84,7 +81,7 @@ def carrying(carried: CarriedState | None) -> contextlib.AbstractContextManager:
     return carried.lock if carried is not None else contextlib.nullcontext()
 
 
-def _run_bilm(bilm: BiLM, char_ids: torch.Tensor, carried: CarriedState | None) -> BiLMOutput:
+def run_bilm(bilm: BiLM, char_ids: torch.Tensor, carried: CarriedState | None) -> BiLMOutput:
     with carrying(carried):
         state = carried.take(char_ids.shape[0]) if carried is not None else None
         output = bilm_forward(bilm, char_ids, state)
@@ -198,7 +195,7 @@ class Elmo(nn.Module):
             char_ids = inputs.reshape(math.prod(leading), *inputs.shape[-2:])  # (B, T, W)
             if len(char_ids) == 0:  # batch_to_ids([]): nothing to run
                 return self._empty_output(leading, char_ids.shape[1], device)
-            output = _run_bilm(self.bilm, char_ids.to(device), self.carried)
+            output = run_bilm(self.bilm, char_ids.to(device), self.carried)
 
         representations = []
         for mix in self.scalar_mixes:
@@ -223,17 +220,17 @@ class Elmo(nn.Module):
         """word_ids (B, T): indices into vocab_to_cache, whose entry 0 is padding (as in AllenNLP)."""
         lengths = (word_ids > 0).sum(dim=1)
         # table rows: 0 = <S>, 1 = </S>, 2 + i = vocab_to_cache[i]
-        rows = _boundary_rows(lengths.cpu().numpy(), word_ids[word_ids > 0].cpu().numpy() + 2)
+        rows = boundary_rows(lengths.cpu().numpy(), word_ids[word_ids > 0].cpu().numpy() + 2)
         token_embeddings = self.word_embedding[torch.from_numpy(rows).to(self.word_embedding.device)]
         with carrying(self.carried):
             state = self.carried.take(len(lengths)) if self.carried is not None else None
-            output = bilm_contextualize(self.bilm, token_embeddings, _boundary_mask(lengths), state)
+            output = bilm_contextualize(self.bilm, token_embeddings, boundary_mask(lengths), state)
             if self.carried is not None:
                 self.carried.store(output.state)
         return output
 
 
-def _boundary_rows(lengths: np.ndarray, token_rows: np.ndarray, bos_row: int = 0, eos_row: int = 1) -> np.ndarray:
+def boundary_rows(lengths: np.ndarray, token_rows: np.ndarray, bos_row: int = 0, eos_row: int = 1) -> np.ndarray:
     """Rows of an embedding table for every real position with boundaries, row-major:
     [bos, tokens of sentence 0, eos, bos, tokens of sentence 1, eos, ...]. (N,) int64."""
     sizes = lengths + 2
@@ -247,274 +244,10 @@ def _boundary_rows(lengths: np.ndarray, token_rows: np.ndarray, bos_row: int = 0
     return rows
 
 
-def _boundary_mask(lengths: torch.Tensor) -> torch.Tensor:
+def boundary_mask(lengths: torch.Tensor) -> torch.Tensor:
     n_positions = int(lengths.max()) + 2 if len(lengths) else 2
     return torch.arange(n_positions, device=lengths.device) < (lengths + 2).unsqueeze(1)  # (B, S)
 
-
-# ---------------------------------------------------------------------------------------------
-# A cache of token representations for an inference-only biLM
-# ---------------------------------------------------------------------------------------------
-class TokenCache:
-    """Token string -> its context-free representation (P floats), computed once per word.
-
-    The char CNN and highway are most of a small model's FLOPs; in running text most tokens are
-    words already seen. Unseen words go through the encoder in one batch. Bounded: it holds at
-    most `max_bytes` of vectors (65,536 words at P = 128, 16,384 at P = 512) and starts over when
-    full, so a long input never makes it grow further; the frequent words come back at once.
-
-    Threads: a call that adds words may start over and overwrite any row, so `embeddings` looks
-    the rows up and reads them under one lock (`rows` alone is valid until the next addition).
-    """
-
-    def __init__(self, bilm: BiLM, max_bytes: int = 32 * 2**20):
-        self.bilm = bilm
-        row_bytes = 4 * bilm.config.lstm.projection_dim
-        self.max_size = max(1024, max_bytes // row_bytes)
-        self.vectors = torch.empty(self.max_size, bilm.config.lstm.projection_dim,  # pages touched as filled
-                                   device=module_device(bilm))
-        self.lock = threading.RLock()
-        self.clear()
-
-    def clear(self) -> None:
-        self.index: dict[str, int] = {}
-
-    def embeddings(self, sentences: Sequence[Sequence[str]]) -> torch.Tensor:
-        """The token layer of every position of `sentences` with boundaries, row-major
-        (`[<S>, tokens of sentence 0, </S>, <S>, ...]`): (N, P), a copy."""
-        lengths = np.fromiter(map(len, sentences), np.int64, len(sentences))
-        tokens = [BOS_TOKEN, EOS_TOKEN, *itertools.chain.from_iterable(sentences)]
-        with self.lock:
-            rows = self.rows(tokens)
-            table_rows = _boundary_rows(lengths, rows[2:], rows[0], rows[1])
-            return self.vectors[torch.from_numpy(table_rows).to(self.vectors.device)]  # (N, P)
-
-    def rows(self, tokens: list[str]) -> np.ndarray:
-        with self.lock:
-            return self._rows(tokens)
-
-    def _rows(self, tokens: list[str]) -> np.ndarray:
-        rows = np.fromiter(map(self.index.get, tokens, itertools.repeat(-1)), np.int64, len(tokens))
-        missing = rows < 0
-        if missing.any():
-            new_tokens = list(dict.fromkeys(itertools.compress(tokens, missing)))
-            if len(self.index) + len(new_tokens) > self.max_size:
-                self.clear()
-                new_tokens = list(dict.fromkeys(tokens))
-                if len(new_tokens) > self.max_size:  # one call with more distinct words than it holds
-                    self.max_size = len(new_tokens)
-                    self.vectors = self.vectors.new_empty(self.max_size, self.vectors.shape[1])
-            self._add(new_tokens)
-            rows = np.fromiter(map(self.index.__getitem__, tokens), np.int64, len(tokens))
-        return rows
-
-    def _add(self, tokens: list[str]) -> None:
-        start = len(self.index)
-        with torch.no_grad():
-            self.vectors[start:start + len(tokens)] = self.bilm.encode_tokens(
-                torch.from_numpy(tokens_to_char_ids(tokens)).to(self.vectors.device))  # (n, P)
-        self.index.update(zip(tokens, range(start, start + len(tokens))))
-
-
-def position_windows(sentences: Iterable[Sequence[str]], max_sentences: int, max_positions: int
-                     ) -> Iterator[list[Sequence[str]]]:
-    """Consecutive groups of at most `max_sentences` sentences and `max_positions` positions
-    (tokens plus the two boundaries; a longer sentence goes alone): what a stream holds at once
-    depends on these, never on the input's length."""
-    window: list[Sequence[str]] = []
-    positions = 0
-    for sentence in sentences:
-        size = len(sentence) + 2
-        if window and (len(window) == max_sentences or positions + size > max_positions):
-            yield window
-            window, positions = [], 0
-        window.append(sentence)
-        positions += size
-    if window:
-        yield window
-
-
-# ---------------------------------------------------------------------------------------------
-# ElmoEmbedder: numpy arrays for sentences, batches and files
-# ---------------------------------------------------------------------------------------------
-def check_tokens(sentence: Sequence[str], name: str = "sentence") -> None:
-    """TypeError unless `sentence` is a list (any non-str sequence) of token strings: a bare
-    string would otherwise be embedded character by character."""
-    if isinstance(sentence, (str, bytes)) or not isinstance(sentence, Sequence):
-        hint = "; split it into tokens first, e.g. text.split()" if isinstance(sentence, str) else ""
-        raise TypeError(f"{name} must be a list of token strings such as ['Hello', 'world'], "
-                        f"got {type(sentence).__name__} {sentence!r:.60}{hint}")
-    if not all(map(isinstance, sentence, itertools.repeat(str))):
-        bad = next(token for token in sentence if not isinstance(token, str))
-        raise TypeError(f"{name} must hold token strings, got {type(bad).__name__} {bad!r:.60}")
-
-
-def check_sentences(sentences: Sequence[Sequence[str]], name: str = "sentences") -> None:
-    """TypeError unless `sentences` is a list of token lists (see `check_tokens`)."""
-    if isinstance(sentences, (str, bytes)) or not isinstance(sentences, Sequence):
-        raise TypeError(f"{name} must be a list of sentences, each a list of token strings such as "
-                        f"[['Hello', 'world']], got {type(sentences).__name__} {sentences!r:.60}")
-    for index, sentence in enumerate(sentences):
-        check_tokens(sentence, f"{name}[{index}]")
-
-
-class ElmoEmbedder:
-    """All L+1 layers of every token, as float32 arrays (L+1, n, 2P) (AllenNLP's `ElmoEmbedder`).
-
-    Args:
-        options_file: original options JSON, or a native model directory (then `weight_file` is
-            None), or None for the built-in English model.
-        weight_file: original HDF5 weights.
-        cuda_device: -1 for the CPU (AllenNLP's argument), else a CUDA device index; an alias of `device`.
-        stateful: carry the state between calls as the original did; by default every sentence is
-            embedded from a fresh state, so results never depend on batching or order.
-        cache_tokens: reuse the representation of words already seen (exact: the token layer is
-            context-free); on by default.
-        module: an already loaded `BiLM` (moved and converted in place).
-        device: where to run ("cpu", "cuda", "cuda:N", "auto"; default: the CPU).
-        dtype: torch.bfloat16 (or "bfloat16"): weights and products in bfloat16, the LSTM state and
-            the outputs in float32 (stateless only; ~2x faster on a CPU with AVX512-BF16, see
-            bench/results/embed.md for speed and error). Default: the biLM's own (float32, exact).
-    """
-
-    STREAM_WINDOW = 16  # batches that `embed_sentences` runs through `embed_many` at once
-    POSITION_BUDGET = 16_384  # positions `embed_many` runs at once (the original shape: ~200 MB of outputs)
-
-    def __init__(self, options_file: str | Path | None = None, weight_file: str | Path | None = None,
-                 cuda_device: int = -1, *, stateful: bool = False, cache_tokens: bool = True,
-                 module: BiLM | None = None, device: str | torch.device | None = None,
-                 dtype: str | torch.dtype | None = None):
-        self.device = resolve_device(device, cuda_device)
-        bilm = module if module is not None else load_model(options_file, weight_file)
-        self.bilm = place_bilm(bilm, self.device, dtype, False, stateful, "ElmoEmbedder").eval()
-        self.bilm.requires_grad_(False)
-        self.carried = CarriedState() if stateful else None
-        self.cache = TokenCache(self.bilm) if cache_tokens else None
-
-    @property
-    def output_dim(self) -> int:
-        return self.bilm.output_dim
-
-    def reset_states(self) -> None:
-        if self.carried is not None:
-            self.carried.reset()
-
-    @torch.no_grad()
-    def batch_layers(self, batch: Sequence[Sequence[str]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run a batch: layers (B, L+1, T, 2P) without boundaries, and lengths (B,)."""
-        check_sentences(batch, "batch")
-        if self.cache is not None:
-            output = self._run_cached(batch)
-        else:
-            output = _run_bilm(self.bilm, batch_to_ids(batch).to(self.device), self.carried)
-        layers = torch.stack([remove_boundaries(layer, output.mask)[0] for layer in output.layers], dim=1)
-        return layers, output.mask.sum(dim=1) - 2
-
-    def _run_cached(self, batch: Sequence[Sequence[str]]) -> BiLMOutput:
-        lengths = torch.from_numpy(np.fromiter(map(len, batch), np.int64, len(batch))).to(self.device)
-        token_embeddings = self.cache.embeddings(batch)  # (N, P)
-        with carrying(self.carried):
-            state = self.carried.take(len(batch)) if self.carried is not None else None
-            output = bilm_contextualize(self.bilm, token_embeddings, _boundary_mask(lengths), state)
-            if self.carried is not None:
-                self.carried.store(output.state)
-        return output
-
-    def embed_batch(self, batch: Sequence[Sequence[str]]) -> list[np.ndarray]:
-        """One float32 array (L+1, n_i, 2P) per sentence; an empty sentence gives (L+1, 0, 2P).
-        `batch` is a list of token lists (a str anywhere a list is expected: TypeError)."""
-        check_sentences(batch, "batch")
-        if len(batch) == 0:
-            return []
-        if self.carried is not None and len(batch) == 1 and len(batch[0]) == 0:
-            # the original does not run the model for [[]]: the carried state stays untouched
-            return [np.zeros((self.bilm.config.n_output_layers, 0, self.output_dim), np.float32)]
-        layers, lengths = self.batch_layers(batch)
-        layers = layers.float().cpu().numpy()
-        return [layers[i, :, :n] for i, n in enumerate(lengths.tolist())]
-
-    def embed_sentence(self, sentence: Sequence[str]) -> np.ndarray:
-        """(L+1, n, 2P) float32 for one sentence, a list of n token strings (a str: TypeError)."""
-        check_tokens(sentence)
-        return self.embed_batch([sentence])[0]
-
-    def embed_many(self, sentences: Sequence[Sequence[str]], rows: int = 64) -> list[np.ndarray]:
-        """Stateless: one float32 array (L+1, n_i, 2P) per sentence, `rows` sentences in the
-        recurrence at a time, each new sentence taking the row the last one freed (no row idles
-        while a long sentence finishes). The same numbers as `embed_batch`, sentence by sentence.
-        Memory is bounded: at most `POSITION_BUDGET` positions (or one sentence) run at once."""
-        if self.carried is not None:
-            raise ValueError("embed_many is stateless; a stateful embedder embeds with embed_batch")
-        check_sentences(sentences)
-        sizes = np.fromiter(map(len, sentences), np.int64, len(sentences)) + 2
-        results: list[np.ndarray] = []
-        start = 0
-        while start < len(sentences):  # consecutive groups of at most POSITION_BUDGET positions
-            end = max(start + 1, int(np.searchsorted(np.cumsum(sizes[start:]), self.POSITION_BUDGET, "right")) + start)
-            results.extend(self._embed_streamed(sentences[start:end], rows))
-            start = end
-        return results
-
-    @torch.no_grad()
-    def _embed_streamed(self, sentences: Sequence[Sequence[str]], rows: int) -> list[np.ndarray]:
-        lengths = np.fromiter(map(len, sentences), np.int64, len(sentences))
-        if self.cache is not None:
-            token_embeddings = self.cache.embeddings(sentences)  # (N, P)
-        else:
-            tokens = [BOS_TOKEN, EOS_TOKEN, *itertools.chain.from_iterable(sentences)]
-            table = self.bilm.encode_tokens(torch.from_numpy(tokens_to_char_ids(tokens)).to(self.device))
-            table_rows = _boundary_rows(lengths, np.arange(2, len(tokens)))
-            token_embeddings = table[torch.from_numpy(table_rows).to(table.device)]  # (N, P)
-        layers = contextualize_sentences(self.bilm, token_embeddings, lengths + 2, rows)
-        layers = [layer.float().cpu().numpy() for layer in layers]  # L+1 of (N, 2P)
-        first = np.cumsum(lengths + 2) - (lengths + 2) + 1  # each sentence's first token
-        return [np.stack([layer[start:start + n] for layer in layers])  # (L+1, n, 2P), its own copy
-                for start, n in zip(first.tolist(), lengths.tolist())]
-
-    def embed_sentences(self, sentences: Iterable[Sequence[str]], batch_size: int = 64) -> Iterator[np.ndarray]:
-        """A generator: the sentences in order, embedded `batch_size` at a time.
-
-        Stateless, windows of up to `STREAM_WINDOW` batches and `POSITION_BUDGET` positions go
-        through `embed_many` with `batch_size` rows in the recurrence (the results do not depend on the batching). Stateful,
-        batches are consecutive groups, as in the original.
-        """
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if isinstance(sentences, (str, bytes)):
-            raise TypeError(f"sentences must be an iterable of token lists, got {type(sentences).__name__} "
-                            f"{sentences!r:.60}")
-        if self.carried is not None:
-            iterator = iter(sentences)
-            while batch := list(itertools.islice(iterator, batch_size)):
-                yield from self.embed_batch(batch)
-            return
-        for window in position_windows(sentences, batch_size * self.STREAM_WINDOW, self.POSITION_BUDGET):
-            yield from self.embed_many(window, rows=batch_size)
-
-    def embed_file(self, input_file: str | Path, output_file_path: str | Path, output_format: str = "all",
-                   batch_size: int = 64, forget_sentences: bool = False, use_sentence_keys: bool = False) -> None:
-        """Embed a file of whitespace-tokenized sentences, one per line, into HDF5 (spec §10).
-
-        One dataset per line, keyed by the line number ("0", "1", ...) or by the sentence text
-        with `use_sentence_keys`; shape (L+1, n, 2P) for "all", (n, 2P) for "top" and "average";
-        plus `sentence_to_index` (JSON) unless `forget_sentences`. A blank line is an empty
-        sentence. Streams batch by batch; the file appears only when complete. More options
-        (.npz, sentence vectors, resume, long sentences): `elmokit.inference.files.embed_file`.
-        """
-        from elmokit.inference.files import EmbedOptions, embed_file
-
-        options = EmbedOptions(output_format=output_format, batch_size=batch_size,
-                               forget_sentences=forget_sentences, use_sentence_keys=use_sentence_keys)
-        embed_file(self, input_file, output_file_path, options)
-
-
-def select_layers(layers: np.ndarray, output_format: str) -> np.ndarray:
-    """(L+1, n, 2P) -> itself ("all"), the top layer ("top") or the layer mean ("average")."""
-    if output_format == "all":
-        return layers
-    if output_format == "top":
-        return layers[-1]
-    return layers.mean(axis=0)
 
 
 # ---------------------------------------------------------------------------------------------

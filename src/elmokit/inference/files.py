@@ -44,6 +44,8 @@ built by re-reading the input); the vectors are never all held.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import contextlib
 import ctypes
 import ctypes.util
@@ -65,7 +67,10 @@ import numpy as np
 import torch
 
 from elmokit.training.corpus import CorpusError, not_a_regular_file, open_binary
-from elmokit.inference.elmo import OUTPUT_FORMATS, ElmoEmbedder, position_windows, select_layers
+from elmokit.inference.windows import OUTPUT_FORMATS, position_windows, select_layers
+
+if TYPE_CHECKING:  # a type only: the embedder calls into this module (ElmoEmbedder.embed_file)
+    from elmokit.inference.embedder import ElmoEmbedder
 from elmokit.extras import require
 from elmokit.io import atomic_write_text, durable_replace, output_lock, refuse_overwrite
 
@@ -239,8 +244,8 @@ def embed_sentences(embedder: ElmoEmbedder, sentences: Iterable[Sequence[str]], 
         iterator = iter(sentences)
         batches = iter(lambda: list(itertools.islice(iterator, batch_size)), [])
     else:
-        batches = position_windows(sentences, batch_size * ElmoEmbedder.STREAM_WINDOW,
-                                   ElmoEmbedder.POSITION_BUDGET)
+        batches = position_windows(sentences, batch_size * embedder.STREAM_WINDOW,
+                                   embedder.POSITION_BUDGET)
     for batch in batches:
         pieces = [(row, piece) for row, sentence in enumerate(batch)
                   for piece in split_windows(len(sentence), max_length, overlap)]

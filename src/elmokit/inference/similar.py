@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from elmokit.inference.elmo import ElmoEmbedder
+from elmokit.inference.embedder import ElmoEmbedder
 from elmokit.inference.files import embed_sentences, make_tokenizer, read_lines
 from elmokit.extras import require
 from elmokit.io import atomic_path

@@ -21,7 +21,8 @@ from tqdm import tqdm
 
 from elmokit.model.chars import batch_to_ids
 from elmokit.devices import dtype_name, resolve_dtype
-from elmokit.inference.elmo import ElmoEmbedder, module_device, remove_boundaries
+from elmokit.inference.elmo import module_device, remove_boundaries
+from elmokit.inference.embedder import ElmoEmbedder
 from elmokit.io import atomic_path
 from elmokit.model.bilm import BiLM, ScalarMix
 

@@ -1,0 +1,186 @@
+"""`ElmoEmbedder`: all L+1 layers of every token as numpy arrays, for sentences, batches, streams
+and files (AllenNLP's class of the same name).
+
+Stateless by default: the same sentence gives the same vectors whatever else is in the batch and
+whatever came before; `stateful=True` reproduces the original carried LSTM state (spec §9).
+Threads: one embedder may be called from many threads at once (the token cache and the carried
+state are behind locks).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from elmokit.devices import resolve_device
+from elmokit.inference.cache import TokenCache
+from elmokit.inference.elmo import (
+    CarriedState,
+    boundary_mask,
+    boundary_rows,
+    carrying,
+    place_bilm,
+    remove_boundaries,
+    run_bilm,
+)
+from elmokit.inference.engine import bilm_contextualize, contextualize_sentences
+from elmokit.inference.windows import check_sentences, check_tokens, position_windows
+from elmokit.model.bilm import BiLM, BiLMOutput
+from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN, batch_to_ids, tokens_to_char_ids
+from elmokit.model.weights import load_model
+
+# ---------------------------------------------------------------------------------------------
+class ElmoEmbedder:
+    """All L+1 layers of every token, as float32 arrays (L+1, n, 2P) (AllenNLP's `ElmoEmbedder`).
+
+    Args:
+        options_file: original options JSON, or a native model directory (then `weight_file` is
+            None), or None for the built-in English model.
+        weight_file: original HDF5 weights.
+        cuda_device: -1 for the CPU (AllenNLP's argument), else a CUDA device index; an alias of `device`.
+        stateful: carry the state between calls as the original did; by default every sentence is
+            embedded from a fresh state, so results never depend on batching or order.
+        cache_tokens: reuse the representation of words already seen (exact: the token layer is
+            context-free); on by default.
+        module: an already loaded `BiLM` (moved and converted in place).
+        device: where to run ("cpu", "cuda", "cuda:N", "auto"; default: the CPU).
+        dtype: torch.bfloat16 (or "bfloat16"): weights and products in bfloat16, the LSTM state and
+            the outputs in float32 (stateless only; ~2x faster on a CPU with AVX512-BF16, see
+            bench/results/embed.md for speed and error). Default: the biLM's own (float32, exact).
+    """
+
+    STREAM_WINDOW = 16  # batches that `embed_sentences` runs through `embed_many` at once
+    POSITION_BUDGET = 16_384  # positions `embed_many` runs at once (the original shape: ~200 MB of outputs)
+
+    def __init__(self, options_file: str | Path | None = None, weight_file: str | Path | None = None,
+                 cuda_device: int = -1, *, stateful: bool = False, cache_tokens: bool = True,
+                 module: BiLM | None = None, device: str | torch.device | None = None,
+                 dtype: str | torch.dtype | None = None):
+        self.device = resolve_device(device, cuda_device)
+        bilm = module if module is not None else load_model(options_file, weight_file)
+        self.bilm = place_bilm(bilm, self.device, dtype, False, stateful, "ElmoEmbedder").eval()
+        self.bilm.requires_grad_(False)
+        self.carried = CarriedState() if stateful else None
+        self.cache = TokenCache(self.bilm) if cache_tokens else None
+
+    @property
+    def output_dim(self) -> int:
+        return self.bilm.output_dim
+
+    def reset_states(self) -> None:
+        if self.carried is not None:
+            self.carried.reset()
+
+    @torch.no_grad()
+    def batch_layers(self, batch: Sequence[Sequence[str]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run a batch: layers (B, L+1, T, 2P) without boundaries, and lengths (B,)."""
+        check_sentences(batch, "batch")
+        if self.cache is not None:
+            output = self._run_cached(batch)
+        else:
+            output = run_bilm(self.bilm, batch_to_ids(batch).to(self.device), self.carried)
+        layers = torch.stack([remove_boundaries(layer, output.mask)[0] for layer in output.layers], dim=1)
+        return layers, output.mask.sum(dim=1) - 2
+
+    def _run_cached(self, batch: Sequence[Sequence[str]]) -> BiLMOutput:
+        lengths = torch.from_numpy(np.fromiter(map(len, batch), np.int64, len(batch))).to(self.device)
+        token_embeddings = self.cache.embeddings(batch)  # (N, P)
+        with carrying(self.carried):
+            state = self.carried.take(len(batch)) if self.carried is not None else None
+            output = bilm_contextualize(self.bilm, token_embeddings, boundary_mask(lengths), state)
+            if self.carried is not None:
+                self.carried.store(output.state)
+        return output
+
+    def embed_batch(self, batch: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """One float32 array (L+1, n_i, 2P) per sentence; an empty sentence gives (L+1, 0, 2P).
+        `batch` is a list of token lists (a str anywhere a list is expected: TypeError)."""
+        check_sentences(batch, "batch")
+        if len(batch) == 0:
+            return []
+        if self.carried is not None and len(batch) == 1 and len(batch[0]) == 0:
+            # the original does not run the model for [[]]: the carried state stays untouched
+            return [np.zeros((self.bilm.config.n_output_layers, 0, self.output_dim), np.float32)]
+        layers, lengths = self.batch_layers(batch)
+        layers = layers.float().cpu().numpy()
+        return [layers[i, :, :n] for i, n in enumerate(lengths.tolist())]
+
+    def embed_sentence(self, sentence: Sequence[str]) -> np.ndarray:
+        """(L+1, n, 2P) float32 for one sentence, a list of n token strings (a str: TypeError)."""
+        check_tokens(sentence)
+        return self.embed_batch([sentence])[0]
+
+    def embed_many(self, sentences: Sequence[Sequence[str]], rows: int = 64) -> list[np.ndarray]:
+        """Stateless: one float32 array (L+1, n_i, 2P) per sentence, `rows` sentences in the
+        recurrence at a time, each new sentence taking the row the last one freed (no row idles
+        while a long sentence finishes). The same numbers as `embed_batch`, sentence by sentence.
+        Memory is bounded: at most `POSITION_BUDGET` positions (or one sentence) run at once."""
+        if self.carried is not None:
+            raise ValueError("embed_many is stateless; a stateful embedder embeds with embed_batch")
+        check_sentences(sentences)
+        sizes = np.fromiter(map(len, sentences), np.int64, len(sentences)) + 2
+        results: list[np.ndarray] = []
+        start = 0
+        while start < len(sentences):  # consecutive groups of at most POSITION_BUDGET positions
+            end = max(start + 1, int(np.searchsorted(np.cumsum(sizes[start:]), self.POSITION_BUDGET, "right")) + start)
+            results.extend(self._embed_streamed(sentences[start:end], rows))
+            start = end
+        return results
+
+    @torch.no_grad()
+    def _embed_streamed(self, sentences: Sequence[Sequence[str]], rows: int) -> list[np.ndarray]:
+        lengths = np.fromiter(map(len, sentences), np.int64, len(sentences))
+        if self.cache is not None:
+            token_embeddings = self.cache.embeddings(sentences)  # (N, P)
+        else:
+            tokens = [BOS_TOKEN, EOS_TOKEN, *itertools.chain.from_iterable(sentences)]
+            table = self.bilm.encode_tokens(torch.from_numpy(tokens_to_char_ids(tokens)).to(self.device))
+            table_rows = boundary_rows(lengths, np.arange(2, len(tokens)))
+            token_embeddings = table[torch.from_numpy(table_rows).to(table.device)]  # (N, P)
+        layers = contextualize_sentences(self.bilm, token_embeddings, lengths + 2, rows)
+        layers = [layer.float().cpu().numpy() for layer in layers]  # L+1 of (N, 2P)
+        first = np.cumsum(lengths + 2) - (lengths + 2) + 1  # each sentence's first token
+        return [np.stack([layer[start:start + n] for layer in layers])  # (L+1, n, 2P), its own copy
+                for start, n in zip(first.tolist(), lengths.tolist())]
+
+    def embed_sentences(self, sentences: Iterable[Sequence[str]], batch_size: int = 64) -> Iterator[np.ndarray]:
+        """A generator: the sentences in order, embedded `batch_size` at a time.
+
+        Stateless, windows of up to `STREAM_WINDOW` batches and `POSITION_BUDGET` positions go
+        through `embed_many` with `batch_size` rows in the recurrence (the results do not depend on the batching). Stateful,
+        batches are consecutive groups, as in the original.
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if isinstance(sentences, (str, bytes)):
+            raise TypeError(f"sentences must be an iterable of token lists, got {type(sentences).__name__} "
+                            f"{sentences!r:.60}")
+        if self.carried is not None:
+            iterator = iter(sentences)
+            while batch := list(itertools.islice(iterator, batch_size)):
+                yield from self.embed_batch(batch)
+            return
+        for window in position_windows(sentences, batch_size * self.STREAM_WINDOW, self.POSITION_BUDGET):
+            yield from self.embed_many(window, rows=batch_size)
+
+    def embed_file(self, input_file: str | Path, output_file_path: str | Path, output_format: str = "all",
+                   batch_size: int = 64, forget_sentences: bool = False, use_sentence_keys: bool = False) -> None:
+        """Embed a file of whitespace-tokenized sentences, one per line, into HDF5 (spec §10).
+
+        One dataset per line, keyed by the line number ("0", "1", ...) or by the sentence text
+        with `use_sentence_keys`; shape (L+1, n, 2P) for "all", (n, 2P) for "top" and "average";
+        plus `sentence_to_index` (JSON) unless `forget_sentences`. A blank line is an empty
+        sentence. Streams batch by batch; the file appears only when complete. More options
+        (.npz, sentence vectors, resume, long sentences): `elmokit.inference.files.embed_file`.
+        """
+        from elmokit.inference.files import EmbedOptions, embed_file
+
+        options = EmbedOptions(output_format=output_format, batch_size=batch_size,
+                               forget_sentences=forget_sentences, use_sentence_keys=use_sentence_keys)
+        embed_file(self, input_file, output_file_path, options)
+
+
