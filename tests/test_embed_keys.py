@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from elmokit import ElmoEmbedder, read_embeddings
 from elmokit.cli import main
-from elmokit.inference.files import embed_sentences, key_sentence, sentence_key, shape_output
+from elmokit.inference.files import embed_sentences, shape_output
+from elmokit.inference.segments import key_sentence, sentence_key
 
 HOSTILE = [
     "a/b", "a", "a/b/c", "a / b", "/", "//", "/a", "a/", ".", "..", "./a", "a/.", "%", "%2F", "%25",

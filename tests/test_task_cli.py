@@ -13,7 +13,7 @@ from elmokit import save_pretrained
 from elmokit.cli import main
 from elmokit.tasks import load
 from elmokit.tasks import predict as predict_module
-from elmokit.tasks.charcnn import CharCNN, build_char_vocab, encode_chars
+from elmokit.tasks.charcnn import CharWordEncoder, build_char_vocab, encode_chars
 from elmokit.tasks.formats import read_examples, resolve_format
 from elmokit.tasks.train import EarlyStopping
 from tests.test_tasks import synthetic_entities, synthetic_sentiment, synthetic_tagging
@@ -205,7 +205,7 @@ def test_char_cnn_shapes_padding_and_batch_invariance():
     torch.manual_seed(0)
     vocab = build_char_vocab([["ab", "cab"]])
     index = {char: i for i, char in enumerate(vocab)}
-    cnn = CharCNN(len(vocab), char_dim=4, n_filters=5, width=3, dropout=0.0).eval()
+    cnn = CharWordEncoder(len(vocab), char_dim=4, n_filters=5, width=3, dropout=0.0).eval()
     ids = encode_chars([["ab", "c"], ["cabz"]], index, n_positions=3)
     assert ids.shape == (2, 3, 4) and ids[1, 0].tolist() == [index["c"], index["a"], index["b"], 1]
     vectors = cnn(ids)
@@ -214,7 +214,7 @@ def test_char_cnn_shapes_padding_and_batch_invariance():
     alone = cnn(encode_chars([["ab", "c"]], index, n_positions=2))
     torch.testing.assert_close(alone[0], vectors[0, :2])
     with pytest.raises(ValueError, match="odd"):
-        CharCNN(4, width=2)
+        CharWordEncoder(4, width=2)
 
 
 def test_training_batches_cover_every_example_once_with_similar_lengths():

@@ -238,7 +238,7 @@ class _FullDisk(io.FileIO):
 
 
 def _disk_fills(monkeypatch, when, budget: int) -> None:
-    from elmokit.inference import files as embedding
+    from elmokit.inference import segments as embedding
 
     real = embedding.open_for_writing
     monkeypatch.setattr(embedding, "open_for_writing",

@@ -5,7 +5,7 @@ from elmokit.model.config import CharCNNConfig, ConfigError, ElmoConfig, LSTMCon
 from elmokit.inference.cache import TokenCache
 from elmokit.inference.elmo import Elmo, HubElmo
 from elmokit.inference.embedder import ElmoEmbedder
-from elmokit.inference.files import iter_embeddings, read_embeddings
+from elmokit.inference.segments import iter_embeddings, read_embeddings
 from elmokit.model.bilm import BiLM, BiLMOutput, LstmState, ScalarMix
 from elmokit.model.weights import (
     WeightFileError,

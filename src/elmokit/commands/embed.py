@@ -12,14 +12,13 @@ import torch
 from elmokit.commands.common import add_device_arguments, add_model_arguments, device_from_args, model_from_args
 from elmokit.inference.embedder import ElmoEmbedder
 from elmokit.inference.files import (
-    FILE_FORMATS,
     EmbedOptions,
     close_distributed,
     distributed_from_env,
     embed_file,
     fix_malloc_mmap_threshold,
-    format_for_path,
 )
+from elmokit.inference.segments import FILE_FORMATS, format_for_path
 
 DESCRIPTION = """\
 Embed INPUT (UTF-8, plain or .gz; one sentence per line, tokens separated by whitespace, or raw

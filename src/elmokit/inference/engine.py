@@ -105,9 +105,11 @@ def stream_layer(layer: BiLstmLayer, inputs: torch.Tensor, layout: StreamLayout,
     time (bounded memory however long the streams); the products go through
     `elmokit.kernels.PackedLinear` (oneDNN on the CPU); the elementwise work is done in place.
 
-    Weights in a reduced precision (`BiLM.to(torch.bfloat16)`) with float32 inputs: each
-    product runs in the weights' dtype, while the bias, the gates, the cell state, the
-    recurrent state and the outputs stay in the inputs' dtype."""
+    Weights in a reduced precision (`BiLM.to(torch.bfloat16)`) with float32 inputs: the
+    products run in the weights' dtype, the gate inputs and the bias are held in it (the sum of
+    the recurrent product and the gate inputs is one fused product, as in float32), and the gates
+    are widened to the inputs' dtype for the cell: the cell state, the recurrent state and the
+    outputs stay in the inputs' dtype."""
     _, n_steps, rows, dim = inputs.shape
     cell_dim = layer.cell_dim
     compute_dtype = layer.input_weight.dtype  # of the products
@@ -116,19 +118,16 @@ def stream_layer(layer: BiLstmLayer, inputs: torch.Tensor, layout: StreamLayout,
     input_products, recurrent_products, projections = packed_products(layer, rows)
     keep = (~layout.starts).to(device=inputs.device, dtype=inputs.dtype).unsqueeze(-1)  # (U, R, 1)
     bias = ((layer.bias.to(inputs.dtype) + layer.forget_offset.to(inputs.dtype))
-            * candidate_doubled(layer).to(inputs.dtype)).squeeze(1)  # (D, 4C): (i, f, o, 2j)
+            * candidate_doubled(layer).to(inputs.dtype)).squeeze(1).to(compute_dtype)  # (D, 4C): (i, f, o, 2j)
     outputs = inputs.new_empty(2, n_steps, rows, dim)
     hidden = inputs.new_zeros(2, rows, dim)
     cell = inputs.new_zeros(2, rows, cell_dim)
     cell_output = inputs.new_empty(2, rows, cell_dim)
+    wide_gates = inputs.new_empty(rows, 4 * cell_dim) if mixed else None  # the gates in the inputs' dtype
     for first in range(0, n_steps, block):
-        block_inputs = inputs[:, first:first + block]  # (D, k, R, P)
-        if mixed:  # the product in compute_dtype, the bias added in the inputs' dtype
-            gate_inputs = [torch.add(bias[d], input_products[d](block_inputs[d].reshape(-1, dim).to(compute_dtype)))
-                           .view(-1, rows, 4 * cell_dim) for d in range(2)]  # D x (k, R, 4C)
-        else:
-            gate_inputs = [input_products[d](block_inputs[d].reshape(-1, dim), bias[d]).view(-1, rows, 4 * cell_dim)
-                           for d in range(2)]  # D x (k, R, 4C)
+        block_inputs = inputs[:, first:first + block].to(compute_dtype)  # (D, k, R, P); itself when not mixed
+        gate_inputs = [input_products[d](block_inputs[d].reshape(-1, dim), bias[d]).view(-1, rows, 4 * cell_dim)
+                       for d in range(2)]  # D x (k, R, 4C)
         for offset in range(len(gate_inputs[0])):
             step = first + offset
             if layout.reset_steps[step]:  # a new sentence starts in some rows: zero their state
@@ -136,16 +135,16 @@ def stream_layer(layer: BiLstmLayer, inputs: torch.Tensor, layout: StreamLayout,
                 cell.mul_(keep[step])
             product_hidden = hidden.to(compute_dtype)  # (D, R, P); `hidden` itself when not mixed
             for d in range(2):
+                gates = recurrent_products[d].add(gate_inputs[d][offset], product_hidden[d])  # (R, 4C)
                 if mixed:
-                    gates = torch.add(gate_inputs[d][offset], recurrent_products[d](product_hidden[d]))  # (R, 4C)
-                else:
-                    gates = recurrent_products[d].add(gate_inputs[d][offset], hidden[d])  # (R, 4C)
+                    gates = wide_gates.copy_(gates)
                 _lstm_cell_(gates, cell[d], cell_output[d], cell_dim, cell_clip)
                 outputs[d, step] = projections[d](cell_output[d].to(compute_dtype))  # (R, P)
             hidden = outputs[:, step]
             if proj_clip:
                 hidden.clamp_(-proj_clip, proj_clip)
     return outputs
+
 
 def candidate_doubled(layer: BiLstmLayer) -> torch.Tensor:
     """(4C,): 1 for the gates i, f, o, 2 for the candidate j."""

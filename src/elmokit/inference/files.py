@@ -40,6 +40,9 @@ i % world_size == rank into its own segments; after a barrier, rank 0 merges eve
 Memory: bounded by one batch (a long sentence: one window batch and its own output array), one
 open segment, and at the end the `sentence_to_index` dict and JSON (about 3x the input's text,
 built by re-reading the input); the vectors are never all held.
+
+Why this file is long: it is one pipeline with one resumable state (read -> embed -> segments
+-> merge), documented above in the order it runs; the on-disk format itself is in segments.py.
 """
 
 from __future__ import annotations
@@ -54,10 +57,8 @@ import hashlib
 import itertools
 import json
 import os
-import re
 import shutil
 import sys
-import zipfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +68,15 @@ import numpy as np
 import torch
 
 from elmokit.training.corpus import CorpusError, not_a_regular_file, open_binary
+from elmokit.inference.segments import (
+    FILE_FORMATS,
+    INDEX_KEY,
+    NPZ_MAX_NAME_BYTES,
+    SEGMENT_TYPES,
+    NpzSegment,
+    Hdf5Segment,
+    sentence_key,
+)
 from elmokit.inference.windows import OUTPUT_FORMATS, position_windows, select_layers
 
 if TYPE_CHECKING:  # a type only: the embedder calls into this module (ElmoEmbedder.embed_file)
@@ -74,10 +84,7 @@ if TYPE_CHECKING:  # a type only: the embedder calls into this module (ElmoEmbed
 from elmokit.extras import require
 from elmokit.io import atomic_write_text, durable_replace, output_lock, refuse_overwrite
 
-FILE_FORMATS = ("hdf5", "npz")
-INDEX_KEY = "sentence_to_index"
 PROGRESS_GLOB = "progress-rank*.json"
-NPZ_MAX_NAME_BYTES = 65_535  # a zip member's name has a 16-bit length
 
 
 @dataclass
@@ -116,11 +123,6 @@ class EmbedOptions:
         return record
 
 
-def format_for_path(path: Path) -> str:
-    """The file format an output path asks for by its suffix: .npz, else HDF5."""
-    return "npz" if path.suffix.lower() == ".npz" else "hdf5"
-
-
 # ---------------------------------------------------------------------------------------------
 # Reading: lines, tokens, fingerprints
 # ---------------------------------------------------------------------------------------------
@@ -134,26 +136,6 @@ def read_lines(path: Path) -> Iterator[str]:
             except UnicodeDecodeError as error:
                 raise CorpusError(f"{path}:{line_number}: invalid UTF-8 byte 0x{raw[error.start]:02x} "
                                   f"at byte {error.start} of the line; the input must be UTF-8") from None
-
-
-def sentence_key(sentence: str) -> str:
-    """The name a sentence is stored under with `use_sentence_keys`: its text, except that '%',
-    '/' and NUL become %25, %2F and %00 (HDF5 reads '/' as a group path and ends a name at NUL),
-    the names the file reserves ("." is HDF5's root group, "sentence_to_index" the index) have
-    their first character escaped, and the empty sentence is "%". `key_sentence` inverts it."""
-    if not sentence:
-        return "%"
-    key = sentence.replace("%", "%25").replace("/", "%2F").replace("\x00", "%00")
-    if key in (".", INDEX_KEY):
-        key = f"%{ord(key[0]):02X}{key[1:]}"
-    return key
-
-
-def key_sentence(key: str) -> str:
-    """The sentence (or line number) a stored key stands for: the inverse of `sentence_key`."""
-    if key == "%":
-        return ""
-    return re.sub(r"%([0-9A-F]{2})", lambda match: chr(int(match[1], 16)), key)
 
 
 def scan_input(path: Path, use_sentence_keys: bool, file_format: str = "hdf5") -> int:
@@ -276,104 +258,6 @@ def shape_output(layers: np.ndarray, output_format: str, sentence_vectors: bool)
     if selected.shape[token_axis] == 0:
         return np.zeros(selected.shape[:token_axis] + selected.shape[token_axis + 1:], np.float32)
     return selected.mean(axis=token_axis, dtype=np.float32)
-
-
-# ---------------------------------------------------------------------------------------------
-# Segment files: HDF5 datasets or .npz members, one per key
-# ---------------------------------------------------------------------------------------------
-def open_for_writing(path: Path):
-    """A new file for a segment or the merged output. Its writes go through Python, so a full
-    disk is an OSError: HDF5's own file driver crashes the whole process on one."""
-    return open(path, "w+b")
-
-
-class Hdf5Segment:
-    suffix = ".h5"
-
-    def __init__(self, path: Path, mode: str = "w"):
-        self.path = path
-        self.handle = open_for_writing(path) if mode == "w" else None
-        try:
-            self.file = h5py.File(self.handle or path, mode)
-        except BaseException:
-            if self.handle is not None:
-                self.handle.close()
-            raise
-
-    def __contains__(self, key: str) -> bool:
-        return key in self.file
-
-    def write(self, key: str, array: np.ndarray) -> None:
-        if key not in self.file:  # a repeated sentence under use_sentence_keys
-            self.file.create_dataset(key, data=array)
-
-    def items(self) -> Iterator[tuple[str, np.ndarray]]:
-        names: list[str] = []
-        self.file.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
-        for name in names:  # full paths: the keys of a file from before keys were escaped
-            yield name, self.file[name][()]
-
-    def close(self) -> None:
-        try:
-            self.file.close()
-        finally:
-            if self.handle is not None:
-                self.handle.close()
-
-    def abort(self) -> None:
-        """Close, whatever state a failed write left, and remove the file."""
-        with contextlib.suppress(Exception):
-            self.close()
-        self.path.unlink(missing_ok=True)
-
-
-class NpzSegment:
-    """A .npz written member by member (stored, like `numpy.savez`), never all in memory."""
-
-    suffix = ".npz"
-
-    def __init__(self, path: Path, mode: str = "w"):
-        self.path = path
-        self.handle = open_for_writing(path) if mode == "w" else None
-        try:
-            self.zip = zipfile.ZipFile(self.handle or path, mode, allowZip64=True)
-        except BaseException:
-            if self.handle is not None:
-                self.handle.close()
-            raise
-        self.names = set(self.zip.namelist())
-
-    def __contains__(self, key: str) -> bool:
-        return f"{key}.npy" in self.names
-
-    def write(self, key: str, array: np.ndarray) -> None:
-        name = f"{key}.npy"
-        if name in self.names:
-            return
-        with self.zip.open(name, "w", force_zip64=True) as handle:
-            np.lib.format.write_array(handle, np.require(array, requirements="C"), allow_pickle=False)
-        self.names.add(name)
-
-    def items(self) -> Iterator[tuple[str, np.ndarray]]:
-        for name in self.zip.namelist():
-            with self.zip.open(name) as handle:
-                yield name.removesuffix(".npy"), np.lib.format.read_array(handle, allow_pickle=False)
-
-    def close(self) -> None:
-        try:
-            self.zip.close()
-        finally:
-            if self.handle is not None:
-                self.handle.close()
-
-    def abort(self) -> None:
-        """Close, whatever state a failed write left, and remove the file."""
-        with contextlib.suppress(Exception):
-            self.close()
-        self.path.unlink(missing_ok=True)
-
-
-SEGMENT_TYPES = {"hdf5": Hdf5Segment, "npz": NpzSegment}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -575,36 +459,6 @@ def _sentence_index(input_path: Path, use_sentence_keys: bool, file_format: str)
     if file_format == "npz":
         return np.array(text)
     return np.array([text], dtype=h5py.string_dtype())
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading an output back
-# ---------------------------------------------------------------------------------------------
-def iter_embeddings(path: str | Path) -> Iterator[tuple[str, np.ndarray]]:
-    """(key, array) for every array of an `elmo embed` output, HDF5 or .npz, one array in memory at
-    a time, in the file's order (not the input's): the key is the sentence text for an output
-    written with --use-sentence-keys (stored names decoded with `key_sentence`), else the line
-    number ("0", "1", ...). `sentence_to_index` is not an array of vectors and is skipped."""
-    path = Path(path)
-    if zipfile.is_zipfile(path):
-        with np.load(path, allow_pickle=False) as archive:
-            for name in archive.files:
-                if name != INDEX_KEY:
-                    yield key_sentence(name), archive[name]
-        return
-    with h5py.File(path, "r") as file:
-        names: list[str] = []
-        file.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
-        for name in names:
-            if name != INDEX_KEY:
-                yield key_sentence(name), file[name][()]
-
-
-def read_embeddings(path: str | Path) -> dict[str, np.ndarray]:
-    """Every array of an `elmo embed` output (HDF5 or .npz) by its sentence (with
-    --use-sentence-keys) or line number ("0", "1", ...); see `iter_embeddings` to hold one at a
-    time. E.g. `read_embeddings("vectors.h5")["The cat sat ."]` -> (L+1, 4, 2P) with --all."""
-    return dict(iter_embeddings(path))
 
 
 def fix_malloc_mmap_threshold(threshold: int = 256 * 2**10) -> bool:

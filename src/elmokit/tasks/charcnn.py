@@ -42,7 +42,7 @@ def encode_chars(sentences: Sequence[Sequence[str]], char_index: dict[str, int],
     return torch.tensor(padded, dtype=torch.long, device=device)  # (B, T, W)
 
 
-class CharCNN(nn.Module):
+class CharWordEncoder(nn.Module):
     """word vector = max over characters of conv(dropout(char embeddings)): (B, T, W) -> (B, T, F).
 
     Args:

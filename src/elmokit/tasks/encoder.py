@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from elmokit.model.bilm import BiLM
-from elmokit.tasks.charcnn import CharCNN
+from elmokit.tasks.charcnn import CharWordEncoder
 from elmokit.tasks.features import ElmoMixes, bilm_layers
 
 
@@ -57,7 +57,7 @@ class ContextEncoder(nn.Module):
     def __init__(self, vocab_size: int, word_dim: int, hidden_dim: int, dropout: float,
                  n_elmo_layers: int = 0, elmo_dim: int = 0, elmo_at_output: bool = False,
                  elmo_dropout: float = 0.5, elmo_l2: float = 0.001, bilm: BiLM | None = None,
-                 char_encoder: CharCNN | None = None):
+                 char_encoder: CharWordEncoder | None = None):
         super().__init__()
         self.word_embedding = nn.Embedding(vocab_size, word_dim, padding_idx=0)
         self.char_encoder = char_encoder

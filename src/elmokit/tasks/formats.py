@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from elmokit.tasks.readers import DataFormatError, LabelledSentence, TaggedSentence, open_text
+from elmokit.tasks.readers import DataFormatError, LabelledSentence, TaggedSentence, open_data_file
 from elmokit.tasks.schemes import detect_scheme, split_tag, to_bio
 
 FORMATS = ("conllu", "columns", "tsv", "csv", "jsonl", "text")
@@ -66,7 +66,7 @@ class FileFormat:
 # Detection
 # ---------------------------------------------------------------------------------------------
 def _sample(path: Path) -> list[str]:
-    with open_text(path) as handle:
+    with open_data_file(path) as handle:
         return [line.rstrip("\r\n") for _, line in zip(range(SAMPLE_LINES), handle)]
 
 
@@ -112,7 +112,7 @@ def resolve_format(path: str | Path, kind: str, name: str = "auto", column: str 
 
 def _read_header(path: Path, fmt: FileFormat) -> None:
     """A first row naming a text column is a header: it sets the text and label columns."""
-    with open_text(path) as handle:
+    with open_data_file(path) as handle:
         first = next(_table_rows(handle, fmt), (1, []))[1]
     names = [name.strip().lower() for name in first]
     text = next((i for i, name in enumerate(names) if name in TEXT_NAMES), None)
@@ -141,7 +141,7 @@ def iter_records(path: str | Path, fmt: FileFormat, kind: str,
 
 
 def _numbered(path: Path) -> Iterator[tuple[int, str]]:
-    with open_text(path) as handle:
+    with open_data_file(path) as handle:
         for number, line in enumerate(handle, start=1):
             yield number, line.rstrip("\r\n")
 
@@ -214,7 +214,7 @@ def _table_rows(handle, fmt: FileFormat) -> Iterator[tuple[int, list[str]]]:
 def _table_records(path: Path, fmt: FileFormat, tokenize) -> Iterator[Record]:
     """Examples of a TSV or CSV file; source = the row's fields."""
     width = len(fmt.header) if fmt.header else None
-    with open_text(path) as handle:
+    with open_data_file(path) as handle:
         for number, row in _table_rows(handle, fmt):
             if fmt.header and number == 1 or not any(cell.strip() for cell in row):
                 continue

@@ -7,12 +7,12 @@ raises `DataFormatError` naming the file and the 1-based line of anything malfor
 from __future__ import annotations
 
 import csv
-import io
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
-from elmokit.training.corpus import GzipReader
+from elmokit.training.corpus import open_text
 from elmokit.tasks.schemes import iob1_to_bio
 
 UPOS_TAGS = ("ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON",
@@ -54,18 +54,17 @@ class SenseSentence:
     senses: list[tuple[str, ...]] = field(default_factory=list)
 
 
-def open_text(path: str | Path) -> io.TextIOBase:
-    """Open a UTF-8 text file, gunzipping `.gz` files; a clear error if it is missing."""
+def open_data_file(path: str | Path) -> IO[str]:
+    """Open a task data file as UTF-8 text (gzip detected, a truncated or fake .gz named by
+    `elmokit.training.corpus`); a clear error if it is missing."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data file not found: {path}")
-    if path.suffix == ".gz":  # a truncated or fake .gz: an error naming the file (corpus.GzipReader)
-        return io.TextIOWrapper(GzipReader(path, "rb"), encoding="utf-8")
-    return open(path, encoding="utf-8")
+    return open_text(path)
 
 
 def _numbered_lines(path: str | Path) -> Iterator[tuple[int, str]]:
-    with open_text(path) as handle:
+    with open_data_file(path) as handle:
         for number, line in enumerate(handle, start=1):
             yield number, line.rstrip("\r\n")
 
@@ -216,7 +215,7 @@ def read_sst_trees(path: str | Path, binary: bool = False) -> list[LabelledSente
 def read_sst2_csv(path: str | Path) -> list[LabelledSentence]:
     """The SST-2 CSV files (`label,sentence`; 0 negative, 1 positive), split on whitespace."""
     sentences = []
-    with open_text(path) as handle:
+    with open_data_file(path) as handle:
         reader = csv.reader(handle)
         header = next(reader, None)
         if header != ["label", "sentence"]:

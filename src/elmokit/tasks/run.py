@@ -26,7 +26,7 @@ from elmokit.tasks.features import compute_layers, model_fingerprint
 from elmokit.tasks.formats import read_examples, resolve_format
 from elmokit.tasks.scores import score_predictions
 from elmokit.tasks.task_config import SPLITS, TaskConfig
-from elmokit.tasks.train import RUN_CONFIG, RUN_WEIGHTS, build_model
+from elmokit.tasks.train import RUN_CONFIG, RUN_WEIGHTS, build_task_model
 from elmokit.model.weights import WeightFileError, load_model, read_safetensors
 
 
@@ -121,7 +121,7 @@ def load(run_dir: str | Path, device: str | torch.device | None = None) -> TaskR
         raise ValueError(f"{run_dir / RUN_CONFIG}: not a task run's config ({error})") from None
     bilm = load_bilm(saved, config, run_dir)
     vocabularies = Vocabularies(saved["vocab"], saved["labels"], saved.get("chars"))
-    model = build_model(config, vocabularies, bilm)
+    model = build_task_model(config, vocabularies, bilm)
     weights = read_safetensors(run_dir / RUN_WEIGHTS)  # float and finite, or an error naming the tensor
     try:
         model.load_state_dict(weights)

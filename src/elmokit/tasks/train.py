@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from elmokit.io import atomic_path, atomic_write_text
 from elmokit.model.bilm import BiLM
-from elmokit.tasks.charcnn import CharCNN
+from elmokit.tasks.charcnn import CharWordEncoder
 from elmokit.tasks.classifier import Classifier
 from elmokit.tasks.data import TaskData, Vocabularies, gold_labels, load_splits  # noqa: F401 (re-exported)
 from elmokit.tasks.encoder import ContextEncoder
@@ -37,13 +37,13 @@ from elmokit.model.weights import load_model
 # ---------------------------------------------------------------------------------------------
 # Model
 # ---------------------------------------------------------------------------------------------
-def build_model(config: TaskConfig, vocabularies: Vocabularies, bilm: BiLM | None) -> Tagger | Classifier:
+def build_task_model(config: TaskConfig, vocabularies: Vocabularies, bilm: BiLM | None) -> Tagger | Classifier:
     """A fresh task model for `config` over these vocabularies (and this biLM's layers)."""
     elmo_layers = bilm.config.n_output_layers if bilm is not None else 0
     elmo_dim = bilm.output_dim if bilm is not None else 0
     char_encoder = None
     if vocabularies.chars is not None:
-        char_encoder = CharCNN(len(vocabularies.chars), config.char_dim, config.char_filters, config.char_width,
+        char_encoder = CharWordEncoder(len(vocabularies.chars), config.char_dim, config.char_filters, config.char_width,
                                config.dropout)
     encoder = ContextEncoder(len(vocabularies.words), config.word_dim, config.hidden_dim, config.dropout,
                              elmo_layers, elmo_dim, config.elmo_at_output, config.elmo_dropout,
@@ -101,7 +101,7 @@ def predict_split(model, data: TaskData, split: str, batch_size: int) -> list:
     return [data.labels[i] for i in predicted]
 
 
-def evaluate(model, data: TaskData, split: str, config: TaskConfig) -> dict:
+def evaluate_split(model, data: TaskData, split: str, config: TaskConfig) -> dict:
     """{'accuracy'} (%) for POS and classification; {'f1', 'precision', 'recall', 'per_type'} for NER."""
     predicted = predict_split(model, data, split, 2 * config.batch_size)
     return score_predictions([gold_labels(e) for e in data.splits[split]], predicted, config.spec.metric)
@@ -165,7 +165,7 @@ def train_task(config: TaskConfig, bilm: BiLM | None = None, data: TaskData | No
     if data is None:
         data = TaskData(config, load_splits(config, log=report), bilm)
     seed_everything(config.seed)
-    model = build_model(config, data.vocabularies, bilm).to(data.device)  # a fine-tuned biLM with it
+    model = build_task_model(config, data.vocabularies, bilm).to(data.device)  # a fine-tuned biLM with it
     optimizer = make_optimizer(model, config)
     rng = random.Random(config.seed)
     metric = config.spec.metric
@@ -174,7 +174,7 @@ def train_task(config: TaskConfig, bilm: BiLM | None = None, data: TaskData | No
     with open(out / "metrics.jsonl", "w", encoding="utf-8") as log:
         for epoch in range(1, config.max_epochs + 1):
             train_loss = train_epoch(model, optimizer, data, config, rng, epoch)
-            dev = evaluate(model, data, "dev", config)
+            dev = evaluate_split(model, data, "dev", config)
             if stopping.update(dev[metric], epoch):
                 best_state = copy.deepcopy(model.state_dict())
             record = {"epoch": epoch, "train_loss": round(train_loss, 5),
@@ -188,8 +188,8 @@ def train_task(config: TaskConfig, bilm: BiLM | None = None, data: TaskData | No
     model.load_state_dict(best_state)
     results = {
         "task": config.task, "elmo": config.model is not None, "seed": config.seed, "metric": metric,
-        "best_epoch": stopping.best_epoch, "epochs": epoch, "dev": evaluate(model, data, "dev", config),
-        "test": evaluate(model, data, "test", config) if "test" in data.splits else None,
+        "best_epoch": stopping.best_epoch, "epochs": epoch, "dev": evaluate_split(model, data, "dev", config),
+        "test": evaluate_split(model, data, "test", config) if "test" in data.splits else None,
         "layer_weights": model.encoder.layer_weights(),
         "cpu_seconds": round(time.process_time() - start_cpu, 1),
         "wall_seconds": round(time.perf_counter() - start_wall, 1),

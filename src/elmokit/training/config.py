@@ -30,7 +30,7 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _option(default: Any, help: str) -> Any:
+def _field(default: Any, help: str) -> Any:
     """A TrainConfig field with its help text (the command line is generated from the fields)."""
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata={"help": help})
@@ -45,39 +45,39 @@ class TrainConfig:
     global gradient norm 10, dropout 0.1, 20-token windows, sampled softmax with 8192 negatives.
     """
 
-    output_dir: str = _option("", "directory of the run: checkpoint, metrics, curves, best model")
-    train_files: list[str] = _option([], "training corpus: files or globs, one tokenized sentence a line")
-    valid_files: list[str] = _option([], "validation files or globs (perplexity, best model, early stop)")
-    vocab: str = _option("", "vocab.txt of the softmax (from `elmo vocab`), sorted by frequency")
-    model: str = _option("small", "a preset name (small, medium, original) or an ElmoConfig JSON file")
-    init_from: str = _option("", "start from a native model dir (its softmax is kept if its vocab.txt is ours)")
-    init_from_original: list[str] = _option([], "start from an original OPTIONS.json WEIGHTS.hdf5 (new softmax)")
-    optimizer: str = _option("adagrad", "adagrad (the original) or adam")
-    lr: float = _option(0.2, "learning rate")
-    initial_accumulator: float = _option(1.0, "Adagrad's initial accumulator value")
-    warmup_steps: int = _option(0, "linear learning-rate warm-up over this many steps")
-    lr_decay: float = _option(1.0, "multiply the lr by this after an evaluation without improvement")
-    grad_clip: float = _option(10.0, "clip gradients to this global norm (0 = no clipping)")
-    dropout: float = _option(0.1, "dropout on every LSTM input and on the softmax input")
-    batch_size: int = _option(128, "rows of a global batch (all processes together)")
-    unroll_steps: int = _option(20, "tokens a row per window (truncated backpropagation through time)")
-    epochs: int = _option(10, "passes over the training files")
-    max_tokens: int = _option(0, "stop after this many training tokens (0 = no budget)")
-    softmax: str = _option("sampled", "sampled (training only; evaluation is always full) or full")
-    n_samples: int = _option(8192, "negatives of the sampled softmax (full softmax if >= the vocabulary)")
-    bf16: bool = _option(False, "bfloat16 autocast")
-    seed: int = _option(0, "seed of the weights, the dropout, the sampler and the data order")
-    data_split: str = _option("files", "how processes share the corpus: files (each reads its own shards "
+    output_dir: str = _field("", "directory of the run: checkpoint, metrics, curves, best model")
+    train_files: list[str] = _field([], "training corpus: files or globs, one tokenized sentence a line")
+    valid_files: list[str] = _field([], "validation files or globs (perplexity, best model, early stop)")
+    vocab: str = _field("", "vocab.txt of the softmax (from `elmo vocab`), sorted by frequency")
+    model: str = _field("small", "a preset name (small, medium, original) or an ElmoConfig JSON file")
+    init_from: str = _field("", "start from a native model dir (its softmax is kept if its vocab.txt is ours)")
+    init_from_original: list[str] = _field([], "start from an original OPTIONS.json WEIGHTS.hdf5 (new softmax)")
+    optimizer: str = _field("adagrad", "adagrad (the original) or adam")
+    lr: float = _field(0.2, "learning rate")
+    initial_accumulator: float = _field(1.0, "Adagrad's initial accumulator value")
+    warmup_steps: int = _field(0, "linear learning-rate warm-up over this many steps")
+    lr_decay: float = _field(1.0, "multiply the lr by this after an evaluation without improvement")
+    grad_clip: float = _field(10.0, "clip gradients to this global norm (0 = no clipping)")
+    dropout: float = _field(0.1, "dropout on every LSTM input and on the softmax input")
+    batch_size: int = _field(128, "rows of a global batch (all processes together)")
+    unroll_steps: int = _field(20, "tokens a row per window (truncated backpropagation through time)")
+    epochs: int = _field(10, "passes over the training files")
+    max_tokens: int = _field(0, "stop after this many training tokens (0 = no budget)")
+    softmax: str = _field("sampled", "sampled (training only; evaluation is always full) or full")
+    n_samples: int = _field(8192, "negatives of the sampled softmax (full softmax if >= the vocabulary)")
+    bf16: bool = _field(False, "bfloat16 autocast")
+    seed: int = _field(0, "seed of the weights, the dropout, the sampler and the data order")
+    data_split: str = _field("files", "how processes share the corpus: files (each reads its own shards "
                               "or lines) or rows (each reads everything and keeps its rows of the global "
                               "batch: the same batches whatever the number of processes)")
-    eval_every: int = _option(0, "steps between evaluations (0 = at the end of each epoch only)")
-    eval_batch_size: int = _option(64, "rows of an evaluation batch")
-    patience: int = _option(0, "stop after this many evaluations without improvement (0 = never)")
-    log_every: int = _option(10, "steps between lines of metrics.jsonl")
-    checkpoint_every: int = _option(100, "steps between checkpoints (a multiple of log_every)")
-    device: str = _option("auto", "cpu, cuda, cuda:N, or auto")
-    threads: int = _option(0, "torch.set_num_threads (0 = torch's default)")
-    progress: bool = _option(True, "show a progress bar")
+    eval_every: int = _field(0, "steps between evaluations (0 = at the end of each epoch only)")
+    eval_batch_size: int = _field(64, "rows of an evaluation batch")
+    patience: int = _field(0, "stop after this many evaluations without improvement (0 = never)")
+    log_every: int = _field(10, "steps between lines of metrics.jsonl")
+    checkpoint_every: int = _field(100, "steps between checkpoints (a multiple of log_every)")
+    device: str = _field("auto", "cpu, cuda, cuda:N, or auto")
+    threads: int = _field(0, "torch.set_num_threads (0 = torch's default)")
+    progress: bool = _field(True, "show a progress bar")
 
     def __post_init__(self) -> None:
         def require(condition: bool, message: str) -> None:

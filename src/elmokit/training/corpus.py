@@ -13,6 +13,10 @@ The pipeline, in the order text travels:
 Pre-tokenized input (e.g. PTB: one sentence per line, tokens split by spaces) only has its
 whitespace normalised; it is detected automatically when neither `raw` nor `pretokenized` is
 forced (see `looks_pretokenized`).
+
+Why this file is long: reading raw text safely (gzip, encodings, bad lines) and turning it into
+shards (sentence split, Moses tokens, worker processes, atomic shards) share their counters and
+errors; it is only just over the bound.
 """
 
 from __future__ import annotations

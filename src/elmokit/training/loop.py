@@ -18,13 +18,10 @@ from __future__ import annotations
 import hashlib
 import io
 import math
-import os
-import signal
 import sys
-import threading
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,149 +30,20 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from elmokit.training import checkpoint as ckpt
-from elmokit.model.chars import MAX_CHARS
-from elmokit.model.config import ConfigError, ElmoConfig
-from elmokit.training.data import LMBatch, LMBatcher, eval_batches
-from elmokit.devices import resolve_device
+from elmokit.model.config import ConfigError
+from elmokit.training.build import build_model, build_optimizer, padding_batch, train_batches, valid_batches
+from elmokit.training.data import LMBatch
 from elmokit.extras import MissingExtraError
 from elmokit.training.lm import LanguageModel
 from elmokit.model.lstm import LstmState
 from elmokit.training.metrics import MetricsWindow, append_metrics, plot_curves, progress_bar, truncate_metrics
 from elmokit.training.config import TrainConfig
-from elmokit.model.weights import WEIGHTS_NAME, load_original, load_pretrained, read_safetensors
+from elmokit.training.processes import Dist, StopSignals, TrainingStopped, setup_distributed
 
 METRICS_NAME = "metrics.jsonl"
 CURVES_NAME = "curves.png"
 TRAIN_CONFIG_NAME = "train_config.json"
 BEST_DIR = "best"
-_TENSOR_NAMES = ("forward_char_ids", "backward_char_ids", "forward_targets", "backward_targets", "mask")
-
-
-# ---------------------------------------------------------------------------------------------
-# Processes and devices
-# ---------------------------------------------------------------------------------------------
-@dataclass
-class Dist:
-    rank: int = 0
-    world_size: int = 1
-    device: torch.device = torch.device("cpu")
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    def all_sum(self, values: list[float]) -> list[float]:
-        """The sum over all ranks of a few numbers (identity in a single process)."""
-        if self.world_size == 1:
-            return values
-        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(tensor)
-        return tensor.tolist()
-
-
-def setup_distributed(config: TrainConfig) -> Dist:
-    """Join the process group when launched by torchrun (WORLD_SIZE > 1)."""
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    device = resolve_device(config.device)  # auto and cuda: the GPU of LOCAL_RANK
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    if config.batch_size % world_size:
-        raise ConfigError(f"batch_size {config.batch_size} must be divisible by the {world_size} processes")
-    return Dist(rank, world_size, device)
-
-
-# ---------------------------------------------------------------------------------------------
-# Building the model, the optimizer and the data
-# ---------------------------------------------------------------------------------------------
-def build_model(config: TrainConfig, vocab) -> LanguageModel:
-    """A fresh LanguageModel, or one initialised from a trained biLM (domain adaptation)."""
-    n_samples = config.n_samples if config.softmax == "sampled" else 0
-    if config.init_from:
-        bilm = load_pretrained(config.init_from)
-        model = LanguageModel(bilm.config, len(vocab), config.dropout, n_samples)
-        model.bilm.load_state_dict(bilm.state_dict())
-        if _same_vocabulary(Path(config.init_from) / ckpt.VOCAB_NAME, Path(config.vocab)):
-            softmax = read_safetensors(Path(config.init_from) / WEIGHTS_NAME, prefix="softmax.")
-            if set(softmax) == {"weight", "bias"}:
-                model.softmax.load_state_dict(softmax)
-        return model
-    if config.init_from_original:
-        bilm = load_original(*config.init_from_original)
-        model = LanguageModel(bilm.config, len(vocab), config.dropout, n_samples)
-        model.bilm.load_state_dict(bilm.state_dict())
-        return model
-    elmo_config = ElmoConfig.from_name(config.model) if not config.model.endswith(".json") \
-        else ElmoConfig.load(config.model)
-    return LanguageModel(elmo_config, len(vocab), config.dropout, n_samples)
-
-
-def _same_vocabulary(a: Path, b: Path) -> bool:
-    return a.is_file() and a.read_bytes() == b.read_bytes()
-
-
-def build_optimizer(config: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
-    """Adagrad (bilm-tf's) or Adam, as torch's fused kernels on the CPU and CUDA (one pass over
-    all parameters instead of a dozen elementwise ops each: ~3x faster on this model)."""
-    parameters = list(model.parameters())
-    fused = all(p.device.type in ("cpu", "cuda") for p in parameters)
-    if config.optimizer == "adagrad":
-        return torch.optim.Adagrad(parameters, lr=config.lr, initial_accumulator_value=config.initial_accumulator,
-                                   fused=fused)
-    return torch.optim.Adam(parameters, lr=config.lr, fused=fused)
-
-
-def train_batches(config: TrainConfig, vocab, epoch: int, dist_: Dist):
-    """This rank's windows of one epoch; per-rank batch = batch_size / world_size."""
-    if config.data_split == "rows" and dist_.world_size > 1:
-        return RowShard(LMBatcher(config.train_files, vocab, config.batch_size, config.unroll_steps,
-                                  seed=config.seed, epoch=epoch), dist_.rank, dist_.world_size)
-    return LMBatcher(config.train_files, vocab, config.batch_size // dist_.world_size, config.unroll_steps,
-                     seed=config.seed, epoch=epoch, rank=dist_.rank, world_size=dist_.world_size)
-
-
-def valid_batches(config: TrainConfig, vocab, dist_: Dist):
-    """This rank's share of every validation token, in file order."""
-    if config.data_split == "rows" and dist_.world_size > 1:
-        return RowShard(eval_batches(config.valid_files, vocab, config.eval_batch_size, config.unroll_steps),
-                        dist_.rank, dist_.world_size)
-    return eval_batches(config.valid_files, vocab, config.eval_batch_size, config.unroll_steps,
-                        rank=dist_.rank, world_size=dist_.world_size)
-
-
-class RowShard:
-    """Rows rank, rank + world_size, ... of every window of a batcher of the global batch."""
-
-    def __init__(self, batcher: LMBatcher, rank: int, world_size: int):
-        if batcher.batch_size % world_size:
-            raise ConfigError(f"batch size {batcher.batch_size} must be divisible by the {world_size} processes")
-        self.batcher, self.rows = batcher, slice(rank, None, world_size)
-
-    def __iter__(self) -> "RowShard":
-        return self
-
-    def __next__(self) -> LMBatch:
-        batch = next(self.batcher)
-        parts = {name: getattr(batch, name)[self.rows] for name in _TENSOR_NAMES}
-        return LMBatch(**parts, n_tokens=int(parts["mask"].sum()))
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.batcher.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.batcher.load_state_dict(state)
-
-
-def padding_batch(batch_size: int, unroll_steps: int) -> LMBatch:
-    """A window without data (mask all False), for a process whose share ran out before the others'."""
-    char_ids = torch.zeros(batch_size, unroll_steps, MAX_CHARS, dtype=torch.long, device="cpu")
-    targets = torch.zeros(batch_size, unroll_steps, dtype=torch.long, device="cpu")
-    mask = torch.zeros(batch_size, unroll_steps, dtype=torch.bool, device="cpu")
-    return LMBatch(char_ids, char_ids, targets, targets, mask, 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,8 +137,46 @@ def _check_bf16(device: torch.device) -> None:
               "instructions); train without --bf16", file=sys.stderr, flush=True)
 
 
+@dataclass
+class Run:
+    """Everything the loop carries: the configuration and the processes, the vocabulary, the model
+    (and its DDP wrapper), the optimizer, the counters and the LSTM state carried between windows."""
+
+    config: TrainConfig
+    dist_: Dist
+    out_dir: Path
+    vocab: Any
+    model: LanguageModel
+    wrapped: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    progress: Progress
+    state: LstmState | None = None
+    data_state: dict | None = None  # the data position to continue from (a resumed run's first epoch)
+    window: MetricsWindow = field(default_factory=MetricsWindow)  # the steps since the last metrics line
+
+
 def train(config: TrainConfig, resume: bool = False) -> Progress:
     """Train (or, with `resume`, continue) the run in `config.output_dir`; returns the counters."""
+    run = start_run(config, resume)
+    bar = progress_bar(config.progress and run.dist_.is_main, run.progress.step)
+    with StopSignals() as stop:
+        while run.progress.epoch < config.epochs and not run.progress.done:
+            if run_epoch(run, bar, stop):
+                run.progress.epoch += 1
+                run.state = None  # the next epoch's rows start fresh
+                if config.valid_files and not (config.eval_every and run.progress.step % config.eval_every == 0):
+                    run_evaluation(run.model, config, run.vocab, run.progress, run.out_dir, run.dist_, bar)
+                save_training_checkpoint(run.out_dir, config, run.model, run.optimizer, run.progress, run.state,
+                                         None, run.dist_)
+    bar.close()
+    if run.dist_.is_main and not config.valid_files:  # nothing to select on: the last model is the best
+        ckpt.save_model_dir(run.model, run.out_dir / BEST_DIR, config.vocab, _provenance(config, run.progress, None))
+    return run.progress
+
+
+def start_run(config: TrainConfig, resume: bool) -> Run:
+    """A fresh run in `config.output_dir` (its config files written), or, with `resume`, the run
+    there as its checkpoint left it (model, optimizer, counters, RNGs, LSTM state, data position)."""
     from elmokit.training.vocab import Vocabulary
 
     config.check_paths()
@@ -281,13 +187,13 @@ def train(config: TrainConfig, resume: bool = False) -> Progress:
     if checkpoint is None and (out_dir / ckpt.CHECKPOINT_NAME).exists():
         raise ConfigError(f"{out_dir} already holds a run ({ckpt.CHECKPOINT_NAME}); "
                           "continue it with --resume or choose another --output-dir")
-
     if config.bf16 and dist_.is_main:
         _check_bf16(dist_.device)
     torch.manual_seed(config.seed)  # the same initial weights on every rank
     model = build_model(config, vocab).to(dist_.device)
     optimizer = build_optimizer(config, model)
-    progress, state, data_state = Progress(), None, None
+    wrapped = DistributedDataParallel(model) if dist_.world_size > 1 else model
+    run = Run(config, dist_, out_dir, vocab, model, wrapped, optimizer, Progress())
     if checkpoint is None:
         _seed_everything(config.seed + dist_.rank)
         if dist_.is_main:
@@ -298,99 +204,52 @@ def train(config: TrainConfig, resume: bool = False) -> Progress:
     else:
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
-        progress = Progress(**checkpoint["progress"])
+        run.progress = Progress(**checkpoint["progress"])
         mine = checkpoint["ranks"][dist_.rank]
         ckpt.set_rng_state(mine["rng"])
-        state = None if mine["lstm_state"] is None else LstmState(*(t.to(dist_.device) for t in mine["lstm_state"]))
-        data_state = ckpt.from_plain(mine["data"])
+        if mine["lstm_state"] is not None:
+            run.state = LstmState(*(t.to(dist_.device) for t in mine["lstm_state"]))
+        run.data_state = ckpt.from_plain(mine["data"])
         if dist_.is_main:
-            truncate_metrics(out_dir / METRICS_NAME, progress.step)
-    wrapped = DistributedDataParallel(model) if dist_.world_size > 1 else model
+            truncate_metrics(out_dir / METRICS_NAME, run.progress.step)
     model.train()
+    return run
 
-    bar = progress_bar(config.progress and dist_.is_main, progress.step)
-    window = MetricsWindow()
+
+def run_epoch(run: Run, bar, stop: StopSignals) -> bool:
+    """Train on this epoch's windows (from the saved position when resuming): True when the epoch
+    is over, False when the run is done (max_tokens). A stop signal checkpoints and raises."""
+    config, progress, dist_, window = run.config, run.progress, run.dist_, run.window
     started = time.perf_counter() - progress.seconds  # the clock goes on from the checkpoint's time
-    with StopSignals() as stop:
-        while progress.epoch < config.epochs and not progress.done:
-            batches = train_batches(config, vocab, progress.epoch, dist_)
-            if data_state is not None:
-                batches.load_state_dict(data_state)
-                data_state = None
-            while (batch := next_batch(batches, config, dist_)) is not None:
-                result = train_step(wrapped, optimizer, batch, state, progress.lr(config), config, dist_)
-                state = result.state
-                progress.step += 1
-                progress.tokens += result.n_tokens
-                window.add(result.loss, result.grad_norm, result.n_tokens)
-                bar.update(1)
-                progress.seconds = time.perf_counter() - started
-                if progress.step % config.log_every == 0:
-                    _log(out_dir, dist_, window.record(step=progress.step, tokens=progress.tokens, epoch=progress.epoch,
-                                                       lr=progress.lr(config), elapsed_s=round(progress.seconds, 1)), bar)
-                if config.eval_every and progress.step % config.eval_every == 0:
-                    run_evaluation(model, config, vocab, progress, out_dir, dist_, bar)
-                if config.max_tokens and progress.tokens >= config.max_tokens:
-                    progress.done = True
-                stopping = stop.requested(dist_)
-                if progress.step % config.checkpoint_every == 0 or progress.done or stopping:
-                    save_training_checkpoint(out_dir, config, model, optimizer, progress, state, batches, dist_)
-                if stopping:
-                    bar.close()
-                    raise TrainingStopped(f"{stop.name} at step {progress.step}: checkpoint written; "
-                                          f"continue with --resume --output-dir {out_dir}")
-                if progress.done:
-                    break
-            else:  # every process ran out of data: the epoch is over
-                progress.epoch += 1
-                state = None  # the next epoch's rows start fresh
-                if config.valid_files and not (config.eval_every and progress.step % config.eval_every == 0):
-                    run_evaluation(model, config, vocab, progress, out_dir, dist_, bar)
-                save_training_checkpoint(out_dir, config, model, optimizer, progress, state, None, dist_)
-    bar.close()
-    if dist_.is_main and not config.valid_files:  # nothing to select on: the last model is the best
-        ckpt.save_model_dir(model, out_dir / BEST_DIR, config.vocab, _provenance(config, progress, None))
-    return progress
-
-
-class TrainingStopped(KeyboardInterrupt):
-    """The run stopped on a signal after writing a checkpoint (the CLI exits with status 130)."""
-
-
-class StopSignals:
-    """SIGINT (Ctrl-C) and SIGTERM (kill, torchrun, a batch scheduler) ask the loop to stop after the
-    step it is taking, with a checkpoint written there, so that --resume loses nothing. A second
-    signal acts at once, as without this handler. All ranks stop at the same step."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.received).name if self.received is not None else "a stop on another rank"
-
-    def __enter__(self) -> "StopSignals":
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {number: signal.signal(number, self._receive) for number in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self._restore()
-
-    def _receive(self, number: int, frame) -> None:
-        self.received = number
-        self._restore()
-
-    def _restore(self) -> None:
-        for number, handler in self._previous.items():
-            signal.signal(number, handler)
-        self._previous = {}
-
-    def requested(self, dist_: Dist) -> bool:
-        return dist_.all_sum([float(self.received is not None)])[0] > 0
+    batches = train_batches(config, run.vocab, progress.epoch, dist_)
+    if run.data_state is not None:
+        batches.load_state_dict(run.data_state)
+        run.data_state = None
+    while (batch := next_batch(batches, config, dist_)) is not None:
+        result = train_step(run.wrapped, run.optimizer, batch, run.state, progress.lr(config), config, dist_)
+        run.state = result.state
+        progress.step += 1
+        progress.tokens += result.n_tokens
+        window.add(result.loss, result.grad_norm, result.n_tokens)
+        bar.update(1)
+        progress.seconds = time.perf_counter() - started
+        if progress.step % config.log_every == 0:
+            _log(run.out_dir, dist_, window.record(step=progress.step, tokens=progress.tokens, epoch=progress.epoch,
+                                                   lr=progress.lr(config), elapsed_s=round(progress.seconds, 1)), bar)
+        if config.eval_every and progress.step % config.eval_every == 0:
+            run_evaluation(run.model, config, run.vocab, progress, run.out_dir, dist_, bar)
+        if config.max_tokens and progress.tokens >= config.max_tokens:
+            progress.done = True
+        stopping = stop.requested(dist_)
+        if progress.step % config.checkpoint_every == 0 or progress.done or stopping:
+            save_training_checkpoint(run.out_dir, config, run.model, run.optimizer, progress, run.state, batches, dist_)
+        if stopping:
+            bar.close()
+            raise TrainingStopped(f"{stop.name} at step {progress.step}: checkpoint written; "
+                                  f"continue with --resume --output-dir {run.out_dir}")
+        if progress.done:
+            return False
+    return True  # every process ran out of data: the epoch is over
 
 
 def next_batch(batches, config: TrainConfig, dist_: Dist) -> LMBatch | None:

@@ -1,0 +1,175 @@
+"""The files `elmo embed` writes, and reading them back: one array per sentence, keyed by line
+number or by the sentence's text (escaped for the format: `sentence_key`), in HDF5 datasets or
+`.npz` members (`Hdf5Segment`, `NpzSegment`: the partial segments and the final file alike), with
+`sentence_to_index` (JSON) mapping sentences to keys. `read_embeddings` / `iter_embeddings` read
+an output back (spec §10 layout; see `elmokit.inference.files` for how it is made)."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+FILE_FORMATS = ("hdf5", "npz")
+INDEX_KEY = "sentence_to_index"
+
+
+NPZ_MAX_NAME_BYTES = 65_535  # a zip member's name has a 16-bit length
+
+
+def format_for_path(path: Path) -> str:
+    """The file format an output path asks for by its suffix: .npz, else HDF5."""
+    return "npz" if path.suffix.lower() == ".npz" else "hdf5"
+
+
+def sentence_key(sentence: str) -> str:
+    """The name a sentence is stored under with `use_sentence_keys`: its text, except that '%',
+    '/' and NUL become %25, %2F and %00 (HDF5 reads '/' as a group path and ends a name at NUL),
+    the names the file reserves ("." is HDF5's root group, "sentence_to_index" the index) have
+    their first character escaped, and the empty sentence is "%". `key_sentence` inverts it."""
+    if not sentence:
+        return "%"
+    key = sentence.replace("%", "%25").replace("/", "%2F").replace("\x00", "%00")
+    if key in (".", INDEX_KEY):
+        key = f"%{ord(key[0]):02X}{key[1:]}"
+    return key
+
+
+def key_sentence(key: str) -> str:
+    """The sentence (or line number) a stored key stands for: the inverse of `sentence_key`."""
+    if key == "%":
+        return ""
+    return re.sub(r"%([0-9A-F]{2})", lambda match: chr(int(match[1], 16)), key)
+
+
+# ---------------------------------------------------------------------------------------------
+# Segment files: HDF5 datasets or .npz members, one per key
+# ---------------------------------------------------------------------------------------------
+def open_for_writing(path: Path):
+    """A new file for a segment or the merged output. Its writes go through Python, so a full
+    disk is an OSError: HDF5's own file driver crashes the whole process on one."""
+    return open(path, "w+b")
+
+
+class Hdf5Segment:
+    suffix = ".h5"
+
+    def __init__(self, path: Path, mode: str = "w"):
+        self.path = path
+        self.handle = open_for_writing(path) if mode == "w" else None
+        try:
+            self.file = h5py.File(self.handle or path, mode)
+        except BaseException:
+            if self.handle is not None:
+                self.handle.close()
+            raise
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.file
+
+    def write(self, key: str, array: np.ndarray) -> None:
+        if key not in self.file:  # a repeated sentence under use_sentence_keys
+            self.file.create_dataset(key, data=array)
+
+    def items(self) -> Iterator[tuple[str, np.ndarray]]:
+        names: list[str] = []
+        self.file.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
+        for name in names:  # full paths: the keys of a file from before keys were escaped
+            yield name, self.file[name][()]
+
+    def close(self) -> None:
+        try:
+            self.file.close()
+        finally:
+            if self.handle is not None:
+                self.handle.close()
+
+    def abort(self) -> None:
+        """Close, whatever state a failed write left, and remove the file."""
+        with contextlib.suppress(Exception):
+            self.close()
+        self.path.unlink(missing_ok=True)
+
+
+class NpzSegment:
+    """A .npz written member by member (stored, like `numpy.savez`), never all in memory."""
+
+    suffix = ".npz"
+
+    def __init__(self, path: Path, mode: str = "w"):
+        self.path = path
+        self.handle = open_for_writing(path) if mode == "w" else None
+        try:
+            self.zip = zipfile.ZipFile(self.handle or path, mode, allowZip64=True)
+        except BaseException:
+            if self.handle is not None:
+                self.handle.close()
+            raise
+        self.names = set(self.zip.namelist())
+
+    def __contains__(self, key: str) -> bool:
+        return f"{key}.npy" in self.names
+
+    def write(self, key: str, array: np.ndarray) -> None:
+        name = f"{key}.npy"
+        if name in self.names:
+            return
+        with self.zip.open(name, "w", force_zip64=True) as handle:
+            np.lib.format.write_array(handle, np.require(array, requirements="C"), allow_pickle=False)
+        self.names.add(name)
+
+    def items(self) -> Iterator[tuple[str, np.ndarray]]:
+        for name in self.zip.namelist():
+            with self.zip.open(name) as handle:
+                yield name.removesuffix(".npy"), np.lib.format.read_array(handle, allow_pickle=False)
+
+    def close(self) -> None:
+        try:
+            self.zip.close()
+        finally:
+            if self.handle is not None:
+                self.handle.close()
+
+    def abort(self) -> None:
+        """Close, whatever state a failed write left, and remove the file."""
+        with contextlib.suppress(Exception):
+            self.close()
+        self.path.unlink(missing_ok=True)
+
+
+SEGMENT_TYPES = {"hdf5": Hdf5Segment, "npz": NpzSegment}
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading an output back
+# ---------------------------------------------------------------------------------------------
+def iter_embeddings(path: str | Path) -> Iterator[tuple[str, np.ndarray]]:
+    """(key, array) for every array of an `elmo embed` output, HDF5 or .npz, one array in memory at
+    a time, in the file's order (not the input's): the key is the sentence text for an output
+    written with --use-sentence-keys (stored names decoded with `key_sentence`), else the line
+    number ("0", "1", ...). `sentence_to_index` is not an array of vectors and is skipped."""
+    path = Path(path)
+    if zipfile.is_zipfile(path):
+        with np.load(path, allow_pickle=False) as archive:
+            for name in archive.files:
+                if name != INDEX_KEY:
+                    yield key_sentence(name), archive[name]
+        return
+    with h5py.File(path, "r") as file:
+        names: list[str] = []
+        file.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
+        for name in names:
+            if name != INDEX_KEY:
+                yield key_sentence(name), file[name][()]
+
+
+def read_embeddings(path: str | Path) -> dict[str, np.ndarray]:
+    """Every array of an `elmo embed` output (HDF5 or .npz) by its sentence (with
+    --use-sentence-keys) or line number ("0", "1", ...); see `iter_embeddings` to hold one at a
+    time. E.g. `read_embeddings("vectors.h5")["The cat sat ."]` -> (L+1, 4, 2P) with --all."""
+    return dict(iter_embeddings(path))

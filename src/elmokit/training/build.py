@@ -1,0 +1,108 @@
+"""What a training run is made of: the language model (fresh, or initialised from a native or an
+original model), the optimizer, and the windows of the training and validation data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from elmokit.model.chars import MAX_CHARS
+from elmokit.model.config import ConfigError, ElmoConfig
+from elmokit.model.weights import WEIGHTS_NAME, load_original, load_pretrained, read_safetensors
+from elmokit.training import checkpoint as ckpt
+from elmokit.training.config import TrainConfig
+from elmokit.training.data import LMBatch, LMBatcher, eval_batches
+from elmokit.training.lm import LanguageModel
+from elmokit.training.processes import Dist
+
+_TENSOR_NAMES = ("forward_char_ids", "backward_char_ids", "forward_targets", "backward_targets", "mask")
+
+# ---------------------------------------------------------------------------------------------
+# Building the model, the optimizer and the data
+# ---------------------------------------------------------------------------------------------
+def build_model(config: TrainConfig, vocab) -> LanguageModel:
+    """A fresh LanguageModel, or one initialised from a trained biLM (domain adaptation)."""
+    n_samples = config.n_samples if config.softmax == "sampled" else 0
+    if config.init_from:
+        bilm = load_pretrained(config.init_from)
+        model = LanguageModel(bilm.config, len(vocab), config.dropout, n_samples)
+        model.bilm.load_state_dict(bilm.state_dict())
+        if _same_vocabulary(Path(config.init_from) / ckpt.VOCAB_NAME, Path(config.vocab)):
+            softmax = read_safetensors(Path(config.init_from) / WEIGHTS_NAME, prefix="softmax.")
+            if set(softmax) == {"weight", "bias"}:
+                model.softmax.load_state_dict(softmax)
+        return model
+    if config.init_from_original:
+        bilm = load_original(*config.init_from_original)
+        model = LanguageModel(bilm.config, len(vocab), config.dropout, n_samples)
+        model.bilm.load_state_dict(bilm.state_dict())
+        return model
+    elmo_config = ElmoConfig.from_name(config.model) if not config.model.endswith(".json") \
+        else ElmoConfig.load(config.model)
+    return LanguageModel(elmo_config, len(vocab), config.dropout, n_samples)
+
+
+def _same_vocabulary(a: Path, b: Path) -> bool:
+    return a.is_file() and a.read_bytes() == b.read_bytes()
+
+
+def build_optimizer(config: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """Adagrad (bilm-tf's) or Adam, as torch's fused kernels on the CPU and CUDA (one pass over
+    all parameters instead of a dozen elementwise ops each: ~3x faster on this model)."""
+    parameters = list(model.parameters())
+    fused = all(p.device.type in ("cpu", "cuda") for p in parameters)
+    if config.optimizer == "adagrad":
+        return torch.optim.Adagrad(parameters, lr=config.lr, initial_accumulator_value=config.initial_accumulator,
+                                   fused=fused)
+    return torch.optim.Adam(parameters, lr=config.lr, fused=fused)
+
+
+def train_batches(config: TrainConfig, vocab, epoch: int, dist_: Dist):
+    """This rank's windows of one epoch; per-rank batch = batch_size / world_size."""
+    if config.data_split == "rows" and dist_.world_size > 1:
+        return RowShard(LMBatcher(config.train_files, vocab, config.batch_size, config.unroll_steps,
+                                  seed=config.seed, epoch=epoch), dist_.rank, dist_.world_size)
+    return LMBatcher(config.train_files, vocab, config.batch_size // dist_.world_size, config.unroll_steps,
+                     seed=config.seed, epoch=epoch, rank=dist_.rank, world_size=dist_.world_size)
+
+
+def valid_batches(config: TrainConfig, vocab, dist_: Dist):
+    """This rank's share of every validation token, in file order."""
+    if config.data_split == "rows" and dist_.world_size > 1:
+        return RowShard(eval_batches(config.valid_files, vocab, config.eval_batch_size, config.unroll_steps),
+                        dist_.rank, dist_.world_size)
+    return eval_batches(config.valid_files, vocab, config.eval_batch_size, config.unroll_steps,
+                        rank=dist_.rank, world_size=dist_.world_size)
+
+
+class RowShard:
+    """Rows rank, rank + world_size, ... of every window of a batcher of the global batch."""
+
+    def __init__(self, batcher: LMBatcher, rank: int, world_size: int):
+        if batcher.batch_size % world_size:
+            raise ConfigError(f"batch size {batcher.batch_size} must be divisible by the {world_size} processes")
+        self.batcher, self.rows = batcher, slice(rank, None, world_size)
+
+    def __iter__(self) -> "RowShard":
+        return self
+
+    def __next__(self) -> LMBatch:
+        batch = next(self.batcher)
+        parts = {name: getattr(batch, name)[self.rows] for name in _TENSOR_NAMES}
+        return LMBatch(**parts, n_tokens=int(parts["mask"].sum()))
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.batcher.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.batcher.load_state_dict(state)
+
+
+def padding_batch(batch_size: int, unroll_steps: int) -> LMBatch:
+    """A window without data (mask all False), for a process whose share ran out before the others'."""
+    char_ids = torch.zeros(batch_size, unroll_steps, MAX_CHARS, dtype=torch.long, device="cpu")
+    targets = torch.zeros(batch_size, unroll_steps, dtype=torch.long, device="cpu")
+    mask = torch.zeros(batch_size, unroll_steps, dtype=torch.bool, device="cpu")
+    return LMBatch(char_ids, char_ids, targets, targets, mask, 0)

@@ -1,0 +1,97 @@
+"""The processes of a training run: one, or several under torchrun (DistributedDataParallel,
+gloo on the CPU, nccl on GPUs), and the signals that stop it cleanly (SIGINT, SIGTERM: a
+checkpoint, then exit)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from elmokit.devices import resolve_device
+from elmokit.model.config import ConfigError
+from elmokit.training.config import TrainConfig
+
+# ---------------------------------------------------------------------------------------------
+# Processes and devices
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Dist:
+    rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def all_sum(self, values: list[float]) -> list[float]:
+        """The sum over all ranks of a few numbers (identity in a single process)."""
+        if self.world_size == 1:
+            return values
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(tensor)
+        return tensor.tolist()
+
+
+def setup_distributed(config: TrainConfig) -> Dist:
+    """Join the process group when launched by torchrun (WORLD_SIZE > 1)."""
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    device = resolve_device(config.device)  # auto and cuda: the GPU of LOCAL_RANK
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if config.batch_size % world_size:
+        raise ConfigError(f"batch_size {config.batch_size} must be divisible by the {world_size} processes")
+    return Dist(rank, world_size, device)
+
+
+
+
+class TrainingStopped(KeyboardInterrupt):
+    """The run stopped on a signal after writing a checkpoint (the CLI exits with status 130)."""
+
+
+class StopSignals:
+    """SIGINT (Ctrl-C) and SIGTERM (kill, torchrun, a batch scheduler) ask the loop to stop after the
+    step it is taking, with a checkpoint written there, so that --resume loses nothing. A second
+    signal acts at once, as without this handler. All ranks stop at the same step."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.received).name if self.received is not None else "a stop on another rank"
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {number: signal.signal(number, self._receive) for number in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._restore()
+
+    def _receive(self, number: int, frame) -> None:
+        self.received = number
+        self._restore()
+
+    def _restore(self) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+        self._previous = {}
+
+    def requested(self, dist_: Dist) -> bool:
+        return dist_.all_sum([float(self.received is not None)])[0] > 0
