@@ -1,3 +1,5 @@
+# Why this file is long: it is one pipeline with one resumable state (read -> embed -> segments
+# -> merge), documented above in the order it runs; the on-disk format itself is in segments.py.
 """Embed a text file into HDF5 or .npz, streaming: the engine behind `elmo embed` and
 `ElmoEmbedder.embed_file`.
 
@@ -40,9 +42,6 @@ i % world_size == rank into its own segments; after a barrier, rank 0 merges eve
 Memory: bounded by one batch (a long sentence: one window batch and its own output array), one
 open segment, and at the end the `sentence_to_index` dict and JSON (about 3x the input's text,
 built by re-reading the input); the vectors are never all held.
-
-Why this file is long: it is one pipeline with one resumable state (read -> embed -> segments
--> merge), documented above in the order it runs; the on-disk format itself is in segments.py.
 """
 
 from __future__ import annotations

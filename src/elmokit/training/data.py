@@ -1,3 +1,6 @@
+# Why this file is long: the window layout, its exact resumable state and the distributed split
+# of the corpus are one mechanism (each depends on the others' order of reading); split, a reader
+# would have to hold three files to check that a resumed run sees the same windows.
 """The biLM's training data: shards of tokenized sentences -> windows of the original bilm-tf layout.
 
 In the order data flows:
@@ -40,10 +43,6 @@ plain JSON-serialisable data; its size is dominated by the shuffle buffer (about
 Undecodable bytes in a shard are an error naming the file and line (`elmo prepare` only writes
 UTF-8; a bad shard is corrupt, and silently training around it would hide that). Blank lines
 and files without a sentence are skipped and counted in `SentenceStream.counters`.
-
-Why this file is long: the window layout, its exact resumable state and the distributed split
-of the corpus are one mechanism (each depends on the others' order of reading); split, a reader
-would have to hold three files to check that a resumed run sees the same windows.
 """
 
 from __future__ import annotations
