@@ -8,8 +8,8 @@
 #          TRAIN_SHARDS (default 'train.*': the whole train split, all 10 book shards, one epoch;
 #          v1 read 'train.0[0-2]')
 # Shape: 2 x 512 cells -> 128 (scripts/gutenberg-cpu.json), 100k-word vocabulary, sampled softmax
-# of 8,192, batch 32 x 20, bf16 autocast (the token encoder in bfloat16; measured ~1.4x faster a
-# step than float32 on this AVX512-BF16 CPU, bench/results/train.md; the LSTM and softmax in float32).
+# of 8,192, batch 32 x 20, float32 (bf16 autocast measured slower with elmokit's training engine on
+# this CPU: bench/results/train.md vs train-bf16.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ELMO=${ELMO:-.venv/bin/elmo}
@@ -26,7 +26,7 @@ done
 [ -f "$WORK/vocab.txt" ] || "$ELMO" vocab "$WORK/train/*.txt.gz" -o "$WORK/vocab.txt" --max-size 100000
 # 3. Validation during training on the first 2,000 valid sentences (full valid and test at the end).
 [ -f "$WORK/valid-2k.txt" ] || zcat "$WORK/valid/shard-00000.txt.gz" | awk 'NR <= 2000' > "$WORK/valid-2k.txt"  # awk reads on: no SIGPIPE under pipefail
-# 4. Train (sampled softmax, bf16 autocast).
+# 4. Train (sampled softmax, float32).
 if [ -f "$RUN/checkpoint.pt" ]; then
   exec "$ELMO" train --resume --output-dir "$RUN" --threads "${THREADS:-2}"
 fi
@@ -37,4 +37,4 @@ exec "$ELMO" train --output-dir "$RUN" \
   --batch-size 32 --unroll-steps 20 --epochs 1 --max-tokens "${MAX_TOKENS:-0}" \
   --softmax sampled --n-samples 8192 \
   --eval-every 1000 --eval-batch-size 64 --patience 0 \
-  --bf16 --log-every 10 --checkpoint-every 500 --threads "${THREADS:-2}" --seed 0
+  --log-every 10 --checkpoint-every 500 --threads "${THREADS:-2}" --seed 0

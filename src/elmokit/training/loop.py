@@ -130,11 +130,12 @@ class Progress:
 
 def _check_bf16(device: torch.device) -> None:
     """bf16 autocast runs the token encoder in bfloat16 (the LSTM state, its products and the
-    softmax stay float32): ~1.4x faster a step on a CPU with native bf16 instructions
-    (AVX512-BF16/AMX; bench/results/train.md), slower than float32 on one without. Say so."""
-    if device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        print("elmo train: warning: --bf16 is slower than float32 on this CPU (no native bfloat16 "
-              "instructions); train without --bf16", file=sys.stderr, flush=True)
+    softmax stay float32). On the CPU it has not paid: bench/results/train-bf16.md measured it
+    slower than float32 (bench/results/train.md) on a CPU with AVX512-BF16, and it is slower
+    still on one without native bfloat16 instructions. Say so."""
+    if device.type == "cpu":
+        print("elmo train: warning: --bf16 is slower than float32 for elmokit's training on the CPU "
+              "(bench/results/train-bf16.md); train without --bf16", file=sys.stderr, flush=True)
 
 
 @dataclass
