@@ -93,8 +93,7 @@ def test_a_changed_private_op_is_caught_with_one_warning(tiny_model, monkeypatch
 @pytest.mark.skipif(torch.bfloat16 not in kernels._ONEDNN_DTYPES, reason="no oneDNN bfloat16 on this CPU")
 def test_the_bfloat16_products_are_checked_too(tiny_model, monkeypatch):
     good = _vectors(tiny_model, torch.bfloat16)
-    # the bfloat16 recurrence adds in float32: no fused addend
-    assert kernels._verified == {("linear", torch.bfloat16), ("packed", torch.bfloat16)}
+    assert kernels._verified == {(kind, torch.bfloat16) for kind in ("linear", "packed", "packed_add")}
     kernels.reset()
     monkeypatch.setattr(kernels, "_onednn_linear", _wrong(kernels._onednn_linear))
     with warnings.catch_warnings(record=True) as caught:
