@@ -243,3 +243,14 @@ def test_conllu_prediction_keeps_comments_multiword_ranges_and_empty_nodes(tmp_p
     assert len(written) == len(original) + 1 and written[-1] == ""
     assert [line.split("\t")[3] for line in written[2:-1]] == ["A", "_", "B", "C", "D", "PRON"]
     assert written[:2] == original[:2] and written[3] == original[3] and written[7] == original[7]
+
+
+def test_paths_are_stored_absolute(tmp_path, monkeypatch):
+    from elmokit.tasks.task_config import TaskConfig
+
+    monkeypatch.chdir(tmp_path)
+    config = TaskConfig(task="ner", data_dir="data", train_file="t.conll", dev_file="d.conll")
+    assert config.data_dir == str(tmp_path / "data") and config.train_file == str(tmp_path / "t.conll")
+    assert config.split_files() == {"train": tmp_path / "t.conll", "dev": tmp_path / "d.conll"}
+    with pytest.raises(ValueError, match="--train and --dev go together"):
+        TaskConfig(task="ner", train_file="t.conll")
