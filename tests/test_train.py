@@ -50,6 +50,15 @@ def corpus(tmp_path_factory) -> dict[str, Path]:
             "valid": root / "valid.txt"}
 
 
+def last_step(run_dir: Path) -> int:
+    """The last step in metrics.jsonl of a run still writing it: its complete lines only (the
+    last one may be half-written when it is read)."""
+    path = run_dir / "metrics.jsonl"
+    text = path.read_text() if path.exists() else ""
+    records = [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]
+    return max((r["step"] for r in records if "loss" in r), default=0)
+
+
 def losses(run_dir: Path) -> dict[int, float]:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r["loss"] for r in records if "loss" in r}
@@ -88,8 +97,7 @@ def test_resume_after_sigkill_gives_identical_losses(corpus, tmp_path):
     killed = tmp_path / "killed"
     kill_at = random.Random(17).randint(4, max(expected) - 4)  # seeded: a failure replays
     process = elmo("train", "--config", str(corpus["train_json"]), "--output-dir", str(killed))
-    metrics = killed / "metrics.jsonl"
-    while process.poll() is None and not (metrics.exists() and max(losses(killed), default=0) >= kill_at):
+    while process.poll() is None and last_step(killed) < kill_at:
         time.sleep(0.01)
     process.send_signal(signal.SIGKILL)
     process.wait()
@@ -112,7 +120,7 @@ def test_a_stop_signal_checkpoints_the_step_it_stops_at(corpus, tmp_path, stop_s
     stop_at = random.Random(stop_signal).randint(4, max(expected) - 8)  # seeded: a failure replays
     process = elmo("train", "--config", str(corpus["train_json"]), "--output-dir", str(stopped),
                    "--checkpoint-every", "1000")
-    while process.poll() is None and not ((stopped / "metrics.jsonl").exists() and max(losses(stopped), default=0) >= stop_at):
+    while process.poll() is None and last_step(stopped) < stop_at:
         time.sleep(0.01)
     process.send_signal(stop_signal)
     _, stderr = process.communicate()
