@@ -81,10 +81,10 @@ def _best_gflops(product, flops: float, repeats: int, trials: int, synchronize) 
 
 def matmul_gflops(threads: int, device: str, size: int = 2048, repeats: int = 10, trials: int = 8) -> dict[str, float]:
     """The machine's sustained matmul throughput through each kernel the model may use: on the CPU,
-    MKL (`torch.mm`, a plain float32 product) and oneDNN (what `elmokit.inference.kernels` runs without
+    MKL (`torch.mm`, a plain float32 product) and oneDNN (what `elmokit.kernels` runs without
     gradients) in float32 and bfloat16; on a GPU, `torch.mm` (cuBLAS) in float32 (TF32 off) and
     bfloat16. The best of `trials` timings of `repeats` (size x size) products."""
-    from elmokit.inference.kernels import _ONEDNN_DTYPES, ONEDNN, linear
+    from elmokit.kernels import _ONEDNN_DTYPES, ONEDNN, linear
 
     torch.set_num_threads(threads)
     a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
@@ -115,10 +115,10 @@ def recurrent_product_gflops(shape: str, rows: int, threads: int, dtype: str, de
                              repeats: int = 20, trials: int = 5) -> float:
     """The ceiling of the LSTM step: GFLOP/s of its two products at `rows` rows alone, (R, P) x
     (P, 4C) and (R, C) x (C, P) for both directions, through the kernels the model uses
-    (`elmokit.inference.kernels`) in `dtype`. The recurrent part of every position (5PC of the LSTM's 9PC
+    (`elmokit.kernels`) in `dtype`. The recurrent part of every position (5PC of the LSTM's 9PC
     multiply-adds) can run no faster than this."""
     from elmokit import ElmoConfig
-    from elmokit.inference.kernels import PackedLinear
+    from elmokit.kernels import PackedLinear
 
     torch.set_num_threads(threads)
     lstm = ElmoConfig.from_name(shape).lstm
@@ -165,16 +165,17 @@ def run_one(shape: str, batch_size: int, cache: bool, limit: int | None, threads
     n_positions = n_tokens + 2 * len(sentences)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     for _ in embedder.embed_sentences(sentences, batch_size=batch_size):
         pass
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
     flops = flops_per_position(config)
     encoded = len(embedder.cache.index) if embedder.cache is not None else n_positions
     executed = flops["lstm"] * n_positions + flops["encoder"] * encoded
     return {
         "shape": shape, "batch_size": batch_size, "cache": cache, "dtype": dtype, "sentences": len(sentences),
         "tokens": n_tokens, "seconds": seconds, "tokens_per_s": n_tokens / seconds,
+        "tokens_per_cpu_s": n_tokens / cpu_seconds,
         "model_gflops": (flops["lstm"] + flops["encoder"]) * n_positions / seconds / 1e9,
         "executed_gflops": executed / seconds / 1e9,
         "peak_mb": (torch.cuda.max_memory_allocated() / 2**20 if device.startswith("cuda")
@@ -321,20 +322,24 @@ def write_report(output: Path, args, kernels: dict, ceilings: dict, best: dict, 
         f"Data: UD English EWT dev, {rows[0]['sentences']} sentences, {rows[0]['tokens']} tokens; random weights.",
         "'executed' counts the FLOPs actually run (spec §12 per position; with the cache, the token encoder "
         "runs once per distinct word); 'model' counts the full model per position; 'of roofline' is of the "
-        "row's own dtype's roofline.",
+        "row's own dtype's roofline. 'tokens / CPU s' divides by the CPU time of the process (all its "
+        "threads) instead of the wall time: on a machine shared with other jobs it is the steadier figure "
+        "(time spent waiting for a core is not counted).",
         "",
         f"Machine load: before, {before}. After, {after}.",
         "",
-        f"| shape | batch | token cache | dtype | tokens/s | bf16 / fp32 | executed GFLOP/s | of roofline | "
-        f"model GFLOP/s | {memory} (MB) |",
-        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|",
+        f"| shape | batch | token cache | dtype | tokens/s | bf16 / fp32 | tokens / CPU s | bf16 / fp32 (CPU s) | "
+        f"executed GFLOP/s | of roofline | model GFLOP/s | {memory} (MB) |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for (shape, batch_size, cache, dtype), row in best.items():
         base = best.get((shape, batch_size, cache, "float32"))
-        ratio = f"{row['tokens_per_s'] / base['tokens_per_s']:.2f}x" if base is not None and dtype != "float32" else ""
+        compare = base is not None and dtype != "float32"
+        ratio = f"{row['tokens_per_s'] / base['tokens_per_s']:.2f}x" if compare else ""
+        cpu_ratio = f"{row['tokens_per_cpu_s'] / base['tokens_per_cpu_s']:.2f}x" if compare else ""
         lines.append(f"| {shape} | {batch_size} | {'on' if cache else 'off'} | {dtype} | {row['tokens_per_s']:,.0f} | "
-                     f"{ratio} | {row['executed_gflops']:.1f} | {row['executed_gflops'] / roof[dtype]:.1%} | "
-                     f"{row['model_gflops']:.1f} | {row['peak_mb']:,.0f} |")
+                     f"{ratio} | {row['tokens_per_cpu_s']:,.0f} | {cpu_ratio} | {row['executed_gflops']:.1f} | "
+                     f"{row['executed_gflops'] / roof[dtype]:.1%} | {row['model_gflops']:.1f} | {row['peak_mb']:,.0f} |")
     lines += [
         "",
         "The ceiling: the LSTM step's two products alone (`(R, P) x (P, 4C)` and `(R, C) x (C, P)`, both "
@@ -363,18 +368,23 @@ def write_report(output: Path, args, kernels: dict, ceilings: dict, best: dict, 
         for index, layer in enumerate(entry["layers"]):
             lines.append(f"| {name} | {entry['tokens']:,} | {index} | {layer['max']:.2e} | {layer['mean']:.2e} | "
                          f"{layer['mean'] / layer['scale']:.2%} | {layer['scale']:.2e} |")
-    speedups = [(key, row["tokens_per_s"] / best[(*key[:3], "float32")]["tokens_per_s"])
+    speedups = [(key, row["tokens_per_s"] / best[(*key[:3], "float32")]["tokens_per_s"],
+                 row["tokens_per_cpu_s"] / best[(*key[:3], "float32")]["tokens_per_cpu_s"])
                 for key, row in best.items() if key[3] == "bfloat16" and (*key[:3], "float32") in best]
     if speedups:
         lines += ["", "## Reading (written by the script from the figures above)", ""]
-        for (shape, batch_size, cache, _), ratio in speedups:
+        for (shape, batch_size, cache, _), ratio, cpu_ratio in speedups:
             lines.append(f"* `{shape}`, batch {batch_size}, token cache {'on' if cache else 'off'}: bfloat16 runs "
-                         f"{ratio:.2f}x the float32 tokens/s of the same run.")
-        target = [ratio for (shape, batch_size, _, _), ratio in speedups if shape == "original" and batch_size == 32]
+                         f"{ratio:.2f}x the float32 tokens/s of the same run ({cpu_ratio:.2f}x in tokens per CPU "
+                         "second).")
+        target = [(ratio, cpu_ratio) for (shape, batch_size, _, _), ratio, cpu_ratio in speedups
+                  if shape == "original" and batch_size == 32]
         if target:
-            verdict = "met" if min(target) >= 1.6 else "NOT met"
-            lines.append(f"* Target (`original` at batch 32, bfloat16 >= 1.6x float32): {verdict}, "
-                         f"{min(target):.2f}x at the least of the token cache off and on.")
+            wall, cpu = min(r for r, _ in target), min(c for _, c in target)
+            lines.append(f"* Target (`original` at batch 32, bfloat16 >= 1.6x float32's tokens/s): "
+                         f"{'met' if wall >= 1.6 else 'NOT met'} in wall time ({wall:.2f}x), "
+                         f"{'met' if cpu >= 1.6 else 'NOT met'} in CPU time ({cpu:.2f}x), at the least of the "
+                         "token cache off and on.")
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
