@@ -4,14 +4,15 @@ writes the estimate section of docs/gpu.md (between its `estimate` markers) and 
     .venv/bin/python bench/gpu_estimate.py                 # -> docs/gpu.md
     .venv/bin/python bench/gpu_estimate.py --output -      # print only
 
-The model of one step of the streamed recurrence (`BiLstmLayer.stream`: R rows, both directions,
+The model of one step of the streamed recurrence (`elmokit.inference.engine.stream_layer`: R rows, both directions,
 one layer) is
 
     GPU time     = max(FLOPs / peak, bytes / HBM bandwidth)
                    FLOPs: the recurrent and projection products, 2 * 2 * R * 5PC
                    bytes: those weights (unless one layer's weights, both directions, fit in L2)
-                          + the elementwise passes over the gates and the cell (~41 R*C values
-                          a direction, counted from the code; float32 values)
+                          + the elementwise passes over the gates and the cell (~41 R*C float32
+                          values a direction, counted from the code; 47 in bfloat16, which also
+                          widens the gates to float32)
     launch time  = kernels a step * the host's cost to launch one (eager PyTorch)
     step time    = max(GPU time, launch time)   (launches are asynchronous: the slower side sets the pace)
 
@@ -45,8 +46,9 @@ GPU = {
     "l2_mb": 50.0,
     "launch_us": 5.0,  # assumed host-side cost of one eager kernel launch (dispatch + cudaLaunchKernel)
 }
-KERNELS_A_STEP = {"float32": 28, "bfloat16": 34}  # counted in BiLstmLayer.stream, clipping on
-ELEMENTWISE_VALUES = 41  # float32 values read or written per row and cell unit, a direction and step
+KERNELS_A_STEP = {"float32": 29, "bfloat16": 34}  # counted in inference.engine.stream_layer, clipping on
+ELEMENTWISE_VALUES = {"float32": 41, "bfloat16": 47}  # float32 values read or written per row and cell unit,
+# a direction and a step
 ROWS = (32, 256, 1024)
 
 
@@ -63,7 +65,7 @@ def estimate(shape: str, dtype: str, rows: int) -> dict:
     step_flops = 2 * 2 * rows * 5 * P * C
     layer_weight_bytes = 2 * 5 * P * C * weight_bytes
     weights_from_hbm = layer_weight_bytes > GPU["l2_mb"] * 1e6
-    step_bytes = (layer_weight_bytes if weights_from_hbm else 0) + 2 * ELEMENTWISE_VALUES * rows * C * 4
+    step_bytes = (layer_weight_bytes if weights_from_hbm else 0) + 2 * ELEMENTWISE_VALUES[dtype] * rows * C * 4
     gpu_seconds = max(step_flops / peak, step_bytes / (GPU["hbm_tb_s"] * 1e12))
     launch_seconds = KERNELS_A_STEP[dtype] * GPU["launch_us"] * 1e-6
     step_seconds = max(gpu_seconds, launch_seconds)
@@ -89,8 +91,9 @@ def report() -> str:
         f"(tensor cores, dense), {GPU['hbm_tb_s']:g} TB/s HBM3, {GPU['l2_mb']:g} MB L2; "
         f"{GPU['launch_us']:g} µs of host time to launch one kernel from eager PyTorch (an assumption); "
         f"{KERNELS_A_STEP['float32']} kernels a step of one layer in float32, {KERNELS_A_STEP['bfloat16']} in "
-        f"bfloat16 (counted in `BiLstmLayer.stream`), {ELEMENTWISE_VALUES} float32 values of elementwise "
-        "traffic per row and cell unit, a direction and a step.",
+        f"bfloat16 (counted in `elmokit.inference.engine.stream_layer`), {ELEMENTWISE_VALUES['float32']} "
+        f"float32 values of elementwise traffic per row and cell unit, a direction and a step "
+        f"({ELEMENTWISE_VALUES['bfloat16']} in bfloat16, which widens the gates to float32).",
         "",
         "| shape | dtype | rows R | GFLOP a position | one layer's recurrent weights (MB) | from | step (µs) | "
         "bound by | positions/s (upper bound) |",

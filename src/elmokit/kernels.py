@@ -171,7 +171,7 @@ class PackedLinear:
 
     For inference only (no gradients; inputs of the weight's dtype and device): the reordered copy
     does not follow later changes to `weight`, so build it where the weight is fixed
-    (`BiLstmLayer.stream` keys its cache on the weights' versions).
+    (`elmokit.inference.engine.packed_products` keys its cache on the weights' versions).
     """
 
     def __init__(self, weight: torch.Tensor, rows: int, row_scale: torch.Tensor | None = None):
