@@ -50,7 +50,9 @@ bench/results/embed.md).
 Memory stays flat however long INPUT is (0.67 GB at 1M tokens, 0.70 GB at 2M with the built-in
 model): on glibc, blocks above 256 kB get their own mappings, returned when freed. That costs
 some speed in page faults; MALLOC_MMAP_THRESHOLD_=33554432 in the environment trades it back for
-memory that grows with the input."""
+memory that grows with the input. oneDNN's caches of compiled products are bounded too: when the
+first product runs, ONEDNN_PRIMITIVE_CACHE_CAPACITY and LRU_CACHE_CAPACITY are set to 64 in the
+environment unless already set (set them to choose other sizes)."""
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
