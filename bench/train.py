@@ -48,7 +48,7 @@ from embed import matmul_gflops  # bench/embed.py: the same roofline measurement
 from elmokit.model.config import ElmoConfig, LSTMConfig
 from elmokit.training.data import LMBatcher
 from elmokit.training.lm import LanguageModel
-from elmokit.model.bilm import TokenEncoder
+from elmokit.model.encoder import TokenEncoder
 from elmokit.training.vocab import Vocabulary, make_vocab
 
 REPO = Path(__file__).resolve().parents[1]

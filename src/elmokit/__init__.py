@@ -6,7 +6,8 @@ from elmokit.inference.cache import TokenCache
 from elmokit.inference.elmo import Elmo, HubElmo
 from elmokit.inference.embedder import ElmoEmbedder
 from elmokit.inference.segments import iter_embeddings, read_embeddings
-from elmokit.model.bilm import BiLM, BiLMOutput, LstmState, ScalarMix
+from elmokit.model.bilm import BiLM, BiLMOutput, LstmState
+from elmokit.model.mix import ScalarMix
 from elmokit.model.weights import (
     WeightFileError,
     load_model,

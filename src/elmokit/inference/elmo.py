@@ -17,10 +17,9 @@ the carried state) is behind a lock; the biLM's forward pass changes nothing sha
 
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +28,8 @@ from torch import nn
 
 from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN, batch_to_ids, token_mask, tokens_to_char_ids
 from elmokit.devices import dtype_name, resolve_device, resolve_dtype
-from elmokit.model.bilm import BiLM, BiLMOutput, LstmState, ScalarMix
+from elmokit.model.bilm import BiLM, BiLMOutput, LstmState
+from elmokit.model.mix import ScalarMix
 from elmokit.inference.engine import bilm_contextualize, bilm_forward
 from elmokit.model.weights import load_model
 
@@ -40,7 +40,7 @@ class CarriedState:
     """The original stateful behaviour: row b of a call starts from the final state of row b of
     the previous calls. Rows beyond the current batch keep their values for a later, larger batch.
 
-    Calls from several threads take turns: `lock` is held from `take` to `store` (`carrying`).
+    Calls from several threads take turns: `lock` is held from `take` to `store` (`run_carried`).
     """
 
     def __init__(self) -> None:
@@ -76,18 +76,21 @@ class CarriedState:
                                      for new, old in zip(final, self.state)))
 
 
-def carrying(carried: CarriedState | None) -> contextlib.AbstractContextManager:
-    """Hold the carried state's lock for one call (take, forward, store); nothing when stateless."""
-    return carried.lock if carried is not None else contextlib.nullcontext()
+def run_carried(carried: CarriedState | None, batch_size: int,
+                run: Callable[[LstmState | None], BiLMOutput]) -> BiLMOutput:
+    """`run(state)` for a batch of `batch_size` rows: from the carried state (which is then updated
+    with the final one) under its lock, or from a zero state (None) when stateless."""
+    if carried is None:
+        return run(None)
+    with carried.lock:
+        output = run(carried.take(batch_size))
+        carried.store(output.state)
+    return output
 
 
 def run_bilm(bilm: BiLM, char_ids: torch.Tensor, carried: CarriedState | None) -> BiLMOutput:
-    with carrying(carried):
-        state = carried.take(char_ids.shape[0]) if carried is not None else None
-        output = bilm_forward(bilm, char_ids, state)
-        if carried is not None:
-            carried.store(output.state)
-    return output
+    """The biLM on char ids (B, T, W), carrying the state if `carried` is given."""
+    return run_carried(carried, char_ids.shape[0], lambda state: bilm_forward(bilm, char_ids, state))
 
 
 def place_bilm(bilm: BiLM, device: torch.device, dtype: str | torch.dtype | None, trainable: bool,
@@ -114,6 +117,12 @@ def remove_boundaries(layer: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Te
     lengths = mask.sum(dim=1) - 2  # (B,)
     token_mask_ = torch.arange(mask.shape[1] - 2, device=mask.device) < lengths.unsqueeze(1)  # (B, T)
     return layer[:, 1:-1] * token_mask_.unsqueeze(-1).to(layer.dtype), token_mask_
+
+
+def token_layers(output: BiLMOutput) -> torch.Tensor:
+    """Every layer of a biLM output without <S> and </S>, stacked: (B, L+1, T, 2P), zero past
+    each sentence (what `ElmoEmbedder` returns and what a fine-tuned task mixes)."""
+    return torch.stack([remove_boundaries(layer, output.mask)[0] for layer in output.layers], dim=1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,12 +231,8 @@ class Elmo(nn.Module):
         # table rows: 0 = <S>, 1 = </S>, 2 + i = vocab_to_cache[i]
         rows = boundary_rows(lengths.cpu().numpy(), word_ids[word_ids > 0].cpu().numpy() + 2)
         token_embeddings = self.word_embedding[torch.from_numpy(rows).to(self.word_embedding.device)]
-        with carrying(self.carried):
-            state = self.carried.take(len(lengths)) if self.carried is not None else None
-            output = bilm_contextualize(self.bilm, token_embeddings, boundary_mask(lengths), state)
-            if self.carried is not None:
-                self.carried.store(output.state)
-        return output
+        return run_carried(self.carried, len(lengths), lambda state: bilm_contextualize(
+            self.bilm, token_embeddings, boundary_mask(lengths), state))
 
 
 def boundary_rows(lengths: np.ndarray, token_rows: np.ndarray, bos_row: int = 0, eos_row: int = 1) -> np.ndarray:

@@ -22,9 +22,9 @@ from elmokit.inference.elmo import (
     CarriedState,
     boundary_mask,
     boundary_rows,
-    carrying,
+    run_carried,
     place_bilm,
-    remove_boundaries,
+    token_layers,
     run_bilm,
 )
 from elmokit.inference.engine import bilm_contextualize, contextualize_sentences
@@ -83,18 +83,13 @@ class ElmoEmbedder:
             output = self._run_cached(batch)
         else:
             output = run_bilm(self.bilm, batch_to_ids(batch).to(self.device), self.carried)
-        layers = torch.stack([remove_boundaries(layer, output.mask)[0] for layer in output.layers], dim=1)
-        return layers, output.mask.sum(dim=1) - 2
+        return token_layers(output), output.mask.sum(dim=1) - 2
 
     def _run_cached(self, batch: Sequence[Sequence[str]]) -> BiLMOutput:
         lengths = torch.from_numpy(np.fromiter(map(len, batch), np.int64, len(batch))).to(self.device)
         token_embeddings = self.cache.embeddings(batch)  # (N, P)
-        with carrying(self.carried):
-            state = self.carried.take(len(batch)) if self.carried is not None else None
-            output = bilm_contextualize(self.bilm, token_embeddings, boundary_mask(lengths), state)
-            if self.carried is not None:
-                self.carried.store(output.state)
-        return output
+        return run_carried(self.carried, len(batch), lambda state: bilm_contextualize(
+            self.bilm, token_embeddings, boundary_mask(lengths), state))
 
     def embed_batch(self, batch: Sequence[Sequence[str]]) -> list[np.ndarray]:
         """One float32 array (L+1, n_i, 2P) per sentence; an empty sentence gives (L+1, 0, 2P).

@@ -76,6 +76,7 @@ from elmokit.inference.segments import (
     Hdf5Segment,
     sentence_key,
 )
+from elmokit.model.weights import model_fingerprint
 from elmokit.inference.windows import OUTPUT_FORMATS, position_windows, select_layers
 
 if TYPE_CHECKING:  # a type only: the embedder calls into this module (ElmoEmbedder.embed_file)
@@ -170,14 +171,6 @@ def input_fingerprint(path: Path) -> dict:
     with open(path, "rb") as handle:
         head = hashlib.sha256(handle.read(1 << 20)).hexdigest()
     return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "head_sha256": head}
-
-
-def model_digest(embedder: ElmoEmbedder) -> str:
-    digest = hashlib.sha256()
-    for name, tensor in embedder.bilm.state_dict().items():
-        digest.update(name.encode())
-        digest.update(tensor.detach().float().cpu().numpy().tobytes())
-    return digest.hexdigest()
 
 
 def check_input_file(path: Path, what: str = "input") -> None:
@@ -350,7 +343,7 @@ def embed_file(embedder: ElmoEmbedder, input_path: str | Path, output_path: str 
             prepare_partial(partial, resume, overwrite)
         barrier()
         identity = {"input": input_fingerprint(input_path), "options": options.identity(),
-                    "model": model_digest(embedder), "world_size": world_size}
+                    "model": model_fingerprint(embedder.bilm), "world_size": world_size}
         rank_progress = start_progress(partial, rank, identity, resume)
         n_embedded = _embed_rank(embedder, input_path, n_lines, partial, options, rank_progress, rank,
                                  world_size, show_progress=progress and rank == 0)

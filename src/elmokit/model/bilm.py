@@ -1,9 +1,9 @@
 """The ELMo biLM, in the order text flows through it (spec §4-§8).
 
-    char ids -> CharCNN -> Highway -> projection  = TokenEncoder (context-free, one vector a token)
+    char ids -> CharCNN -> Highway -> projection  = TokenEncoder (encoder.py: context-free)
              -> forward and backward LSTM stacks   = BiLstm (lstm.py: both directions at once)
-             -> L+1 layer outputs                  = BiLM
-             -> gamma * sum_k softmax(s)_k * h_k   = ScalarMix (in a task)
+             -> L+1 layer outputs                  = BiLM (this file)
+             -> gamma * sum_k softmax(s)_k * h_k   = ScalarMix (mix.py, in a task)
 
 Shape notation:
     B  batch size                  T  tokens of the longest sentence
@@ -22,93 +22,13 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from elmokit.model.chars import MAX_CHARS, N_CHAR_IDS, add_boundaries
+from elmokit.model.chars import MAX_CHARS, add_boundaries
 from elmokit.model.config import ElmoConfig
-from elmokit.kernels import linear
+from elmokit.model.encoder import TokenEncoder
 from elmokit.model.lstm import BiLstm, LstmState
-
-_ACTIVATIONS = {"relu": torch.relu, "tanh": torch.tanh}
-
-
-# ---------------------------------------------------------------------------------------------
-# Token encoder: char embedding -> convolutions with max-pool -> highway -> projection
-# ---------------------------------------------------------------------------------------------
-class CharCNN(nn.Module):
-    """Character embedding, one "valid" convolution per filter bank, max over positions.
-
-    Input (N, W) char ids, output (N, F) pooled features after the activation.
-    """
-
-    def __init__(self, embedding_dim: int, filters: tuple[tuple[int, int], ...], activation: str):
-        super().__init__()
-        self.char_embedding = nn.Embedding(N_CHAR_IDS, embedding_dim, padding_idx=0)
-        self.convolutions = nn.ModuleList(
-            nn.Conv1d(embedding_dim, count, width) for width, count in filters
-        )
-        self.activation = _ACTIVATIONS[activation]
-
-    CHUNK = 16  # tokens a pass without gradients: their window products stay in cache
-
-    def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
-        chars = self.char_embedding(char_ids)  # (N, W, E)
-        # each convolution as one matmul over all windows: (n_i, E, w) -> (n_i, w*E), window order
-        if torch.is_grad_enabled():  # training: oneDNN's convolution, whose backward is ~2x faster
-            channels_first = chars.transpose(1, 2)  # (N, E, W)
-            pooled = torch.cat([F.conv1d(channels_first, conv.weight).amax(dim=2) for conv in self.convolutions], -1)
-        else:
-            kernels = [conv.weight.transpose(1, 2).flatten(1) for conv in self.convolutions]
-            pooled = torch.cat([self._max_over_windows(chunk, kernels) for chunk in chars.split(self.CHUNK)])
-        bias = torch.cat([conv.bias for conv in self.convolutions])  # max(x + b) = max(x) + b
-        dtype = torch.promote_types(pooled.dtype, torch.float32)  # bfloat16 weights: float32 from here on
-        return self.activation(pooled.to(dtype) + bias.to(dtype))  # (N, F)
-
-    def _max_over_windows(self, chars: torch.Tensor, kernels: list[torch.Tensor]) -> torch.Tensor:
-        n_tokens, n_chars, _ = chars.shape
-        pooled = []
-        for conv, kernel in zip(self.convolutions, kernels):
-            width = conv.kernel_size[0]
-            windows = chars.unfold(1, width, 1).transpose(2, 3).reshape(-1, kernel.shape[1])  # (N*(W-w+1), w*E)
-            pooled.append(linear(windows, kernel).view(n_tokens, n_chars - width + 1, -1).amax(dim=1))  # (N, n_i)
-        return torch.cat(pooled, dim=-1)
-
-
-class Highway(nn.Module):
-    """Highway layers: with carry gate c = sigmoid(x W_c + b_c) and transform t = relu(x W_t + b_t),
-    x <- c * t + (1 - c) * x. One Linear per layer computes [transform | carry]."""
-
-    def __init__(self, dim: int, n_layers: int):
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(dim, 2 * dim) for _ in range(n_layers))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            transform, carry = linear(x, layer.weight, layer.bias).chunk(2, dim=-1)  # (N, F) each
-            carry = torch.sigmoid(carry)
-            x = carry * torch.relu(transform) + (1 - carry) * x
-        return x
-
-
-class TokenEncoder(nn.Module):
-    """The context-free token representation: CharCNN -> Highway -> projection to P.
-
-    Input (N, W) char ids of real tokens, output (N, P).
-    """
-
-    def __init__(self, config: ElmoConfig):
-        super().__init__()
-        cnn = config.char_cnn
-        self.char_cnn = CharCNN(cnn.embedding_dim, cnn.filters, cnn.activation)
-        self.highway = Highway(cnn.n_filters, cnn.n_highway)
-        self.projection = nn.Linear(cnn.n_filters, config.lstm.projection_dim)
-
-    def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
-        features = self.highway(self.char_cnn(char_ids))  # (N, F)
-        return linear(features, self.projection.weight, self.projection.bias)  # (N, P)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,49 +131,3 @@ class BiLM(nn.Module):
         tokens = tokens.index_copy(0, real_positions, token_embeddings).view(batch_size, n_positions, -1)
         lstm_layers, state = self.lstm(tokens, mask.sum(dim=1), state)
         return BiLMOutput([torch.cat([tokens, tokens], dim=-1), *lstm_layers], mask, state)
-
-
-# ---------------------------------------------------------------------------------------------
-# Scalar mix: what a task learns on top of the layers
-# ---------------------------------------------------------------------------------------------
-class ScalarMix(nn.Module):
-    """mix = gamma * sum_k softmax(w)_k * h_k over the L+1 layers (spec §8).
-
-    With `do_layer_norm`, each layer is first normalised with one mean and one variance over all
-    unmasked elements of the batch. `initial_scalar_parameters` given with `trainable=False`
-    freezes w and gamma (= 1), as AllenNLP's `scalar_mix_parameters` does.
-    """
-
-    def __init__(self, n_layers: int, do_layer_norm: bool = False,
-                 initial_scalar_parameters: list[float] | None = None, trainable: bool = True):
-        super().__init__()
-        initial = initial_scalar_parameters or [0.0] * n_layers
-        if len(initial) != n_layers:
-            raise ValueError(f"scalar_mix_parameters must have {n_layers} values "
-                             f"(one per layer), got {len(initial)}: {initial}")
-        self.do_layer_norm = do_layer_norm
-        self.scalar_parameters = nn.Parameter(torch.tensor(initial, dtype=torch.float32),
-                                              requires_grad=trainable)
-        self.gamma = nn.Parameter(torch.tensor(1.0), requires_grad=trainable)
-
-    def forward(self, layers: list[torch.Tensor], mask: torch.Tensor | None = None) -> torch.Tensor:
-        """layers: L+1 tensors (B, S, D); mask (B, S) bool, needed for the layer norm."""
-        if len(layers) != self.scalar_parameters.numel():
-            raise ValueError(f"ScalarMix expects {self.scalar_parameters.numel()} layers, got {len(layers)}")
-        weights = torch.softmax(self.scalar_parameters, dim=0)
-        if self.do_layer_norm:
-            if mask is None:
-                raise ValueError("ScalarMix(do_layer_norm=True) needs the mask")
-            layers = [_masked_layer_norm(layer, mask) for layer in layers]
-        mixed = sum(weight * layer for weight, layer in zip(weights, layers))
-        return self.gamma * mixed
-
-
-def _masked_layer_norm(layer: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """One scalar mean and variance over every unmasked element of the batch."""
-    mask = mask.unsqueeze(-1).to(layer.dtype)  # (B, S, 1)
-    count = mask.sum() * layer.shape[-1]
-    masked = layer * mask
-    mean = masked.sum() / count
-    variance = (((masked - mean) * mask) ** 2).sum() / count
-    return (layer - mean) / torch.sqrt(variance + 1e-13)

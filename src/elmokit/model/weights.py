@@ -11,6 +11,7 @@ HDF5 and safetensors hold plain arrays.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -372,3 +373,13 @@ def load_model(options_or_directory: str | Path | None = None, weight_file: str 
         raise FileNotFoundError(f"model not found: {path} (give a model directory, or an options "
                                 "JSON file and an HDF5 weight file)")
     raise ConfigError(f"{path}: an options file needs its weight file; give both, or a model directory")
+
+
+def model_fingerprint(bilm) -> str:
+    """A hash of a biLM's configuration and every weight (sha256, hex): what a task run and a
+    partial embedding record to know later whether the model at a path is still the same one."""
+    digest = hashlib.sha256(json.dumps(bilm.config.to_dict(), sort_keys=True).encode())
+    for name, tensor in sorted(bilm.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()

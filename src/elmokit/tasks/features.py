@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,10 +20,12 @@ from tqdm import tqdm
 
 from elmokit.model.chars import batch_to_ids
 from elmokit.devices import dtype_name, resolve_dtype
-from elmokit.inference.elmo import module_device, remove_boundaries
+from elmokit.inference.elmo import module_device, token_layers
 from elmokit.inference.embedder import ElmoEmbedder
 from elmokit.io import atomic_path
-from elmokit.model.bilm import BiLM, ScalarMix
+from elmokit.model.bilm import BiLM
+from elmokit.model.mix import ScalarMix
+from elmokit.model.weights import model_fingerprint
 
 
 # ---------------------------------------------------------------------------------------------
@@ -57,15 +58,6 @@ def compute_layers(bilm: BiLM, sentences: Sequence[Sequence[str]], batch_size: i
     return layers
 
 
-def model_fingerprint(bilm: BiLM) -> str:
-    """A short hash of the biLM's config and weights, naming its cached layers."""
-    digest = hashlib.sha1(json.dumps(bilm.config.to_dict(), sort_keys=True).encode())
-    for name, tensor in sorted(bilm.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().float().cpu().numpy().tobytes())
-    return digest.hexdigest()[:16]
-
-
 def sentences_fingerprint(sentences: Sequence[Sequence[str]]) -> str:
     digest = hashlib.sha1()
     for sentence in sentences:
@@ -82,7 +74,7 @@ def cached_layers(bilm: BiLM, sentences: Sequence[Sequence[str]], cache_dir: str
     present (fp16, written atomically), so that several seeds and runs share one pass of the biLM."""
     if cache_dir is None:
         return compute_layers(bilm, sentences, progress=progress, desc=desc, device=device, bilm_dtype=bilm_dtype)
-    model_key = model_key or model_fingerprint(bilm)
+    model_key = model_key or model_fingerprint(bilm)[:16]
     if resolve_dtype(bilm_dtype) != torch.float32:
         model_key = f"{model_key}-{dtype_name(resolve_dtype(bilm_dtype))}"
     path = Path(cache_dir) / f"{model_key}-{sentences_fingerprint(sentences)}.safetensors"
@@ -110,8 +102,7 @@ def pad_layers(layers: Sequence[torch.Tensor]) -> torch.Tensor:
 def bilm_layers(bilm: BiLM, sentences: Sequence[Sequence[str]]) -> torch.Tensor:
     """Run the biLM with gradients (fine-tuning): (B, L+1, T, 2P) without <S> and </S>."""
     char_ids = batch_to_ids(sentences).to(next(bilm.parameters()).device)
-    output = bilm(char_ids)
-    return torch.stack([remove_boundaries(layer, output.mask)[0] for layer in output.layers], dim=1)
+    return token_layers(bilm(char_ids))
 
 
 # ---------------------------------------------------------------------------------------------

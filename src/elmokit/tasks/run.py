@@ -22,7 +22,8 @@ from elmokit.devices import resolve_device
 from elmokit.inference.elmo import module_device
 from elmokit.model.bilm import BiLM
 from elmokit.tasks.data import Vocabularies, gold_labels, read_split, subsample
-from elmokit.tasks.features import compute_layers, model_fingerprint
+from elmokit.model.weights import model_fingerprint
+from elmokit.tasks.features import compute_layers
 from elmokit.tasks.formats import read_examples, resolve_format
 from elmokit.tasks.scores import score_predictions
 from elmokit.tasks.task_config import SPLITS, TaskConfig
@@ -100,9 +101,9 @@ def load_bilm(saved: dict, config: TaskConfig, run_dir: Path) -> BiLM | None:
     if not path.exists():
         raise FileNotFoundError(f"{run_dir}: the biLM this run was trained with is missing: {path}")
     bilm = load_model(path)
-    if record["fingerprint"] is not None and model_fingerprint(bilm) != record["fingerprint"]:
+    if record["fingerprint"] is not None and model_fingerprint(bilm)[:16] != record["fingerprint"]:
         raise ValueError(f"{run_dir}: the biLM at {path} changed since this run was trained (fingerprint "
-                         f"{record['fingerprint']} then, {model_fingerprint(bilm)} now): the task model would "
+                         f"{record['fingerprint']} then, {model_fingerprint(bilm)[:16]} now): the task model would "
                          "read other vectors than it learned from; restore that biLM or train the task model again")
     return bilm
 

@@ -27,7 +27,7 @@ from elmokit.tasks.charcnn import CharWordEncoder
 from elmokit.tasks.classifier import Classifier
 from elmokit.tasks.data import TaskData, Vocabularies, gold_labels, load_splits  # noqa: F401 (re-exported)
 from elmokit.tasks.encoder import ContextEncoder
-from elmokit.tasks.features import model_fingerprint
+from elmokit.model.weights import model_fingerprint
 from elmokit.tasks.scores import score_predictions
 from elmokit.tasks.tagger import Tagger
 from elmokit.tasks.task_config import DEFAULT_DATA_DIR, SPLITS, TASKS, TaskConfig  # noqa: F401 (re-exported)
@@ -215,7 +215,7 @@ def save_run(model, config: TaskConfig, vocabularies: Vocabularies, bilm: BiLM |
         save_file(tensors, str(tmp))
     record = None
     if config.model is not None:
-        record = {"path": str(Path(config.model).resolve()), "fingerprint": model_fingerprint(bilm)}
+        record = {"path": str(Path(config.model).resolve()), "fingerprint": model_fingerprint(bilm)[:16]}
     saved = {"config": asdict(config), "vocab": vocabularies.words, "labels": vocabularies.labels,
              "chars": vocabularies.chars, "bilm": record}
     atomic_write_text(out / RUN_CONFIG, json.dumps(saved) + "\n")

@@ -1,0 +1,52 @@
+"""The scalar mix (spec §8): what a task learns on top of the biLM's L+1 layers."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+# ---------------------------------------------------------------------------------------------
+# Scalar mix: what a task learns on top of the layers
+# ---------------------------------------------------------------------------------------------
+class ScalarMix(nn.Module):
+    """mix = gamma * sum_k softmax(w)_k * h_k over the L+1 layers (spec §8).
+
+    With `do_layer_norm`, each layer is first normalised with one mean and one variance over all
+    unmasked elements of the batch. `initial_scalar_parameters` given with `trainable=False`
+    freezes w and gamma (= 1), as AllenNLP's `scalar_mix_parameters` does.
+    """
+
+    def __init__(self, n_layers: int, do_layer_norm: bool = False,
+                 initial_scalar_parameters: list[float] | None = None, trainable: bool = True):
+        super().__init__()
+        initial = initial_scalar_parameters or [0.0] * n_layers
+        if len(initial) != n_layers:
+            raise ValueError(f"scalar_mix_parameters must have {n_layers} values "
+                             f"(one per layer), got {len(initial)}: {initial}")
+        self.do_layer_norm = do_layer_norm
+        self.scalar_parameters = nn.Parameter(torch.tensor(initial, dtype=torch.float32),
+                                              requires_grad=trainable)
+        self.gamma = nn.Parameter(torch.tensor(1.0), requires_grad=trainable)
+
+    def forward(self, layers: list[torch.Tensor], mask: torch.Tensor | None = None) -> torch.Tensor:
+        """layers: L+1 tensors (B, S, D); mask (B, S) bool, needed for the layer norm."""
+        if len(layers) != self.scalar_parameters.numel():
+            raise ValueError(f"ScalarMix expects {self.scalar_parameters.numel()} layers, got {len(layers)}")
+        weights = torch.softmax(self.scalar_parameters, dim=0)
+        if self.do_layer_norm:
+            if mask is None:
+                raise ValueError("ScalarMix(do_layer_norm=True) needs the mask")
+            layers = [_masked_layer_norm(layer, mask) for layer in layers]
+        mixed = sum(weight * layer for weight, layer in zip(weights, layers))
+        return self.gamma * mixed
+
+
+def _masked_layer_norm(layer: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """One scalar mean and variance over every unmasked element of the batch."""
+    mask = mask.unsqueeze(-1).to(layer.dtype)  # (B, S, 1)
+    count = mask.sum() * layer.shape[-1]
+    masked = layer * mask
+    mean = masked.sum() / count
+    variance = (((masked - mean) * mask) ** 2).sum() / count
+    return (layer - mean) / torch.sqrt(variance + 1e-13)
