@@ -90,7 +90,7 @@ def run_carried(carried: CarriedState | None, batch_size: int,
 
 def run_bilm(bilm: BiLM, char_ids: torch.Tensor, carried: CarriedState | None) -> BiLMOutput:
     """The biLM on char ids (B, T, W), carrying the state if `carried` is given."""
-    return run_carried(carried, char_ids.shape[0], lambda state: bilm_forward(bilm, char_ids, state))
+    return run_carried(carried, char_ids.shape[0], lambda state: bilm_forward(bilm, char_ids, state, carried is not None))
 
 
 def place_bilm(bilm: BiLM, device: torch.device, dtype: str | torch.dtype | None, trainable: bool,
@@ -232,7 +232,7 @@ class Elmo(nn.Module):
         rows = boundary_rows(lengths.cpu().numpy(), word_ids[word_ids > 0].cpu().numpy() + 2)
         token_embeddings = self.word_embedding[torch.from_numpy(rows).to(self.word_embedding.device)]
         return run_carried(self.carried, len(lengths), lambda state: bilm_contextualize(
-            self.bilm, token_embeddings, boundary_mask(lengths), state))
+            self.bilm, token_embeddings, boundary_mask(lengths), state, self.carried is not None))
 
 
 def boundary_rows(lengths: np.ndarray, token_rows: np.ndarray, bos_row: int = 0, eos_row: int = 1) -> np.ndarray:

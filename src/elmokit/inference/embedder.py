@@ -89,7 +89,7 @@ class ElmoEmbedder:
         lengths = torch.from_numpy(np.fromiter(map(len, batch), np.int64, len(batch))).to(self.device)
         token_embeddings = self.cache.embeddings(batch)  # (N, P)
         return run_carried(self.carried, len(batch), lambda state: bilm_contextualize(
-            self.bilm, token_embeddings, boundary_mask(lengths), state))
+            self.bilm, token_embeddings, boundary_mask(lengths), state, self.carried is not None))
 
     def embed_batch(self, batch: Sequence[Sequence[str]]) -> list[np.ndarray]:
         """One float32 array (L+1, n_i, 2P) per sentence; an empty sentence gives (L+1, 0, 2P).

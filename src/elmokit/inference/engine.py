@@ -204,8 +204,9 @@ def forward_sentences(lstm: BiLstm, tokens: torch.Tensor, sizes: np.ndarray, row
 
 def forward_reduced(lstm: BiLstm, inputs: torch.Tensor, lengths: torch.Tensor, state: LstmState | None
                     ) -> list[torch.Tensor]:
-    """`forward` with bfloat16 weights and float32 inputs: the stream path (`forward_sentences`),
-    one row per sentence. For inference: no gradient, no carried state."""
+    """`BiLstm.forward` for inference, on right-padded inputs (B, S, P) with `lengths` (B,): the
+    stream path (`forward_sentences`), one row per sentence, weights of any precision. No
+    gradient and no carried state (an error names what to do instead)."""
     dtype = lstm.layers[0].input_weight.dtype
     if state is not None:
         raise ValueError(f"an LSTM with {dtype} weights runs from a zero state only (no carried state); "
@@ -239,11 +240,24 @@ def contextualize_sentences(bilm: BiLM, token_embeddings: torch.Tensor, sizes: n
     return [torch.cat([token_embeddings, token_embeddings], dim=-1), *lstm_layers]
 
 
-def bilm_forward(bilm: BiLM, char_ids: torch.Tensor, state: LstmState | None = None) -> BiLMOutput:
-    """`bilm(char_ids, state)`, whatever the precision of its LSTM weights: float32 weights run
-    `BiLM.forward`; weights in a reduced precision run the streaming engine (`forward_reduced`:
-    no gradient, no carried state; the returned state is None)."""
-    if bilm.lstm.layers[0].input_weight.dtype == torch.float32:
+def _needs_step_loop(bilm: BiLM, state: LstmState | None, carry: bool, inputs: torch.Tensor | None = None
+                     ) -> bool:
+    """A carried state (given, or wanted back) or gradients need `BiLM.forward`'s step loop
+    (float32 weights only); every other call, stateless inference of any precision, runs here."""
+    if state is None and not carry and not (torch.is_grad_enabled() and (any(p.requires_grad for p in bilm.parameters())
+                                                            or (inputs is not None and inputs.requires_grad))):
+        return False
+    return bilm.lstm.layers[0].input_weight.dtype == torch.float32  # else forward_reduced says why not
+
+
+def bilm_forward(bilm: BiLM, char_ids: torch.Tensor, state: LstmState | None = None, carry: bool = False
+                 ) -> BiLMOutput:
+    """`bilm(char_ids, state)` for inference: stateless calls without gradients (float32 or
+    bfloat16 weights) run the streaming engine, one row a sentence (`forward_reduced`; the returned
+    state is None); a carried state (`state`, or `carry` to get the final one back) or gradients
+    run `BiLM.forward` (float32 weights only). So
+    `ElmoEmbedder.embed_batch`, `embed_sentences` and `Elmo` share one engine."""
+    if _needs_step_loop(bilm, state, carry):
         return bilm(char_ids, state)
     boundary_ids, mask = add_boundaries(char_ids)  # (B, S, W), (B, S)
     real_positions = mask.flatten().nonzero().squeeze(1)  # (N,)
@@ -252,10 +266,10 @@ def bilm_forward(bilm: BiLM, char_ids: torch.Tensor, state: LstmState | None = N
 
 
 def bilm_contextualize(bilm: BiLM, token_embeddings: torch.Tensor, mask: torch.Tensor,
-                       state: LstmState | None = None) -> BiLMOutput:
+                       state: LstmState | None = None, carry: bool = False) -> BiLMOutput:
     """`bilm.contextualize(token_embeddings, mask, state)`, whatever the precision of its LSTM
     weights (see `bilm_forward`): token_embeddings (N, P) of the true entries of mask (B, S)."""
-    if bilm.lstm.layers[0].input_weight.dtype == torch.float32:
+    if _needs_step_loop(bilm, state, carry, token_embeddings):
         return bilm.contextualize(token_embeddings, mask, state)
     batch_size, n_positions = mask.shape
     real_positions = mask.flatten().nonzero().squeeze(1)  # (N,)
