@@ -1,6 +1,6 @@
 """Print a run's validation records (metrics.jsonl) as a Markdown table.
 
-    .venv/bin/python scripts/curve_table.py /root/elmokit-runs/ptb [--tokens-per-epoch 929589]
+    .venv/bin/python scripts/curve_table.py runs/ptb [--tokens-per-epoch 929589]
 """
 
 from __future__ import annotations

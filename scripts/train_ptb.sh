@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Train an ELMo biLM on Penn Treebank on a 2-core CPU (docs/training.md, "A real run: PTB").
 # Re-running the script continues the run from its last checkpoint (--resume).
-#   usage: scripts/train_ptb.sh [RUN_DIR]       (default /root/elmokit-runs/ptb)
+#   usage: scripts/train_ptb.sh [RUN_DIR]       (default runs/ptb)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ELMO=${ELMO:-.venv/bin/elmo}
-DATA=${PTB_DATA:-/work/shared/data/ptb}
-RUN=${1:-/root/elmokit-runs/ptb}
+DATA=${PTB_DATA:-../shared/data/ptb}
+RUN=${1:-runs/ptb}
 VOCAB=$(dirname "$RUN")/ptb-vocab.txt
 
 [ -f "$VOCAB" ] || "$ELMO" vocab "$DATA/ptb.train.txt.gz" -o "$VOCAB"
