@@ -11,8 +11,9 @@ per task with the learned scalar-mix weights. Run directories go under --runs-di
 biLM's layers are computed once per task and shared by all seeds (and cached on disk under
 RUNS_DIR/elmo-cache for later runs).
 Interrupted, it resumes: rerun the same command and every finished run (its results.json, made
-with the same recipe) is reused; --fresh reruns them all. Tasks not run by this invocation keep
-the runs recorded in the previous results.json (marked as such on the page); --no-previous drops them.
+with the same recipe) is reused; --fresh reruns them all. While it runs, the page so far is
+RUNS_DIR/results-partial.md (--page-only writes OUT from the finished runs). Tasks not run by this
+invocation keep the runs recorded in the previous results.json (marked as such on the page).
 --quick writes under runs/ unless --out is given, so smoke-test numbers never land in docs/.
 """
 
@@ -63,8 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help=f"(default {DEFAULT_DATA_DIR})")
     parser.add_argument("--runs-dir", type=Path, help="run directories (default runs/task_results[_quick])")
     parser.add_argument("--out", type=Path, help="results page (default docs/results.md; runs/.../results.md with --quick)")
-    parser.add_argument("--no-previous", action="store_true",
-                        help="leave out the tasks not run now (default: keep their runs from OUT's results.json)")
+    parser.add_argument("--no-previous", action="store_true", help="leave out the tasks not run now "
+                        "(default: keep their runs from OUT's results.json)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--max-epochs", type=int, help="override the epoch cap of every run")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -176,11 +177,6 @@ def reused_cpu_minutes(all_runs: dict) -> float:
     return seconds / 60
 
 
-def builtin_tokens() -> int | None:
-    path = builtin_model_dir() / "provenance.json"
-    return json.loads(path.read_text(encoding="utf-8")).get("tokens") if path.is_file() else None
-
-
 def findings(all_runs: dict, probes: dict | None, args: argparse.Namespace) -> list[str]:
     """What the table shows, stated from the numbers: where ELMo beats the baseline by more than
     the seeds' spread, whether the targets are reached, and which layer each probe prefers."""
@@ -203,7 +199,8 @@ def findings(all_runs: dict, probes: dict | None, args: argparse.Namespace) -> l
             mean, split = statistics.mean(values["elmo"]), shown_split(runs)
             reached = "reached" if mean >= TARGETS[name] else f"**not reached** ({TARGETS[name] - mean:.2f} short)"
             lines.append(f"  With ELMo, {split} span F1 {mean:.2f} against the target of {TARGETS[name]:.0f}: {reached}.")
-    tokens = builtin_tokens()
+    provenance = builtin_model_dir() / "provenance.json"
+    tokens = json.loads(provenance.read_text(encoding="utf-8")).get("tokens") if provenance.is_file() else None
     if args.builtin and not_better and set(not_better) <= {"sst5", "sst2"} and tokens:
         lines += ["", "Why sentiment gains little here (our reading, not tested): the built-in biLM is small and "
                   f"read {tokens / 1e6:.2f}M tokens of 19th-century books, {PAPER_BILM_TOKENS / tokens:.0f} times less "
@@ -328,8 +325,9 @@ def previous_results(args: argparse.Namespace) -> tuple[dict, dict | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Seed by seed (seed 1 of every task and condition first), writing the page after every run
-    once each row has a run, so that an interrupted table still shows what finished."""
+    """Seed by seed (seed 1 of every task and condition first), writing RUNS_DIR/results-partial.md
+    after every run once a row has a run of each condition, so that an interrupted table still
+    shows what finished; OUT at the end."""
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     start = time.process_time()
@@ -347,13 +345,14 @@ def main(argv: list[str] | None = None) -> int:
                 result = runner.run(name, condition, seed)
                 new_runs[name][condition] += [result] if result is not None else []
                 if len(conditions) == 2 and result is not None and not args.page_only:
-                    write_results(new_runs, carried, probes, args, bilm, time.process_time() - start)
+                    write_results(new_runs, carried, probes, args, bilm, time.process_time() - start,
+                                  args.runs_dir / "results-partial.md")
     if len(conditions) < 2:
         print(f"ran {', '.join(args.conditions)} only: no table ({(time.process_time() - start) / 60:.1f} CPU min)")
         return 0
     if args.probes and not args.page_only:
         probes = run_probes(bilm, args)
-    written = write_results(new_runs, carried, probes, args, bilm, time.process_time() - start)
+    written = write_results(new_runs, carried, probes, args, bilm, time.process_time() - start, args.out)
     print(f"wrote {args.out}" if written else "no task has a finished run of each condition yet: no page",
           f"({(time.process_time() - start) / 60:.1f} CPU min)")
     return 0
@@ -367,18 +366,20 @@ def run_probes(bilm, args: argparse.Namespace) -> dict:
                                progress=not args.no_progress, **limits),
               "wsd": wsd_probe(bilm, Path(args.data_dir) / "wsd" / "semcor3.0.tsv.gz",
                                max_documents=20 if args.quick else None, progress=not args.no_progress)}
-    plot_probes(probes, figure_dir(args) / "probes.png")
+    plot_probes(probes, figure_dir(args.out, args) / "probes.png")
     return probes
 
 
-def figure_dir(args: argparse.Namespace) -> Path:
-    return args.out.parent / ("results" if not args.quick else "")
+def figure_dir(out: Path, args: argparse.Namespace) -> Path:
+    return out.parent / ("results" if not args.quick else "")
 
 
 def write_results(new_runs: dict, carried: dict, probes: dict | None, args: argparse.Namespace, bilm,
-                  cpu_seconds: float) -> bool:
-    """The page, its plots and results.json, from the recorded runs: this invocation's tasks that
-    have a run of each condition (the others are named as not finished) and the carried ones."""
+                  cpu_seconds: float, out: Path) -> bool:
+    """The page `out`, its plots and results.json beside it, from the recorded runs: this
+    invocation's tasks that have a run of each condition (the others are named as not finished)
+    and the carried ones. While the table runs, the page after each run goes to the runs folder;
+    OUT (docs/results.md) is written at the end, or now with --page-only."""
     ready = {name: runs for name, runs in new_runs.items() if all(runs.values())}
     if not ready:
         return False
@@ -386,12 +387,12 @@ def write_results(new_runs: dict, carried: dict, probes: dict | None, args: argp
                 if name in ready or (name in carried and name not in new_runs)}
     for name, runs in all_runs.items():
         plot_layer_weights([r["layer_weights"] for r in runs["elmo"]], f"{name}: learned ELMo layer weights",
-                           figure_dir(args) / f"layer_weights_{name}.png")
+                           figure_dir(out, args) / f"layer_weights_{name}.png")
     pending = [name for name in new_runs if name not in ready]
-    atomic_write_text(args.out, results_page(all_runs, probes, args, bilm, cpu_seconds, pending))
+    atomic_write_text(out, results_page(all_runs, probes, args, bilm, cpu_seconds, pending))
     records = {name: {c: [{k: v for k, v in r.items() if k not in ("carried", "reused")} for r in results]
                       for c, results in runs.items()} for name, runs in all_runs.items()}
-    atomic_write_text(args.out.with_suffix(".json"),
+    atomic_write_text(out.with_suffix(".json"),
                       json.dumps({"quick": args.quick, "runs": records, "probes": probes}, indent=1) + "\n")
     return True
 
