@@ -46,7 +46,7 @@ built by re-reading the input); the vectors are never all held.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import contextlib
 import ctypes
@@ -79,12 +79,24 @@ from elmokit.inference.segments import (
 from elmokit.model.weights import model_fingerprint
 from elmokit.inference.windows import OUTPUT_FORMATS, position_windows, select_layers
 
-if TYPE_CHECKING:  # a type only: the embedder calls into this module (ElmoEmbedder.embed_file)
-    from elmokit.inference.embedder import ElmoEmbedder
 from elmokit.extras import require
 from elmokit.io import atomic_write_text, durable_replace, output_lock, refuse_overwrite
 
 PROGRESS_GLOB = "progress-rank*.json"
+
+
+class Embedder(Protocol):
+    """What this module needs of an `ElmoEmbedder` (inference/embedder.py, which calls into this
+    module for `embed_file`; a protocol, so the two modules do not import each other)."""
+
+    STREAM_WINDOW: int
+    POSITION_BUDGET: int
+    bilm: torch.nn.Module
+    carried: object
+
+    def embed_batch(self, batch: Sequence[Sequence[str]]) -> list[np.ndarray]: ...
+
+    def embed_many(self, sentences: Sequence[Sequence[str]], rows: int = 64) -> list[np.ndarray]: ...
 
 
 @dataclass
@@ -207,7 +219,7 @@ def split_windows(n_tokens: int, max_length: int, overlap: int) -> list[tuple[in
     return windows
 
 
-def embed_sentences(embedder: ElmoEmbedder, sentences: Iterable[Sequence[str]], batch_size: int = 64,
+def embed_sentences(embedder: Embedder, sentences: Iterable[Sequence[str]], batch_size: int = 64,
                     max_length: int = 256, overlap: int = 32) -> Iterator[np.ndarray]:
     """(L+1, n_i, 2P) float32 per sentence, in order; no sentence is ever longer than `max_length`
     for the model (see `split_windows`). Stateless, a window of `STREAM_WINDOW` batches streams
@@ -318,7 +330,7 @@ def start_progress(partial: Path, rank: int, identity: dict, resume: bool) -> Ra
 # ---------------------------------------------------------------------------------------------
 # The run: this rank's segments, then (rank 0) the merge
 # ---------------------------------------------------------------------------------------------
-def embed_file(embedder: ElmoEmbedder, input_path: str | Path, output_path: str | Path,
+def embed_file(embedder: Embedder, input_path: str | Path, output_path: str | Path,
                options: EmbedOptions | None = None, *, overwrite: bool = True, resume: bool = False,
                progress: bool = True, rank: int = 0, world_size: int = 1,
                barrier: Callable[[], None] = lambda: None) -> int:
@@ -379,7 +391,7 @@ def _writing(path: Path, file_format: str, partial: Path) -> Iterator[Hdf5Segmen
         raise
 
 
-def _embed_rank(embedder: ElmoEmbedder, input_path: Path, n_lines: int, partial: Path, options: EmbedOptions,
+def _embed_rank(embedder: Embedder, input_path: Path, n_lines: int, partial: Path, options: EmbedOptions,
                 progress: RankProgress, rank: int, world_size: int, show_progress: bool) -> int:
     from tqdm import tqdm
 
