@@ -212,7 +212,7 @@ def machine(device: str, threads: int) -> str:
     except (OSError, StopIteration):
         pass
     bf16 = "AVX512-BF16" if "avx512_bf16" in flags else "no AVX512-BF16"
-    return f"{model} ({os.cpu_count()} cores, {bf16}), {threads} threads, torch {torch.__version__}"
+    return f"{model} ({os.cpu_count()} cores, {bf16}), {threads} thread{'s' if threads != 1 else ''}, torch {torch.__version__}"
 
 
 def busy_processes(limit: int = 6) -> str:
