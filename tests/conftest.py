@@ -56,3 +56,12 @@ SENTENCES = [
     ["naïve", "café", "😀", "東京"],
     ["a"],
 ]
+
+
+def one_error_line(capsys, *expected: str) -> str:
+    """The captured stderr is one line, no traceback, holding every `expected` text."""
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for text in expected:
+        assert text in err, err
+    return err

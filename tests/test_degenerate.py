@@ -12,7 +12,7 @@ import torch
 from elmokit import ElmoEmbedder
 from elmokit.cli import main
 from elmokit.training.corpus import CorpusError
-from tests.conftest import tiny_config
+from tests.conftest import one_error_line, tiny_config
 
 BLANK_FILES = {"empty.txt": "", "blank.txt": "\n  \n\t\n\n", "nbsp.txt": "\u00a0\n \u2009\n"}
 
@@ -27,14 +27,6 @@ def corpus(tmp_path) -> dict[str, Path]:
     return {"root": tmp_path, "vocab": tmp_path / "vocab.txt", "model": tmp_path / "model.json"}
 
 
-def _one_error_line(capsys, *expected: str) -> str:
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    for text in expected:
-        assert text in err, err
-    return err
-
-
 @pytest.mark.parametrize("name", sorted(BLANK_FILES))
 def test_train_on_an_empty_or_blank_corpus_is_an_error(corpus, capsys, name):
     root = corpus["root"]
@@ -43,10 +35,10 @@ def test_train_on_an_empty_or_blank_corpus_is_an_error(corpus, capsys, name):
               "--batch-size", "2", "--unroll-steps", "3", "--epochs", "1", "--no-progress", "--device", "cpu"]
     capsys.readouterr()
     assert main(["train", "--train", str(root / name), *common]) == 2
-    _one_error_line(capsys, "training corpus", name, "empty or blank")
+    one_error_line(capsys, "training corpus", name, "empty or blank")
     assert not run.exists()  # nothing written, no best/ of random weights
     assert main(["train", "--train", str(root / "train.txt"), "--valid", str(root / name), *common]) == 2
-    _one_error_line(capsys, "validation corpus", name)
+    one_error_line(capsys, "validation corpus", name)
     assert not run.exists()
 
 
@@ -66,7 +58,7 @@ def test_perplexity_of_an_empty_or_blank_file_is_an_error(corpus, lm_dir, capsys
     root = corpus["root"]
     capsys.readouterr()
     assert main(["perplexity", str(lm_dir), str(root / name)]) == 2
-    _one_error_line(capsys, "nothing to score", name)
+    one_error_line(capsys, "nothing to score", name)
     assert main(["perplexity", str(lm_dir), str(root / name), "--per-sentence", str(root / "s.tsv")]) == 2
     assert not (root / "s.tsv").exists()
     assert main(["perplexity", str(lm_dir), str(root / "train.txt"), "--json"]) == 0  # a real file scores

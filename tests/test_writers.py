@@ -19,18 +19,10 @@ import torch
 
 from elmokit import read_embeddings
 from elmokit.cli import main
-from tests.conftest import REPO, tiny_config
+from tests.conftest import REPO, one_error_line, tiny_config
 
 LINES = ["the cat sat on the mat .", "", "a/b c", ".", "colorless green ideas", "sentence_to_index",
          "naïve café", "a/b c", "%2F", "x y z"] * 3
-
-
-def _one_error_line(capsys, *expected: str) -> str:
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    for text in expected:
-        assert text in err, err
-    return err
 
 
 def _snapshot(directory: Path) -> dict[str, bytes]:
@@ -73,7 +65,7 @@ def test_second_embed_to_one_output_is_refused_and_a_stale_lock_taken_over(model
     try:
         for extra in ([], ["--resume"], ["--overwrite"]):
             assert _embed(source, out, model_dir, *extra) == 2
-            _one_error_line(capsys, "o.h5 is being written by another process", f"pid {holder.pid}")
+            one_error_line(capsys, "o.h5 is being written by another process", f"pid {holder.pid}")
             assert not out.exists() and not (tmp_path / "o.h5.partial").exists()
     finally:
         _kill(holder)  # SIGKILL: its lock file stays behind
@@ -107,12 +99,12 @@ def test_second_train_in_one_directory_is_refused_and_a_stale_lock_taken_over(co
     try:
         for extra in (["--resume"], ["--overwrite"], []):
             assert _train(corpus, run, *extra) == 2
-            _one_error_line(capsys, f"run directory {run} is being written by another process", f"pid {holder.pid}")
+            one_error_line(capsys, f"run directory {run} is being written by another process", f"pid {holder.pid}")
         fresh = tmp_path / "fresh"
         holder_of_new = _hold(fresh / "train.lock")  # a run that has only just started
         try:
             assert _train(corpus, fresh) == 2
-            _one_error_line(capsys, "being written by another process")
+            one_error_line(capsys, "being written by another process")
         finally:
             _kill(holder_of_new)
     finally:
@@ -135,7 +127,7 @@ def test_train_never_replaces_a_run_or_its_unfinished_start_unasked(corpus, tmp_
     before = _snapshot(run)
     capsys.readouterr()
     assert _train(corpus, run) == 2
-    _one_error_line(capsys, "holds a run (train_config.json, metrics.jsonl)", "--resume", "--overwrite")
+    one_error_line(capsys, "holds a run (train_config.json, metrics.jsonl)", "--resume", "--overwrite")
     assert _snapshot(run) == before
     assert _train(corpus, run, "--resume", "--overwrite") == 2
     assert _train(corpus, run, "--overwrite") == 0
@@ -149,13 +141,13 @@ def test_export_refuses_existing_files_even_the_runs_own_best(corpus, tmp_path, 
     best = _snapshot(run / "best")
     capsys.readouterr()
     assert main(["export", str(run), "--last", "--native", str(run / "best")]) == 2
-    _one_error_line(capsys, "exists", str(run / "best" / "model.safetensors"), "--overwrite")
+    one_error_line(capsys, "exists", str(run / "best" / "model.safetensors"), "--overwrite")
     assert _snapshot(run / "best") == best
     original = [str(tmp_path / "options.json"), str(tmp_path / "weights.hdf5")]
     assert main(["export", str(run), "--original", *original]) == 0
     written = (tmp_path / "weights.hdf5").read_bytes()
     assert main(["export", str(run), "--original", *original, "--native", str(tmp_path / "new")]) == 2
-    _one_error_line(capsys, "options.json", "weights.hdf5")
+    one_error_line(capsys, "options.json", "weights.hdf5")
     assert not (tmp_path / "new").exists()  # nothing written when any output exists
     assert (tmp_path / "weights.hdf5").read_bytes() == written
     assert main(["export", str(run), "--last", "--native", str(run / "best"), "--overwrite"]) == 0
@@ -169,7 +161,7 @@ def test_perplexity_per_sentence_refuses_an_existing_file(corpus, tmp_path, caps
     scores.write_text("keep me")
     capsys.readouterr()
     assert main(["perplexity", str(run), str(corpus["train"]), "--per-sentence", str(scores)]) == 2
-    _one_error_line(capsys, "exists", str(scores), "--overwrite")
+    one_error_line(capsys, "exists", str(scores), "--overwrite")
     assert scores.read_text() == "keep me"
     assert main(["perplexity", str(run), str(corpus["train"]), "--per-sentence", str(scores), "--overwrite"]) == 0
     assert scores.read_text().startswith("file\tline\tn_targets")
@@ -184,7 +176,7 @@ def test_task_train_and_probe_refuse_an_existing_run(tmp_path, capsys):
         if command[1] == "probe":
             (out / "probes.json").write_text("{}")
         assert main(command) == 2
-        _one_error_line(capsys, "exists", "--overwrite")
+        one_error_line(capsys, "exists", "--overwrite")
     assert (out / "results.json").read_text() == '{"test": 97.0}' and (out / "probes.json").read_text() == "{}"
 
 
@@ -193,19 +185,19 @@ def test_vocab_convert_and_plot_refuse_existing_files(model_dir, corpus, tmp_pat
     kept = vocab.read_bytes()
     capsys.readouterr()
     assert main(["vocab", str(corpus["train"]), "-o", str(vocab), "--min-count", "2"]) == 2
-    _one_error_line(capsys, "exists", str(vocab))
+    one_error_line(capsys, "exists", str(vocab))
     assert vocab.read_bytes() == kept
     assert main(["vocab", str(corpus["train"]), "-o", str(vocab), "--min-count", "2", "--overwrite"]) == 0
     native = tmp_path / "native"
     native.mkdir()
     (native / "config.json").write_text("{}")
     assert main(["convert", "--model", str(model_dir), "--to-native", str(native)]) == 2
-    _one_error_line(capsys, "config.json", "--overwrite")
+    one_error_line(capsys, "config.json", "--overwrite")
     plot = tmp_path / "p.png"
     plot.write_bytes(b"png")
     assert main(["similar", str(corpus["train"]), "--query", "the cat sat", "--word", "cat", "--model",
                  str(model_dir), "--plot", str(plot)]) == 2
-    _one_error_line(capsys, "p.png", "--overwrite")
+    one_error_line(capsys, "p.png", "--overwrite")
 
 
 def test_embed_never_discards_unfinished_work_unasked(model_dir, source, tmp_path, capsys):
@@ -214,7 +206,7 @@ def test_embed_never_discards_unfinished_work_unasked(model_dir, source, tmp_pat
     _fill_disk_at_merge(out, model_dir, source, capsys)  # leaves a finished partial
     before = _snapshot(partial)
     assert _embed(source, out, model_dir) == 2
-    _one_error_line(capsys, "unfinished work", "--resume", "--overwrite")
+    one_error_line(capsys, "unfinished work", "--resume", "--overwrite")
     assert _snapshot(partial) == before
     assert _embed(source, out, model_dir, "--overwrite") == 0  # asked: start over
     assert len(read_embeddings(out)) == len(LINES) and not partial.exists()
@@ -249,7 +241,7 @@ def _fill_disk_at_merge(out: Path, model_dir: Path, source: Path, capsys, *extra
     with pytest.MonkeyPatch.context() as monkeypatch:
         _disk_fills(monkeypatch, lambda path: path.name.startswith("merged"), budget=3000)
         assert _embed(source, out, model_dir, *extra) == 2
-    _one_error_line(capsys, "No space left on device", "segments are kept there", "--resume")
+    one_error_line(capsys, "No space left on device", "segments are kept there", "--resume")
 
 
 @pytest.mark.parametrize("suffix", [".h5", ".npz"])
@@ -280,7 +272,7 @@ def test_disk_full_while_embedding_keeps_finished_segments_and_resume_finishes(m
     with pytest.MonkeyPatch.context() as monkeypatch:
         _disk_fills(monkeypatch, lambda path: path.name.startswith("rank0-00002"), budget=2000)
         assert _embed(source, out, model_dir) == 2
-    _one_error_line(capsys, "No space left on device", str(partial), "--resume")
+    one_error_line(capsys, "No space left on device", str(partial), "--resume")
     progress = json.loads((partial / "progress-rank0.json").read_text())
     assert progress["segments"] == [f"rank0-0000{i}{suffix}" for i in range(2)] and progress["next_line"] == 12
     assert sorted(p.name for p in partial.iterdir()) == sorted(["progress-rank0.json", *progress["segments"]])
@@ -315,5 +307,5 @@ def test_task_predict_refuses_an_existing_output(tmp_path, capsys):
     out.write_text("keep me")
     (tmp_path / "in.txt").write_text("a b\n")
     assert main(["task", "predict", str(tmp_path / "no-run"), str(tmp_path / "in.txt"), "-o", str(out)]) == 2
-    _one_error_line(capsys, "exists", str(out), "--overwrite")
+    one_error_line(capsys, "exists", str(out), "--overwrite")
     assert out.read_text() == "keep me"

@@ -56,7 +56,31 @@ def open_for_writing(path: Path):
     return open(path, "w+b")
 
 
-class Hdf5Segment:
+class _Segment:
+    """What both segment kinds share: the container (`_container()`) over a file object opened by
+    `open_for_writing` when writing (`handle`), closed in that order; `abort` removes the file."""
+
+    path: Path
+    handle: object
+
+    def _container(self):
+        raise NotImplementedError
+
+    def close(self) -> None:
+        try:
+            self._container().close()
+        finally:
+            if self.handle is not None:
+                self.handle.close()
+
+    def abort(self) -> None:
+        """Close, whatever state a failed write left, and remove the file."""
+        with contextlib.suppress(Exception):
+            self.close()
+        self.path.unlink(missing_ok=True)
+
+
+class Hdf5Segment(_Segment):
     suffix = ".h5"
 
     def __init__(self, path: Path, mode: str = "w"):
@@ -82,21 +106,11 @@ class Hdf5Segment:
         for name in names:  # full paths: the keys of a file from before keys were escaped
             yield name, self.file[name][()]
 
-    def close(self) -> None:
-        try:
-            self.file.close()
-        finally:
-            if self.handle is not None:
-                self.handle.close()
-
-    def abort(self) -> None:
-        """Close, whatever state a failed write left, and remove the file."""
-        with contextlib.suppress(Exception):
-            self.close()
-        self.path.unlink(missing_ok=True)
+    def _container(self):
+        return self.file
 
 
-class NpzSegment:
+class NpzSegment(_Segment):
     """A .npz written member by member (stored, like `numpy.savez`), never all in memory."""
 
     suffix = ".npz"
@@ -128,18 +142,8 @@ class NpzSegment:
             with self.zip.open(name) as handle:
                 yield name.removesuffix(".npy"), np.lib.format.read_array(handle, allow_pickle=False)
 
-    def close(self) -> None:
-        try:
-            self.zip.close()
-        finally:
-            if self.handle is not None:
-                self.handle.close()
-
-    def abort(self) -> None:
-        """Close, whatever state a failed write left, and remove the file."""
-        with contextlib.suppress(Exception):
-            self.close()
-        self.path.unlink(missing_ok=True)
+    def _container(self):
+        return self.zip
 
 
 SEGMENT_TYPES = {"hdf5": Hdf5Segment, "npz": NpzSegment}
