@@ -32,12 +32,9 @@ def _modules() -> dict[str, Path]:
 
 
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """Every elmokit module `name` imports when it runs, at module level or inside a function."""
+    """Every elmokit module `name` imports, at module level, inside a function or for types."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    for node in ast.walk(tree):  # `if TYPE_CHECKING:` imports are for annotations, never run
-        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
-            node.body = []
+    tree = ast.parse(path.read_text(encoding="utf-8"))  # TYPE_CHECKING imports count too: use a Protocol
     found = set()
     for node in ast.walk(tree):
         targets = []
