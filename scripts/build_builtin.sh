@@ -1,25 +1,29 @@
 #!/usr/bin/env bash
-# Package the built-in English model from the Gutenberg run (scripts/train_gutenberg.sh):
-# perplexity on valid and test, then an embedding-only float16 copy in src/elmokit/models/gutenberg-en
-# with its config, vocabulary, training curve, metrics and the commands that made it.
+# Package the built-in English model from the Gutenberg run (scripts/train_gutenberg.sh): a float16
+# copy of the run's best model WITH its softmax in src/elmokit/models/gutenberg-en (so that
+# `elmo perplexity FILE` works with no model argument), with its config, vocabulary, training
+# curve, metrics and the commands that made it; then its perplexities, computed from the shipped
+# float16 files by the very command a user runs, and the wheel's size (at most 40 MB).
 #   usage: scripts/build_builtin.sh [WORK_DIR]      (default runs/gutenberg-v2)
-#   env:   EVAL_SENTENCES (default 5000: the first sentences of valid and of test to score)
+#   env:   EVAL_SENTENCES (default 5000: the first sentences of valid and of test to score),
+#          BUILTIN_OUT (default src/elmokit/models/gutenberg-en)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ELMO=${ELMO:-.venv/bin/elmo}
 WORK=${1:-runs/gutenberg-v2}
 RUN=$WORK/run
-OUT=src/elmokit/models/gutenberg-en
+OUT=${BUILTIN_OUT:-src/elmokit/models/gutenberg-en}  # BUILTIN_OUT: elsewhere, for a dry run
 N=${EVAL_SENTENCES:-5000}
 
-for split in valid test; do
-  zcat "$WORK/$split"/shard-*.txt.gz | awk -v n="$N" 'NR <= n' > "$WORK/$split-$N.txt"  # awk reads on: no SIGPIPE
-  "$ELMO" perplexity "$RUN" "$WORK/$split-$N.txt" --json > "$WORK/perplexity-$split-$N.json"
-done
 rm -rf "$OUT.partial" && mkdir -p "$OUT.partial"
-"$ELMO" export "$RUN" --native "$OUT.partial" --no-softmax --dtype float16
+"$ELMO" export "$RUN" --native "$OUT.partial" --dtype float16 --overwrite
 cp "$RUN/best/provenance.json" "$RUN/curves.png" "$RUN/metrics.jsonl" "$RUN/train_config.json" "$OUT.partial/"
 cp scripts/train_gutenberg.sh scripts/gutenberg-cpu.json "$OUT.partial/"
+# the user's command: elmo prepare SPLIT.txt.gz -o DIR; elmo perplexity 'DIR/*.txt.gz' --max-sentences N
+for split in valid test; do
+  "$ELMO" perplexity "$OUT.partial" "$WORK/$split/shard-*.txt.gz" --max-sentences "$N" --json \
+    > "$WORK/perplexity-$split-$N.json"
+done
 python3 - "$OUT.partial" "$WORK" "$N" <<'PY'
 import json, sys
 from pathlib import Path
@@ -29,7 +33,16 @@ for split in ("valid", "test"):
     card[f"{split}_first_{n}_sentences"] = json.loads((work / f"perplexity-{split}-{n}.json").read_text())
 card["corpus"] = "gutenberg-en (677 public-domain books, Project Gutenberg), train split, elmo prepare (sentencex + sacremoses)"
 card["commands"] = "scripts/train_gutenberg.sh (copied here as train_gutenberg.sh), then scripts/build_builtin.sh"
+card["stored"] = "float16, softmax included (computed in float32)"
 (out / "provenance.json").write_text(json.dumps(card, indent=2) + "\n")
 PY
 rm -rf "$OUT" && mv "$OUT.partial" "$OUT"
 du -sh "$OUT"; ls -la "$OUT"
+# the wheel a user installs: at most 40 MB
+rm -rf "$WORK/wheel" && .venv/bin/python -m pip wheel . --no-deps --no-build-isolation -q -w "$WORK/wheel"
+python3 - "$WORK"/wheel/elmokit-*.whl <<'PY'
+import os, sys
+size = os.path.getsize(sys.argv[1])
+print(f"{sys.argv[1]}: {size / 2 ** 20:.1f} MB")
+sys.exit(0 if size <= 40 * 2 ** 20 else f"the wheel is {size / 2 ** 20:.1f} MB, more than 40 MB")
+PY

@@ -360,6 +360,7 @@ def build_perplexity(choose: Choices, place: Place) -> list[str]:
     argv = ["perplexity", place.a_model(choose, good=("run", "best", "run", "checkpoint", "model", "hostile"))]
     argv += [place.an_input(choose) for _ in range(choose.pick([1, 1, 2]))]
     return argv + choose.options({"--batch-size": INTS, "--unroll-steps": INTS, "--json": None,
+                                  "--max-sentences": INTS,
                                   "--per-sentence": ([str(place.out / "s.tsv"), str(place.out / "s.jsonl")],
                                                      [str(place.out)]),
                                   "--device": DEVICES})

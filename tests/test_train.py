@@ -209,6 +209,49 @@ def test_perplexity_command_matches_an_independent_computation(corpus, tmp_path,
     assert first["line"] == 1 and first["n_targets"] == len(sentences[0]) + 1
 
 
+def test_perplexity_of_the_first_sentences_with_the_built_in_model(corpus, tmp_path, capsys, monkeypatch):
+    """`elmo perplexity FILE --max-sentences N`: with no MODEL the built-in model scores the files
+    (here a trained model put where the built-in one lives, float16 as it ships), and N stops the
+    files after their first N sentences, across file boundaries: the same figures as the first N
+    sentences written to a file of their own and scored by the model given by name."""
+    import elmokit.model.builtin as builtin
+
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(corpus["train_json"]), "--output-dir", str(run), "--epochs", "1",
+                 "--no-progress"]) == 0
+    shipped = tmp_path / "models" / builtin.BUILTIN_MODEL
+    assert main(["export", str(run), "--native", str(shipped), "--dtype", "float16"]) == 0
+    monkeypatch.setattr(builtin, "MODELS_DIR", shipped.parent)
+    sentences = [line for line in corpus["valid"].read_text().splitlines() if line.strip()]
+    first, second = tmp_path / "a.txt", tmp_path / "b.txt"  # 10 + the rest; N = 14 crosses into b.txt
+    first.write_text("\n".join(sentences[:10]) + "\n\n", encoding="utf-8")
+    second.write_text("\n".join(sentences[10:]) + "\n", encoding="utf-8")
+    head = tmp_path / "head.txt"
+    head.write_text("\n".join(sentences[:14]) + "\n", encoding="utf-8")
+    capsys.readouterr()
+
+    def scores(argv: list[str]) -> dict:
+        assert main(["perplexity", *argv, "--json", "--batch-size", "3", "--unroll-steps", "4"]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    limited = scores([str(first), str(second), "--max-sentences", "14"])
+    assert limited["n_tokens"] == sum(len(s.split()) + 1 for s in sentences[:14])
+    assert limited == scores([str(shipped), str(head)])
+    assert limited != scores([str(shipped), str(first), str(second)])  # the limit did cut something
+    assert scores([str(head)]) == limited  # no MODEL: the built-in one
+
+    assert main(["perplexity", str(run), "--json"]) == 2  # a directory alone: the model, no file
+    assert "no FILE follows it" in capsys.readouterr().err
+    assert main(["perplexity", str(head), "--max-sentences", "0"]) == 2
+    assert "--max-sentences must be at least 1" in capsys.readouterr().err
+    embedding_only = tmp_path / "v1" / builtin.BUILTIN_MODEL  # how v1 shipped: no softmax
+    assert main(["export", str(run), "--native", str(embedding_only), "--no-softmax"]) == 0
+    monkeypatch.setattr(builtin, "MODELS_DIR", embedding_only.parent)
+    capsys.readouterr()
+    assert main(["perplexity", str(head)]) == 2
+    assert "ships without its softmax" in capsys.readouterr().err
+
+
 def _stream_nll(model, vocab, inputs: list[str], targets: list[str], direction: int) -> float:
     """Summed NLL of `targets` after each of `inputs`, read as one stream from a zero state by the
     forward (direction 0) or backward (1) LSTM: the backward one reads its row right to left,

@@ -12,12 +12,16 @@ from elmokit.commands.common import add_device_arguments, device_from_args
 def register(subcommands: argparse._SubParsersAction) -> None:
     parser = subcommands.add_parser(
         "perplexity", help="perplexity of tokenized text under a trained language model",
+        usage="elmo perplexity [MODEL] FILE [FILE ...] [options]",
         description="Print the forward, backward and average perplexity (full softmax) of tokenized "
                     "files, one sentence a line, with sentences packed into rows and the LSTM state "
-                    "carried as in training. MODEL is a model directory with its softmax and vocab.txt "
-                    "(a run's best/), or a training run directory.")
-    parser.add_argument("model", type=Path, metavar="MODEL", help="model directory, or a run directory")
-    parser.add_argument("files", nargs="+", metavar="FILE", help="tokenized files or globs (plain or .gz)")
+                    "carried as in training. MODEL, when the first argument is a directory, is a model "
+                    "directory with its softmax and vocab.txt (a run's best/) or a training run "
+                    "directory; without it, the built-in English model scores the files.")
+    parser.add_argument("inputs", nargs="+", metavar="[MODEL] FILE",
+                        help="an optional model or run directory, then tokenized files or globs (plain or .gz)")
+    parser.add_argument("--max-sentences", type=int, metavar="N",
+                        help="score only the first N sentences of the files (in the order given)")
     parser.add_argument("--batch-size", type=int, default=64, help="rows of a batch (default: 64)")
     parser.add_argument("--unroll-steps", type=int, default=20, help="positions of a window (default: 20)")
     parser.add_argument("--per-sentence", type=Path, metavar="OUT",
@@ -44,6 +48,26 @@ def resolve_model_dir(path: Path) -> Path:
                             f"nor a training run with a {BEST_DIR}/ model")
 
 
+def split_inputs(inputs: list[str]) -> tuple[Path, list[str]]:
+    """(model directory, files): the first input when it is a directory, else the built-in model."""
+    from safetensors import safe_open
+
+    from elmokit.model.builtin import builtin_model_dir
+
+    if Path(inputs[0]).is_dir():
+        if len(inputs) == 1:
+            raise ValueError(f"{inputs[0]} is a directory (taken as MODEL) and no FILE follows it; "
+                             "give the tokenized files to score after the model")
+        return resolve_model_dir(Path(inputs[0])), inputs[1:]
+    directory = builtin_model_dir()
+    with safe_open(directory / "model.safetensors", "pt") as weights:
+        if "softmax.weight" not in weights.keys():
+            raise ValueError(f"the built-in model of this installation ({directory}) ships without its softmax, "
+                             "so it cannot score text; give a MODEL directory that has one (a run directory, "
+                             "or `elmo export RUN --native DIR`) before the files")
+    return directory, inputs
+
+
 def run(args: argparse.Namespace) -> int:
     from elmokit.training.checkpoint import load_model_dir
     from elmokit.training.corpus import expand_paths
@@ -51,15 +75,18 @@ def run(args: argparse.Namespace) -> int:
     from elmokit.training.perplexity import corpus_perplexity
     from elmokit.training.vocab import Vocabulary
 
+    if args.max_sentences is not None and args.max_sentences < 1:
+        raise ValueError(f"--max-sentences must be at least 1, got {args.max_sentences}")
     if args.per_sentence is not None:
         refuse_overwrite([args.per_sentence], args.overwrite)
-    model, vocab_path = load_model_dir(resolve_model_dir(args.model))
+    model_dir, patterns = split_inputs(args.inputs)
+    model, vocab_path = load_model_dir(model_dir)
     vocab = Vocabulary.load(vocab_path)
-    files = expand_paths(args.files)
+    files = expand_paths(patterns)
     device = device_from_args(args)
-    result = corpus_perplexity(model, vocab, files, args.batch_size, args.unroll_steps, device)
+    result = corpus_perplexity(model, vocab, files, args.batch_size, args.unroll_steps, device, args.max_sentences)
     if args.per_sentence is not None:
-        write_sentence_scores(model, vocab, files, args.per_sentence, args.batch_size, device)
+        write_sentence_scores(model, vocab, files, args.per_sentence, args.batch_size, device, args.max_sentences)
     if args.json:
         print(json.dumps(result))
     else:
@@ -69,8 +96,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def write_sentence_scores(model, vocab, files: list[Path], out: Path, batch_size: int, device: str) -> None:
-    """One line per non-blank input line: file, line number, targets, NLLs and perplexities."""
+def write_sentence_scores(model, vocab, files: list[Path], out: Path, batch_size: int, device: str,
+                          max_sentences: int | None = None) -> None:
+    """One line per non-blank input line (the first `max_sentences`): file, line number, targets,
+    NLLs and perplexities."""
     from elmokit.training.corpus import open_text
     from elmokit.io import atomic_path
     from elmokit.training.perplexity import sentence_scores
@@ -79,7 +108,7 @@ def write_sentence_scores(model, vocab, files: list[Path], out: Path, batch_size
     for path in files:
         with open_text(path) as handle:
             for number, line in enumerate(handle, start=1):
-                if line.strip():
+                if line.strip() and (max_sentences is None or len(sentences) < max_sentences):
                     located.append((str(path), number))
                     sentences.append(line.split())
     as_json = out.suffix == ".jsonl"

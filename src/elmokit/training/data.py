@@ -132,16 +132,21 @@ class SentenceStream:
             the files in the given order, line by line.
         buffer_size: sentences held for shuffling; each sentence handed on is drawn at random
             from the buffer, which is refilled with the next line read.
+        max_sentences: stop after this many sentences read (None: all of them).
     """
 
     def __init__(self, files: Sequence[Path], seed: int = 0, epoch: int = 0, rank: int = 0,
-                 world_size: int = 1, shuffle: bool = True, buffer_size: int = 10_000):
+                 world_size: int = 1, shuffle: bool = True, buffer_size: int = 10_000,
+                 max_sentences: int | None = None):
         if not files:
             raise ValueError("no shard files given")
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size), got rank={rank}, world_size={world_size}")
         if buffer_size < 1:
             raise ValueError(f"buffer_size must be at least 1, got {buffer_size}")
+        if max_sentences is not None and max_sentences < 1:
+            raise ValueError(f"max_sentences must be at least 1, got {max_sentences}")
+        self.max_sentences = max_sentences
         self.files = [Path(f) for f in files]
         self.seed, self.epoch, self.rank, self.world_size = seed, epoch, rank, world_size
         self.shuffle, self.buffer_size = shuffle, buffer_size
@@ -186,6 +191,9 @@ class SentenceStream:
 
     def _read_line(self) -> str | None:
         """The next non-blank line this rank owns, stripped; None after its last shard."""
+        if self.max_sentences is not None and self.counters.sentences >= self.max_sentences:
+            self.close()
+            return None
         while self._file_position < len(self.rank_files):
             try:
                 if self._handle is None:
@@ -275,6 +283,7 @@ class LMBatcher:
         rank, world_size: this process's part of the corpus (module docstring).
         shuffle: False reads the files in order, sentence after sentence (evaluation).
         buffer_size: sentences in the shuffle buffer.
+        max_sentences: read only the first this many sentences (None: all).
 
     `state_dict()` after any batch and `load_state_dict()` on a batcher built with the same
     arguments continue with exactly the batches the first one would have produced next.
@@ -282,16 +291,18 @@ class LMBatcher:
 
     def __init__(self, files: Sequence[str | Path] | str | Path, vocab: Vocabulary, batch_size: int,
                  unroll_steps: int, seed: int = 0, epoch: int = 0, rank: int = 0, world_size: int = 1,
-                 shuffle: bool = True, buffer_size: int = 10_000):
+                 shuffle: bool = True, buffer_size: int = 10_000, max_sentences: int | None = None):
         if batch_size < 1 or unroll_steps < 1:
             raise ValueError(f"batch_size and unroll_steps must be at least 1, got {batch_size}, {unroll_steps}")
         self.files = expand_paths([files] if isinstance(files, (str, Path)) else files)
         self.vocab, self.batch_size, self.unroll_steps = vocab, batch_size, unroll_steps
         self.stream = SentenceStream(self.files, seed=seed, epoch=epoch, rank=rank, world_size=world_size,
-                                     shuffle=shuffle, buffer_size=buffer_size)
+                                     shuffle=shuffle, buffer_size=buffer_size, max_sentences=max_sentences)
         self._config = {"files": list(map(str, self.files)), "seed": seed, "epoch": epoch, "rank": rank,
                         "world_size": world_size, "shuffle": shuffle, "buffer_size": buffer_size,
                         "batch_size": batch_size, "unroll_steps": unroll_steps}
+        if max_sentences is not None:  # states saved before the option existed stay loadable
+            self._config["max_sentences"] = max_sentences
         self._rows: list[list[str] | None] = [None] * batch_size  # each row's [<S>, w.., </S>]
         self._offsets = [0] * batch_size  # pairs of that sentence already emitted (0..n+1)
         self.n_batches = 0  # windows produced so far this epoch
@@ -399,11 +410,14 @@ class LMBatcher:
 
 
 def eval_batches(files: Sequence[str | Path] | str | Path, vocab: Vocabulary, batch_size: int,
-                 unroll_steps: int, rank: int = 0, world_size: int = 1) -> LMBatcher:
-    """Windows for perplexity: files in the given order, no shuffling, every pair exactly once.
+                 unroll_steps: int, rank: int = 0, world_size: int = 1,
+                 max_sentences: int | None = None) -> LMBatcher:
+    """Windows for perplexity: files in the given order, no shuffling, every pair exactly once
+    (of the first `max_sentences` sentences of the files, when given).
 
     Every sentence of n words contributes its n + 1 forward and n + 1 backward targets once;
     positions past the end are padding (mask False). Sum the per-position losses over the mask
     and divide by the sum of `n_tokens` for the mean negative log-likelihood.
     """
-    return LMBatcher(files, vocab, batch_size, unroll_steps, rank=rank, world_size=world_size, shuffle=False)
+    return LMBatcher(files, vocab, batch_size, unroll_steps, rank=rank, world_size=world_size, shuffle=False,
+                     max_sentences=max_sentences)

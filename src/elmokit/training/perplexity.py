@@ -49,15 +49,16 @@ class SentenceScore:
 
 
 def corpus_perplexity(model: LanguageModel, vocab: Vocabulary, files: Sequence[str | Path],
-                      batch_size: int = 64, unroll_steps: int = 20, device: str | torch.device = "cpu"
-                      ) -> dict[str, float]:
-    """forward_ppl, backward_ppl, ppl and n_tokens of every sentence of `files`; CorpusError
-    if they hold no sentence (an empty or blank-only file)."""
+                      batch_size: int = 64, unroll_steps: int = 20, device: str | torch.device = "cpu",
+                      max_sentences: int | None = None) -> dict[str, float]:
+    """forward_ppl, backward_ppl, ppl and n_tokens of every sentence of `files` (of the first
+    `max_sentences`, when given); CorpusError if they hold no sentence (an empty or blank-only file)."""
     from elmokit.training.loop import evaluate
 
     _check_vocab(model, vocab)
     device = resolve_device(device)
-    result = evaluate(model.to(device), eval_batches(list(files), vocab, batch_size, unroll_steps), device)
+    batches = eval_batches(list(files), vocab, batch_size, unroll_steps, max_sentences=max_sentences)
+    result = evaluate(model.to(device), batches, device)
     if result["n_tokens"] == 0:
         raise CorpusError(f"nothing to score: {', '.join(map(str, files))} "
                           f"{'is' if len(files) == 1 else 'are'} empty or blank; expected one tokenized sentence a line")
