@@ -164,6 +164,36 @@ def test_training_recurrence_matches_the_autograd_step_loop(clip):
         assert any((layer.abs() >= clip - 1e-12).any() for layer in layers)  # the clip was exercised
 
 
+def test_char_cnn_backward_through_the_argmax_matches_autograd():
+    """The training path of the char CNN (`CharConvMaxPool`: oneDNN convolutions, gradients from
+    the chosen windows through the 262-row char table) against autograd over nn.Embedding(padding_idx=0),
+    conv1d and amax, in float64: real tokens (begin/end-of-word marks, in-word padding, so tied
+    windows of equal chars), rows of id 0 (no token) and a token of 50 chars."""
+    from elmokit.model.chars import tokens_to_char_ids
+    from elmokit.model.encoder import CharConvMaxPool
+
+    torch.manual_seed(0)
+    words = ["a", "I", "the", "play", "Zürich", "football", "x" * 60, ".", "don't", "北京"]
+    char_ids = torch.cat([torch.from_numpy(tokens_to_char_ids(words)), torch.zeros(2, 50, dtype=torch.long)])
+    embedding = torch.randn(262, 5, dtype=torch.float64)
+    embedding[0] = 0
+    kernels = [torch.randn(count, 5, width, dtype=torch.float64) for width, count in ((1, 3), (2, 4), (3, 6), (5, 2))]
+    grad = torch.randn(len(char_ids), sum(k.shape[0] for k in kernels), dtype=torch.float64)
+
+    leaves = [embedding.clone().requires_grad_(), *(k.clone().requires_grad_() for k in kernels)]
+    pooled = CharConvMaxPool.apply(char_ids, *leaves)
+    pooled.backward(grad)
+    expected_leaves = [embedding.clone().requires_grad_(), *(k.clone().requires_grad_() for k in kernels)]
+    chars = F.embedding(char_ids, expected_leaves[0], padding_idx=0).transpose(1, 2)
+    expected = torch.cat([F.conv1d(chars, kernel).amax(dim=2) for kernel in expected_leaves[1:]], dim=-1)
+    expected.backward(grad)
+
+    torch.testing.assert_close(pooled, expected, rtol=0, atol=1e-12)
+    for got, want in zip(leaves, expected_leaves):
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-10, atol=1e-10)
+    assert leaves[0].grad[0].abs().max() == 0 and leaves[0].grad[1:].abs().max() > 0
+
+
 @pytest.mark.parametrize("n_samples", [0, 25])
 def test_one_pass_softmax_matches_cross_entropy(n_samples, monkeypatch):
     """nll_sum (logits a block at a time, gradients in the forward pass) equals the plain

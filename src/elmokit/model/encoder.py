@@ -38,12 +38,12 @@ class CharCNN(nn.Module):
     CHUNK = 16  # tokens a pass without gradients: their window products stay in cache
 
     def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
-        chars = self.char_embedding(char_ids)  # (N, W, E)
-        # each convolution as one matmul over all windows: (n_i, E, w) -> (n_i, w*E), window order
-        if torch.is_grad_enabled():  # training: oneDNN's convolution, whose backward is ~2x faster
-            channels_first = chars.transpose(1, 2)  # (N, E, W)
-            pooled = torch.cat([F.conv1d(channels_first, conv.weight).amax(dim=2) for conv in self.convolutions], -1)
+        if torch.is_grad_enabled():  # training: oneDNN's convolutions, the backward through the argmax only
+            pooled = CharConvMaxPool.apply(char_ids, self.char_embedding.weight,
+                                           *(conv.weight for conv in self.convolutions))
         else:
+            chars = self.char_embedding(char_ids)  # (N, W, E)
+            # each convolution as one matmul over all windows: (n_i, E, w) -> (n_i, w*E), window order
             kernels = [conv.weight.transpose(1, 2).flatten(1) for conv in self.convolutions]
             pooled = torch.cat([self._max_over_windows(chunk, kernels) for chunk in chars.split(self.CHUNK)])
         bias = torch.cat([conv.bias for conv in self.convolutions])  # max(x + b) = max(x) + b
@@ -58,6 +58,56 @@ class CharCNN(nn.Module):
             windows = chars.unfold(1, width, 1).transpose(2, 3).reshape(-1, kernel.shape[1])  # (N*(W-w+1), w*E)
             pooled.append(linear(windows, kernel).view(n_tokens, n_chars - width + 1, -1).amax(dim=1))  # (N, n_i)
         return torch.cat(pooled, dim=-1)
+
+
+class CharConvMaxPool(torch.autograd.Function):
+    """Char embedding, the convolutions (no bias) and the max over positions, for training.
+
+    apply(char_ids (N, W), embedding (V, E), *kernels (n_i, E, w_i)) -> pooled (N, F)
+
+    The max passes its gradient to one window per token and filter, and a window's chars come
+    from a table of only V = 262 rows. So with g (N, n_i) the gradient of a filter bank and
+    A_k[v, f] = sum over tokens n whose char k of the chosen window of filter f is v of g[n, f]
+    (one scatter-add of N n_i values per k), both gradients are small products:
+
+        dkernel[f, :, k] = sum_v A_k[v, f] embedding[v]      dembedding[v] = sum_{f,k} A_k[v, f] kernel[f, :, k]
+
+    instead of a dense convolution backward over all W - w + 1 windows (N W n_i w E multiply-adds
+    twice). Row 0 (no token) gets no gradient, as `nn.Embedding(padding_idx=0)`. Tied windows
+    of one token (runs of in-word padding) have equal chars, so which one carries the gradient
+    changes nothing.
+    """
+
+    @staticmethod
+    def forward(ctx, char_ids, embedding, *kernels):
+        channels_first = F.embedding(char_ids, embedding).transpose(1, 2)  # (N, E, W)
+        pooled, windows = [], []
+        for kernel in kernels:
+            values, chosen = F.conv1d(channels_first, kernel).max(dim=2)  # (N, n_i) each
+            pooled.append(values)
+            windows.append(chosen)
+        ctx.save_for_backward(char_ids, embedding, *kernels, *windows)
+        return torch.cat(pooled, dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad_pooled):
+        char_ids, embedding, *rest = ctx.saved_tensors
+        kernels, windows = rest[:len(rest) // 2], rest[len(rest) // 2:]
+        dtype = torch.promote_types(embedding.dtype, torch.float32)  # bfloat16 weights: sums in float32
+        table = embedding.to(dtype)
+        grad_embedding = torch.zeros_like(table)
+        grad_kernels = []
+        for kernel, chosen, grad in zip(kernels, windows, grad_pooled.to(dtype).split([k.shape[0] for k in kernels], -1)):
+            count, _, width = kernel.shape
+            offsets = torch.arange(width, device=chosen.device)
+            chars = char_ids.gather(1, (chosen.unsqueeze(2) + offsets).flatten(1))  # (N, n_i * w): ids of each char
+            sums = torch.zeros(len(table), count * width, device=table.device, dtype=table.dtype)
+            sums.scatter_add_(0, chars, grad.repeat_interleave(width, dim=1))  # (V, n_i * w): the A_k side by side
+            sums = sums.view(len(table), count, width)
+            grad_kernels.append(torch.einsum("vfk,ve->fek", sums, table).to(kernel.dtype))
+            grad_embedding += torch.einsum("vfk,fek->ve", sums, kernel.to(dtype))
+        grad_embedding[0] = 0
+        return None, grad_embedding.to(embedding.dtype), *grad_kernels
 
 
 class Highway(nn.Module):
