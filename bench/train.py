@@ -171,6 +171,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "train.md")
     parser.add_argument("--note", default="", help="what else ran on the machine, for the page")
+    parser.add_argument("--profile-steps", type=int, default=5,
+                        help="then profile this many steps of elmokit (no clip) on the first shape: where "
+                             "the time goes, by operator (0: no profile)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     vocab_path = Path(os.environ.get("TMPDIR", "/tmp")) / "elmokit-bench-ptb-vocab.txt"
@@ -182,10 +185,33 @@ def main() -> None:
                if not name.endswith("bf16")}  # the float32 roofline
     print("fp32 matmul roofline: " + ", ".join(f"{k} {v:.1f}" for k, v in kernels.items()) + " GFLOP/s", flush=True)
     rows = [row for shape in args.shapes for row in bench_shape(shape, SHAPES[shape], vocab, args)]
-    write_table(rows, args, kernels, load_before, os.getloadavg()[0])
+    profile = profile_steps(SHAPES[args.shapes[0]], vocab, args) if args.profile_steps else []
+    write_table(rows, args, kernels, load_before, os.getloadavg()[0], profile)
 
 
-def write_table(rows: list[dict], args, kernels: dict[str, float], load_before: float, load_after: float) -> None:
+def profile_steps(config: ElmoConfig, vocab: Vocabulary, args) -> list[tuple[str, float, float]]:
+    """(operator, ms a step, share of the step) of the 12 operators with the most own CPU time
+    over `args.profile_steps` steps of elmokit (no clip), after 2 warm-up steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    trainer = Trainer("elmokit (no clip)", LanguageModel(unclipped(config), len(vocab), dropout=0.1), args.bf16)
+    batches = LMBatcher([PTB / "ptb.train.txt.gz"], vocab, args.batch_size, args.unroll_steps, seed=1)
+    for _ in range(2):
+        trainer.step(next(batches))
+    windows = [next(batches) for _ in range(args.profile_steps)]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for batch in windows:
+            trainer.step(batch)
+    events = prof.key_averages()
+    total = sum(event.self_cpu_time_total for event in events)
+    top = sorted(events, key=lambda event: event.self_cpu_time_total, reverse=True)[:12]
+    return [(event.key, event.self_cpu_time_total / 1e3 / args.profile_steps, event.self_cpu_time_total / total)
+            for event in top]
+
+
+def write_table(rows: list[dict], args, kernels: dict[str, float], load_before: float, load_after: float,
+                profile: list[tuple[str, float, float]]) -> None:
     roofline = max(kernels.values())
     lines = [
         "# Training speed (bench/train.py)", "",
@@ -204,6 +230,14 @@ def write_table(rows: list[dict], args, kernels: dict[str, float], load_before: 
     lines += [f"| {r['shape']} | {r['model']} | {r['params'] / 1e6:.2f}M | {r['flops_per_token'] / 1e9:.4f} | "
               f"{r['tokens_per_s']:,.0f} | {r['gflops']:.1f} | {r['gflops'] / roofline:.1%} | "
               f"{r['vs_baseline']:.2f}x |" for r in rows]
+    if profile:
+        lines += ["", f"Where the time of an elmokit (no clip) step goes ({args.shapes[0]}, torch.profiler over "
+                  f"{args.profile_steps} steps, own CPU time of each operator, the 12 largest; `bmm`/`addmm_` "
+                  "are the recurrence's per-step products and weight gradients and the softmax's gradient "
+                  "products, `mm` the softmax's hidden-state gradient, `mkldnn::_linear_pointwise` its logits, "
+                  "`mkldnn_convolution` and `max` the char CNN):", "",
+                  "| operator | ms a step | share of CPU time |", "|---|---:|---:|"]
+        lines += [f"| `{name}` | {ms:.1f} | {share:.1%} |" for name, ms, share in profile]
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"\nwrote {args.output}")
