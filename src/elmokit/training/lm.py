@@ -133,7 +133,8 @@ class LanguageModel(nn.Module):
         hidden = F.dropout(hidden, self.dropout, self.training)  # (D, B, U, P)
         mask = batch.mask.to(hidden.device)  # (B, U)
         targets = (batch.forward_targets.to(hidden.device), batch.backward_targets.to(hidden.device))
-        nll = [self.nll_sum(hidden[d][mask], targets[d][mask], sampled=self.training) for d in range(2)]
+        nll = self.nll_sums([hidden[d][mask] for d in range(2)], [targets[d][mask] for d in range(2)],
+                            sampled=self.training)
         count = int(mask.sum())
         loss = 0.5 * (nll[0] + nll[1]) / max(count, 1)
         alive = mask[:, -1].to(state.hidden.dtype)  # (B,)
@@ -161,17 +162,37 @@ class LanguageModel(nn.Module):
         The same loss as `target_nll(...).sum()` (with `sampled`, the same sample for the same RNG
         state), computed by `elmokit.training.softmax` without holding the (N, V) logits.
         """
-        if not (sampled and self.sampler is not None):
-            return full_softmax_nll_sum(hidden, self.softmax.weight, self.softmax.bias, targets)
-        negatives, n_tries = self.sampler.sample(self.n_samples)  # (K,)
-        negatives = negatives.to(hidden.device)
+        return self.nll_sums([hidden], [targets], sampled)[0]
+
+    def nll_sums(self, hiddens: list[torch.Tensor], targets: list[torch.Tensor], sampled: bool = False
+                 ) -> list[torch.Tensor]:
+        """`nll_sum` of several (hidden, targets) parts (the two directions), each with its own sample.
+
+        Sampled, the rows of the softmax that all parts need (their negatives and their targets)
+        are taken out of the (V, P) weight by one index, so the backward pass fills and scatters
+        one dense (V, P) gradient a step instead of one per index (four a direction).
+        """
         weight, bias = self.softmax.weight, self.softmax.bias
-        log_q = lambda ids: torch.log(self.sampler.expected_count(ids, n_tries)).float()  # noqa: E731
-        true_logits = (hidden * weight[targets]).sum(-1) + bias[targets] - log_q(targets)  # (N,)
-        column = torch.full((self.vocab_size,), -1, dtype=torch.long, device=hidden.device)
-        column[negatives] = torch.arange(len(negatives), device=hidden.device)
-        return sampled_softmax_nll_sum(hidden, weight[negatives], bias[negatives] - log_q(negatives),
-                                       true_logits, column[targets])
+        if not (sampled and self.sampler is not None):
+            return [full_softmax_nll_sum(hidden, weight, bias, part) for hidden, part in zip(hiddens, targets)]
+        draws = [self.sampler.sample(self.n_samples) for _ in hiddens]  # (K,) ids and tries, in part order
+        pieces = [piece for (negatives, _), part in zip(draws, targets) for piece in (negatives.to(part.device), part)]
+        rows = torch.cat(pieces)
+        weight_rows, bias_rows = weight[rows], bias[rows]  # one gather of everything the parts use
+        sizes = [len(piece) for piece in pieces]
+        weight_rows, bias_rows = weight_rows.split(sizes), bias_rows.split(sizes)
+        log_q = lambda ids, n_tries: torch.log(self.sampler.expected_count(ids, n_tries)).float()  # noqa: E731
+        sums = []
+        for index, (hidden, part, (_, n_tries)) in enumerate(zip(hiddens, targets, draws)):
+            negatives = pieces[2 * index]
+            negative_weight, target_weight = weight_rows[2 * index], weight_rows[2 * index + 1]
+            negative_bias, target_bias = bias_rows[2 * index], bias_rows[2 * index + 1]
+            true_logits = (hidden * target_weight).sum(-1) + target_bias - log_q(part, n_tries)  # (N,)
+            column = torch.full((self.vocab_size,), -1, dtype=torch.long, device=hidden.device)
+            column[negatives] = torch.arange(len(negatives), device=hidden.device)
+            sums.append(sampled_softmax_nll_sum(hidden, negative_weight, negative_bias - log_q(negatives, n_tries),
+                                                true_logits, column[part]))
+        return sums
 
     def target_nll(self, hidden: torch.Tensor, targets: torch.Tensor, sampled: bool = False) -> torch.Tensor:
         """Negative log-likelihood of each target: hidden (N, P), targets (N,) -> (N,) float32.
