@@ -38,7 +38,7 @@ class CharCNN(nn.Module):
     CHUNK = 16  # tokens a pass without gradients: their window products stay in cache
 
     def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled():  # training: oneDNN's convolutions, the backward through the argmax only
+        if torch.is_grad_enabled():  # training: the backward through the argmax only
             pooled = CharConvMaxPool.apply(char_ids, self.char_embedding.weight,
                                            *(conv.weight for conv in self.convolutions))
         else:
@@ -78,16 +78,26 @@ class CharConvMaxPool(torch.autograd.Function):
     changes nothing.
     """
 
+    CHUNK = 64  # tokens a pass: their window products stay in cache
+
     @staticmethod
     def forward(ctx, char_ids, embedding, *kernels):
-        channels_first = F.embedding(char_ids, embedding).transpose(1, 2)  # (N, E, W)
-        pooled, windows = [], []
-        for kernel in kernels:
-            values, chosen = F.conv1d(channels_first, kernel).max(dim=2)  # (N, n_i) each
-            pooled.append(values)
-            windows.append(chosen)
+        # each convolution as one product over all windows of a chunk of tokens, through oneDNN
+        # (elmokit.kernels; ~2x oneDNN's convolution here), then the max and its window
+        chars = F.embedding(char_ids, embedding)  # (N, W, E)
+        flat_kernels = [kernel.transpose(1, 2).flatten(1) for kernel in kernels]  # (n_i, w*E), window order
+        pooled, windows = [[] for _ in kernels], [[] for _ in kernels]
+        for chunk in chars.split(CharConvMaxPool.CHUNK):
+            n_tokens, n_chars, _ = chunk.shape
+            for index, (kernel, flat) in enumerate(zip(kernels, flat_kernels)):
+                width = kernel.shape[2]
+                patches = chunk.unfold(1, width, 1).transpose(2, 3).reshape(-1, flat.shape[1])  # (n*(W-w+1), w*E)
+                values, chosen = linear(patches, flat).view(n_tokens, n_chars - width + 1, -1).max(dim=1)  # (n, n_i)
+                pooled[index].append(values)
+                windows[index].append(chosen)
+        windows = [torch.cat(chosen) for chosen in windows]
         ctx.save_for_backward(char_ids, embedding, *kernels, *windows)
-        return torch.cat(pooled, dim=-1)
+        return torch.cat([torch.cat(values) for values in pooled], dim=-1)
 
     @staticmethod
     def backward(ctx, grad_pooled):
