@@ -107,6 +107,26 @@ def test_resume_after_sigkill_gives_identical_losses(corpus, tmp_path):
     assert losses(killed) == expected  # every step's loss, bit for bit
 
 
+def test_a_resume_that_changes_settings_records_them(corpus, tmp_path):
+    """`--resume --eval-every N` (a setting changed mid-run): the run goes on with it, metrics.jsonl
+    says at which step which fields changed (old, new), and train_config.json is the new one."""
+    run = tmp_path / "run"
+    process = elmo("train", "--config", str(corpus["train_json"]), "--output-dir", str(run), "--epochs", "1",
+                   "--checkpoint-every", "1000")
+    while process.poll() is None and last_step(run) < 3:
+        time.sleep(0.01)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait() == 130, process.stderr.read()
+    stopped_at = max(losses(run))
+    resumed = elmo("train", "--resume", "--output-dir", str(run), "--eval-every", "7")
+    assert resumed.wait() == 0, resumed.stderr.read()
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r for r in records if "resumed_with" in r] == [{"step": stopped_at, "resumed_with": {"eval_every": [20, 7]}}]
+    evaluated = [r["step"] for r in records if "valid_ppl" in r and r["step"] > stopped_at][:-1]  # last: the epoch's end
+    assert len(evaluated) >= 2 and all(step % 7 == 0 for step in evaluated)
+    assert json.loads((run / "train_config.json").read_text())["eval_every"] == 7
+
+
 @pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])
 def test_a_stop_signal_checkpoints_the_step_it_stops_at(corpus, tmp_path, stop_signal):
     """Ctrl-C or SIGTERM: the run finishes its step, writes a checkpoint there (not only every

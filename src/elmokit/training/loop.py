@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import math
 import sys
 import time
@@ -213,6 +214,7 @@ def start_run(config: TrainConfig, resume: bool) -> Run:
         run.data_state = ckpt.from_plain(mine["data"])
         if dist_.is_main:
             truncate_metrics(out_dir / METRICS_NAME, run.progress.step)
+            _record_changed_settings(config, out_dir, run.progress.step)
     model.train()
     return run
 
@@ -343,6 +345,18 @@ def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def _record_changed_settings(config: TrainConfig, out_dir: Path, step: int) -> None:
+    """A resume that changes settings (`--resume --eval-every 5000`) says so: the changed fields,
+    old and new, as a metrics.jsonl record at the step it resumed from, and train_config.json
+    rewritten to what the run goes on with."""
+    path = out_dir / TRAIN_CONFIG_NAME
+    saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    changed = {name: [saved.get(name), value] for name, value in asdict(config).items() if saved.get(name) != value}
+    if changed:
+        append_metrics(out_dir / METRICS_NAME, {"step": step, "resumed_with": changed}, None)
+        config.save(path)
 
 
 def _log(out_dir: Path, dist_: Dist, record: dict[str, Any], bar) -> None:

@@ -42,9 +42,11 @@ class MetricsWindow:
 
 
 def append_metrics(path: Path, record: dict[str, Any], bar) -> None:
-    """Append one line to metrics.jsonl and show it on the progress bar."""
+    """Append one line to metrics.jsonl and show it on the progress bar (if any)."""
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(record) + "\n")
+    if bar is None or not ("valid_ppl" in record or "loss" in record):
+        return
     if "valid_ppl" in record:
         bar.write(f"step {record['step']}: valid perplexity {record['valid_ppl']:.2f} "
                   f"(forward {record['valid_forward_ppl']:.2f}, backward {record['valid_backward_ppl']:.2f})")
