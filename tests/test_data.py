@@ -162,6 +162,24 @@ def test_resume_with_a_changed_argument_is_refused(tmp_path):
         other.load_state_dict(batcher.state_dict())
 
 
+def test_max_sentences_reads_the_first_sentences_and_must_match_on_resume(tmp_path):
+    sentences = write_corpus(tmp_path)  # 4 files of 25: the limit crosses from the first file into the second
+    vocab = vocab_for(tmp_path)
+    files = sorted(tmp_path.glob("shard-*"))
+    batches = list(eval_batches(files, vocab, batch_size=3, unroll_steps=5, max_sentences=30))
+    assert sorted(sentences_of(batches, vocab)) == sorted(sentences[:30])
+    limited = LMBatcher(files, vocab, 2, 4, shuffle=False, max_sentences=4)
+    next(limited)
+    for other in (LMBatcher(files, vocab, 2, 4, shuffle=False), LMBatcher(files, vocab, 2, 4, shuffle=False,
+                                                                        max_sentences=5)):
+        with pytest.raises(ValueError, match="max_sentences=4"):  # either way round
+            other.load_state_dict(limited.state_dict())
+    with pytest.raises(ValueError, match="max_sentences=None"):
+        limited.load_state_dict(LMBatcher(files, vocab, 2, 4, shuffle=False).state_dict())
+    with pytest.raises(ValueError, match="one rank"):
+        LMBatcher(files, vocab, 2, 4, world_size=2, max_sentences=4)
+
+
 @pytest.mark.parametrize("n_files, world_size", [(4, 2), (5, 2), (2, 3), (1, 2)])
 def test_ranks_read_disjoint_parts_that_cover_the_corpus(tmp_path, n_files, world_size):
     sentences = write_corpus(tmp_path, n_files=n_files, n_sentences=10)

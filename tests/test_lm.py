@@ -194,6 +194,36 @@ def test_char_cnn_backward_through_the_argmax_matches_autograd():
     assert leaves[0].grad[0].abs().max() == 0 and leaves[0].grad[1:].abs().max() > 0
 
 
+def test_char_cnn_training_path_under_autocast_frozen_and_empty():
+    """Under bf16 autocast the training path computes in the weights' float32 (the same pooled
+    features and gradients as without autocast) and leaves oneDNN on; frozen weights take the
+    plain path (no autograd node); no tokens give (0, F) and zero gradients."""
+    from elmokit import kernels
+    from elmokit.model.encoder import CharCNN
+
+    torch.manual_seed(0)
+    cnn = CharCNN(4, ((1, 3), (2, 5), (3, 4)), "relu")
+    char_ids = torch.randint(1, 262, (70, 50))  # more than one chunk of 64 tokens
+    plain = cnn(char_ids)
+    plain.sum().backward()
+    expected = [p.grad.clone() for p in cnn.parameters()]
+    cnn.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = cnn(char_ids)
+    mixed.sum().backward()
+    assert mixed.dtype == torch.float32 and kernels.onednn_active() == kernels.ONEDNN
+    torch.testing.assert_close(mixed, plain, rtol=0, atol=0)
+    for parameter, want in zip(cnn.parameters(), expected):
+        torch.testing.assert_close(parameter.grad, want, rtol=0, atol=0)
+
+    empty = cnn(torch.zeros(0, 50, dtype=torch.long))
+    assert empty.shape == (0, 12)
+    empty.sum().backward()
+    for parameter in cnn.parameters():
+        parameter.requires_grad_(False)
+    assert cnn(char_ids).grad_fn is None
+
+
 @pytest.mark.parametrize("n_samples", [0, 25])
 def test_one_pass_softmax_matches_cross_entropy(n_samples, monkeypatch):
     """nll_sum (logits a block at a time, gradients in the forward pass) equals the plain

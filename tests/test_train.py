@@ -118,7 +118,10 @@ def test_a_resume_that_changes_settings_records_them(corpus, tmp_path):
     process.send_signal(signal.SIGTERM)
     assert process.wait() == 130, process.stderr.read()
     stopped_at = max(losses(run))
-    resumed = elmo("train", "--resume", "--output-dir", str(run), "--eval-every", "7")
+    refused = elmo("train", "--resume", "--output-dir", str(run), "--batch-size", "8")  # the data state says no
+    assert refused.wait() == 2 and "batch_size" in refused.stderr.read()
+    assert json.loads((run / "train_config.json").read_text())["batch_size"] == 4  # nothing recorded
+    resumed = elmo("train", "--resume", "--output-dir", f"{run}/", "--eval-every", "7", "--threads", "2")
     assert resumed.wait() == 0, resumed.stderr.read()
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r for r in records if "resumed_with" in r] == [{"step": stopped_at, "resumed_with": {"eval_every": [20, 7]}}]
@@ -264,6 +267,14 @@ def test_perplexity_of_the_first_sentences_with_the_built_in_model(corpus, tmp_p
     assert "no FILE follows it" in capsys.readouterr().err
     assert main(["perplexity", str(head), "--max-sentences", "0"]) == 2
     assert "--max-sentences must be at least 1" in capsys.readouterr().err
+    assert main(["perplexity", str(tmp_path / "typo_run"), str(head)]) == 2  # meant as MODEL
+    assert "typo_run: no such model directory or file" in capsys.readouterr().err
+    assert main(["perplexity", str(tmp_path / "missing.txt")]) == 2
+    assert "missing.txt" in capsys.readouterr().err
+    scores_file = tmp_path / "scores.tsv"
+    assert main(["perplexity", str(first), str(second), "--max-sentences", "14", "--per-sentence", str(scores_file)]) == 0
+    rows = scores_file.read_text().splitlines()[1:]
+    assert len(rows) == 14 and rows[-1].split("\t")[:2] == [str(second), "4"]
     embedding_only = tmp_path / "v1" / builtin.BUILTIN_MODEL  # how v1 shipped: no softmax
     assert main(["export", str(run), "--native", str(embedding_only), "--no-softmax"]) == 0
     monkeypatch.setattr(builtin, "MODELS_DIR", embedding_only.parent)

@@ -119,7 +119,8 @@ def _checked(kind: str, onednn: Callable[[], torch.Tensor], reference: Callable[
         result = onednn()
     except Exception as error:  # noqa: BLE001 - any failure of a private op means: do not use it
         return _plain_after(f"{kind} product failed: {type(error).__name__}: {error}", plain)
-    expected = reference()
+    with torch.autocast("cpu", enabled=False):  # the float32 reference, also inside a bf16 autocast region
+        expected = reference()
     if result.shape != expected.shape or result.dtype != dtype:
         return _plain_after(f"{kind} product gave {tuple(result.shape)} {result.dtype}, expected "
                             f"{tuple(expected.shape)} {dtype}", plain)

@@ -48,24 +48,38 @@ def resolve_model_dir(path: Path) -> Path:
                             f"nor a training run with a {BEST_DIR}/ model")
 
 
-def split_inputs(inputs: list[str]) -> tuple[Path, list[str]]:
-    """(model directory, files): the first input when it is a directory, else the built-in model."""
-    from safetensors import safe_open
-
-    from elmokit.model.builtin import builtin_model_dir
-
-    if Path(inputs[0]).is_dir():
+def split_inputs(inputs: list[str]) -> tuple[Path | None, list[str]]:
+    """(model directory, file patterns): the first input when it is a directory, else None (the
+    built-in model). A first input that does not exist, is no glob and has files after it was
+    meant as MODEL: an error naming it."""
+    first = Path(inputs[0])
+    if first.is_dir():
         if len(inputs) == 1:
             raise ValueError(f"{inputs[0]} is a directory (taken as MODEL) and no FILE follows it; "
                              "give the tokenized files to score after the model")
-        return resolve_model_dir(Path(inputs[0])), inputs[1:]
-    directory = builtin_model_dir()
+        return resolve_model_dir(first), inputs[1:]
+    if len(inputs) > 1 and not first.exists() and not any(char in inputs[0] for char in "*?["):
+        raise FileNotFoundError(f"{inputs[0]}: no such model directory or file (MODEL, when given, is a "
+                                "model directory or a training run directory)")
+    return None, inputs
+
+
+def builtin_scoring_model() -> Path:
+    """The built-in model's directory, if it ships with its softmax (it can score text)."""
+    from safetensors import safe_open
+
+    from elmokit.model.builtin import MODELS_DIR, BUILTIN_MODEL
+
+    directory = MODELS_DIR / BUILTIN_MODEL
+    if not (directory / "model.safetensors").is_file():
+        raise FileNotFoundError(f"the built-in model is not in this installation ({directory}); give a MODEL "
+                                "directory (a run directory, or `elmo export RUN --native DIR`) before the files")
     with safe_open(directory / "model.safetensors", "pt") as weights:
         if "softmax.weight" not in weights.keys():
             raise ValueError(f"the built-in model of this installation ({directory}) ships without its softmax, "
                              "so it cannot score text; give a MODEL directory that has one (a run directory, "
                              "or `elmo export RUN --native DIR`) before the files")
-    return directory, inputs
+    return directory
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,9 +94,9 @@ def run(args: argparse.Namespace) -> int:
     if args.per_sentence is not None:
         refuse_overwrite([args.per_sentence], args.overwrite)
     model_dir, patterns = split_inputs(args.inputs)
-    model, vocab_path = load_model_dir(model_dir)
+    files = expand_paths(patterns)  # a missing file is named before any model is loaded
+    model, vocab_path = load_model_dir(model_dir or builtin_scoring_model())
     vocab = Vocabulary.load(vocab_path)
-    files = expand_paths(patterns)
     device = device_from_args(args)
     result = corpus_perplexity(model, vocab, files, args.batch_size, args.unroll_steps, device, args.max_sentences)
     if args.per_sentence is not None:
@@ -106,11 +120,15 @@ def write_sentence_scores(model, vocab, files: list[Path], out: Path, batch_size
 
     located, sentences = [], []
     for path in files:
+        if max_sentences is not None and len(sentences) >= max_sentences:
+            break
         with open_text(path) as handle:
             for number, line in enumerate(handle, start=1):
-                if line.strip() and (max_sentences is None or len(sentences) < max_sentences):
+                if line.strip():
                     located.append((str(path), number))
                     sentences.append(line.split())
+                    if max_sentences is not None and len(sentences) >= max_sentences:
+                        break
     as_json = out.suffix == ".jsonl"
     with atomic_path(out) as tmp, open(tmp, "w", encoding="utf-8") as handle:
         if not as_json:

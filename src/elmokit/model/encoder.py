@@ -38,9 +38,9 @@ class CharCNN(nn.Module):
     CHUNK = 16  # tokens a pass without gradients: their window products stay in cache
 
     def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled():  # training: the backward through the argmax only
-            pooled = CharConvMaxPool.apply(char_ids, self.char_embedding.weight,
-                                           *(conv.weight for conv in self.convolutions))
+        weights = [self.char_embedding.weight, *(conv.weight for conv in self.convolutions)]
+        if torch.is_grad_enabled() and any(weight.requires_grad for weight in weights):  # training
+            pooled = CharConvMaxPool.apply(char_ids, *weights)
         else:
             chars = self.char_embedding(char_ids)  # (N, W, E)
             # each convolution as one matmul over all windows: (n_i, E, w) -> (n_i, w*E), window order
@@ -56,7 +56,8 @@ class CharCNN(nn.Module):
         for conv, kernel in zip(self.convolutions, kernels):
             width = conv.kernel_size[0]
             windows = chars.unfold(1, width, 1).transpose(2, 3).reshape(-1, kernel.shape[1])  # (N*(W-w+1), w*E)
-            pooled.append(linear(windows, kernel).view(n_tokens, n_chars - width + 1, -1).amax(dim=1))  # (N, n_i)
+            products = linear(windows, kernel).view(n_tokens, n_chars - width + 1, kernel.shape[0])
+            pooled.append(products.amax(dim=1))  # (N, n_i)
         return torch.cat(pooled, dim=-1)
 
 
@@ -82,6 +83,13 @@ class CharConvMaxPool(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, char_ids, embedding, *kernels):
+        with torch.autocast(char_ids.device.type, enabled=False):  # the weights' dtype, also under autocast
+            pooled, windows = CharConvMaxPool._pool(char_ids, embedding, kernels)
+        ctx.save_for_backward(char_ids, embedding, *kernels, *windows)
+        return pooled
+
+    @staticmethod
+    def _pool(char_ids, embedding, kernels) -> tuple[torch.Tensor, list[torch.Tensor]]:
         # each convolution as one product over all windows of a chunk of tokens, through oneDNN
         # (elmokit.kernels; ~2x oneDNN's convolution here), then the max and its window
         chars = F.embedding(char_ids, embedding)  # (N, W, E)
@@ -92,32 +100,41 @@ class CharConvMaxPool(torch.autograd.Function):
             for index, (kernel, flat) in enumerate(zip(kernels, flat_kernels)):
                 width = kernel.shape[2]
                 patches = chunk.unfold(1, width, 1).transpose(2, 3).reshape(-1, flat.shape[1])  # (n*(W-w+1), w*E)
-                values, chosen = linear(patches, flat).view(n_tokens, n_chars - width + 1, -1).max(dim=1)  # (n, n_i)
+                products = linear(patches, flat).view(n_tokens, n_chars - width + 1, flat.shape[0])
+                values, chosen = products.max(dim=1)  # (n, n_i)
                 pooled[index].append(values)
                 windows[index].append(chosen)
         windows = [torch.cat(chosen) for chosen in windows]
-        ctx.save_for_backward(char_ids, embedding, *kernels, *windows)
-        return torch.cat([torch.cat(values) for values in pooled], dim=-1)
+        return torch.cat([torch.cat(values) for values in pooled], dim=-1), windows
 
     @staticmethod
     def backward(ctx, grad_pooled):
+        with torch.autocast(grad_pooled.device.type, enabled=False):
+            return CharConvMaxPool._gradients(ctx, grad_pooled)
+
+    @staticmethod
+    def _gradients(ctx, grad_pooled):
         char_ids, embedding, *rest = ctx.saved_tensors
+        wants_embedding, wants_kernels = ctx.needs_input_grad[1], ctx.needs_input_grad[2:]
         kernels, windows = rest[:len(rest) // 2], rest[len(rest) // 2:]
         dtype = torch.promote_types(embedding.dtype, torch.float32)  # bfloat16 weights: sums in float32
         table = embedding.to(dtype)
         grad_embedding = torch.zeros_like(table)
         grad_kernels = []
-        for kernel, chosen, grad in zip(kernels, windows, grad_pooled.to(dtype).split([k.shape[0] for k in kernels], -1)):
+        grads = grad_pooled.to(dtype).split([kernel.shape[0] for kernel in kernels], -1)
+        for index, (kernel, chosen, grad) in enumerate(zip(kernels, windows, grads)):
             count, _, width = kernel.shape
             offsets = torch.arange(width, device=chosen.device)
             chars = char_ids.gather(1, (chosen.unsqueeze(2) + offsets).flatten(1))  # (N, n_i * w): ids of each char
             sums = torch.zeros(len(table), count * width, device=table.device, dtype=table.dtype)
             sums.scatter_add_(0, chars, grad.repeat_interleave(width, dim=1))  # (V, n_i * w): the A_k side by side
             sums = sums.view(len(table), count, width)
-            grad_kernels.append(torch.einsum("vfk,ve->fek", sums, table).to(kernel.dtype))
-            grad_embedding += torch.einsum("vfk,fek->ve", sums, kernel.to(dtype))
+            grad_kernels.append(torch.einsum("vfk,ve->fek", sums, table).to(kernel.dtype) if wants_kernels[index]
+                                else None)
+            if wants_embedding:
+                grad_embedding += torch.einsum("vfk,fek->ve", sums, kernel.to(dtype))
         grad_embedding[0] = 0
-        return None, grad_embedding.to(embedding.dtype), *grad_kernels
+        return None, grad_embedding.to(embedding.dtype) if wants_embedding else None, *grad_kernels
 
 
 class Highway(nn.Module):

@@ -146,6 +146,8 @@ class SentenceStream:
             raise ValueError(f"buffer_size must be at least 1, got {buffer_size}")
         if max_sentences is not None and max_sentences < 1:
             raise ValueError(f"max_sentences must be at least 1, got {max_sentences}")
+        if max_sentences is not None and world_size > 1:  # counted per rank: say so rather than read N x ranks
+            raise ValueError("max_sentences counts one rank's sentences; give it with world_size 1 only")
         self.max_sentences = max_sentences
         self.files = [Path(f) for f in files]
         self.seed, self.epoch, self.rank, self.world_size = seed, epoch, rank, world_size
@@ -395,8 +397,8 @@ class LMBatcher:
         """Continue from `state` (from `state_dict()` of a batcher built with the same arguments)."""
         if state.get("format") != STATE_FORMAT:
             raise ValueError(f"not an LMBatcher state: format {state.get('format')!r}, expected {STATE_FORMAT!r}")
-        for key, expected in self._config.items():
-            saved = state["config"].get(key)
+        for key in self._config.keys() | state["config"].keys():  # a key absent on one side: None there
+            saved, expected = state["config"].get(key), self._config.get(key)
             if saved != expected:
                 raise ValueError(f"the data state was saved with {key}={saved!r}, this batcher has "
                                  f"{key}={expected!r}; build the LMBatcher with the saved arguments")

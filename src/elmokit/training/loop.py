@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import math
 import sys
 import time
@@ -154,6 +153,7 @@ class Run:
     progress: Progress
     state: LstmState | None = None
     data_state: dict | None = None  # the data position to continue from (a resumed run's first epoch)
+    changed: dict | None = None  # settings a resume changed: {field: [checkpoint's, now]}, recorded once accepted
     window: MetricsWindow = field(default_factory=MetricsWindow)  # the steps since the last metrics line
 
 
@@ -214,7 +214,7 @@ def start_run(config: TrainConfig, resume: bool) -> Run:
         run.data_state = ckpt.from_plain(mine["data"])
         if dist_.is_main:
             truncate_metrics(out_dir / METRICS_NAME, run.progress.step)
-            _record_changed_settings(config, out_dir, run.progress.step)
+        run.changed = _changed_settings(checkpoint.get("train_config"), config)
     model.train()
     return run
 
@@ -226,8 +226,12 @@ def run_epoch(run: Run, bar, stop: StopSignals) -> bool:
     started = time.perf_counter() - progress.seconds  # the clock goes on from the checkpoint's time
     batches = train_batches(config, run.vocab, progress.epoch, dist_)
     if run.data_state is not None:
-        batches.load_state_dict(run.data_state)
+        batches.load_state_dict(run.data_state)  # refuses settings that change the data
         run.data_state = None
+    if run.changed and dist_.is_main:
+        append_metrics(run.out_dir / METRICS_NAME, {"step": progress.step, "resumed_with": run.changed}, None)
+        config.save(run.out_dir / TRAIN_CONFIG_NAME)
+    run.changed = None
     while (batch := next_batch(batches, config, dist_)) is not None:
         result = train_step(run.wrapped, run.optimizer, batch, run.state, progress.lr(config), config, dist_)
         run.state = result.state
@@ -347,16 +351,25 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _record_changed_settings(config: TrainConfig, out_dir: Path, step: int) -> None:
-    """A resume that changes settings (`--resume --eval-every 5000`) says so: the changed fields,
-    old and new, as a metrics.jsonl record at the step it resumed from, and train_config.json
-    rewritten to what the run goes on with."""
-    path = out_dir / TRAIN_CONFIG_NAME
-    saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    changed = {name: [saved.get(name), value] for name, value in asdict(config).items() if saved.get(name) != value}
-    if changed:
-        append_metrics(out_dir / METRICS_NAME, {"step": step, "resumed_with": changed}, None)
-        config.save(path)
+RUNTIME_FIELDS = ("threads", "progress", "device")  # how a run runs, not what it computes
+
+
+def _changed_settings(saved: dict | None, config: TrainConfig) -> dict[str, list]:
+    """The settings a resume changes (`--resume --eval-every 5000`), against what the checkpoint
+    ran with: {field: [old, new]}; where and how the run runs (threads, progress bar, device, the
+    spelling of its directory) is no change. Recorded in metrics.jsonl, with train_config.json
+    rewritten, once the data state has accepted them (`run_epoch`)."""
+    if saved is None:  # checkpoints from before the config was stored in them
+        return {}
+    changed = {}
+    for name, value in asdict(config).items():
+        old = saved.get(name)
+        if name in RUNTIME_FIELDS or old == value:
+            continue
+        if name == "output_dir" and Path(old).resolve() == Path(value).resolve():
+            continue
+        changed[name] = [old, value]
+    return changed
 
 
 def _log(out_dir: Path, dist_: Dist, record: dict[str, Any], bar) -> None:
