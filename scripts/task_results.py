@@ -149,8 +149,8 @@ class Runner:
             start = time.process_time()
             self.data[name, condition] = TaskData(TaskConfig(model=model, **base), self.splits[name],
                                                   self.bilm if model else None)
-            atomic_write_text(features_record, json.dumps(
-                {"feature_cpu_seconds": round(time.process_time() - start, 1)}) + "\n")
+            if not features_record.is_file():  # the first computation's cost; later ones read the disk cache
+                atomic_write_text(features_record, json.dumps({"feature_cpu_seconds": round(time.process_time() - start, 1)}) + "\n")
         return self.data[name, condition]
 
 
