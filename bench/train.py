@@ -234,8 +234,8 @@ def write_table(rows: list[dict], args, kernels: dict[str, float], load_before: 
         lines += ["", f"Where the time of an elmokit (no clip) step goes ({args.shapes[0]}, torch.profiler over "
                   f"{args.profile_steps} steps, own CPU time of each operator, the 12 largest; `bmm`/`addmm_` "
                   "are the recurrence's per-step products and weight gradients and the softmax's gradient "
-                  "products, `mm` the softmax's hidden-state gradient, `mkldnn::_linear_pointwise` its logits, "
-                  "`mkldnn_convolution` and `max` the char CNN):", "",
+                  "products, `mm` the softmax's hidden-state gradient, `mkldnn::_linear_pointwise` its logits "
+                  "and the char CNN's window products, `max` the char CNN's pooling):", "",
                   "| operator | ms a step | share of CPU time |", "|---|---:|---:|"]
         lines += [f"| `{name}` | {ms:.1f} | {share:.1%} |" for name, ms, share in profile]
     args.output.parent.mkdir(parents=True, exist_ok=True)

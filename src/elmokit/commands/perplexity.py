@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 from pathlib import Path
 
@@ -58,7 +59,7 @@ def split_inputs(inputs: list[str]) -> tuple[Path | None, list[str]]:
             raise ValueError(f"{inputs[0]} is a directory (taken as MODEL) and no FILE follows it; "
                              "give the tokenized files to score after the model")
         return resolve_model_dir(first), inputs[1:]
-    if len(inputs) > 1 and not first.exists() and not any(char in inputs[0] for char in "*?["):
+    if len(inputs) > 1 and not first.exists() and not glob.has_magic(inputs[0]):
         raise FileNotFoundError(f"{inputs[0]}: no such model directory or file (MODEL, when given, is a "
                                 "model directory or a training run directory)")
     return None, inputs
@@ -68,12 +69,13 @@ def builtin_scoring_model() -> Path:
     """The built-in model's directory, if it ships with its softmax (it can score text)."""
     from safetensors import safe_open
 
-    from elmokit.model.builtin import MODELS_DIR, BUILTIN_MODEL
+    from elmokit.model.builtin import builtin_model_dir
 
-    directory = MODELS_DIR / BUILTIN_MODEL
-    if not (directory / "model.safetensors").is_file():
-        raise FileNotFoundError(f"the built-in model is not in this installation ({directory}); give a MODEL "
-                                "directory (a run directory, or `elmo export RUN --native DIR`) before the files")
+    try:
+        directory = builtin_model_dir()
+    except FileNotFoundError:  # its own advice (an options file) does not apply to scoring
+        raise FileNotFoundError("this installation has no built-in model; give a MODEL directory (a run "
+                                "directory, or `elmo export RUN --native DIR`) before the files") from None
     with safe_open(directory / "model.safetensors", "pt") as weights:
         if "softmax.weight" not in weights.keys():
             raise ValueError(f"the built-in model of this installation ({directory}) ships without its softmax, "

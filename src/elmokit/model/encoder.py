@@ -43,22 +43,28 @@ class CharCNN(nn.Module):
             pooled = CharConvMaxPool.apply(char_ids, *weights)
         else:
             chars = self.char_embedding(char_ids)  # (N, W, E)
-            # each convolution as one matmul over all windows: (n_i, E, w) -> (n_i, w*E), window order
-            kernels = [conv.weight.transpose(1, 2).flatten(1) for conv in self.convolutions]
-            pooled = torch.cat([self._max_over_windows(chunk, kernels) for chunk in chars.split(self.CHUNK)])
+            kernels = flat_kernels(conv.weight for conv in self.convolutions)
+            pooled = torch.cat([torch.cat([products.amax(dim=1) for products in window_products(chunk, kernels)], -1)
+                                for chunk in chars.split(self.CHUNK)])  # (N, F)
         bias = torch.cat([conv.bias for conv in self.convolutions])  # max(x + b) = max(x) + b
         dtype = torch.promote_types(pooled.dtype, torch.float32)  # bfloat16 weights: float32 from here on
         return self.activation(pooled.to(dtype) + bias.to(dtype))  # (N, F)
 
-    def _max_over_windows(self, chars: torch.Tensor, kernels: list[torch.Tensor]) -> torch.Tensor:
-        n_tokens, n_chars, _ = chars.shape
-        pooled = []
-        for conv, kernel in zip(self.convolutions, kernels):
-            width = conv.kernel_size[0]
-            windows = chars.unfold(1, width, 1).transpose(2, 3).reshape(-1, kernel.shape[1])  # (N*(W-w+1), w*E)
-            products = linear(windows, kernel).view(n_tokens, n_chars - width + 1, kernel.shape[0])
-            pooled.append(products.amax(dim=1))  # (N, n_i)
-        return torch.cat(pooled, dim=-1)
+
+def flat_kernels(kernels) -> list[torch.Tensor]:
+    """Convolution kernels (n_i, E, w) as product weights (n_i, w*E), in window order."""
+    return [kernel.transpose(1, 2).flatten(1) for kernel in kernels]
+
+
+def window_products(chars: torch.Tensor, kernels: list[torch.Tensor]):
+    """Each convolution over chars (n, W, E) as one product over all its windows (through oneDNN,
+    `elmokit.kernels`; ~2x oneDNN's own convolution here): yields (n, W - w + 1, n_i) per kernel
+    (n_i, w*E) of `flat_kernels`. Callers pass a few tokens at a time, so the products stay in cache."""
+    n_tokens, n_chars, dim = chars.shape
+    for kernel in kernels:
+        width = kernel.shape[1] // dim
+        windows = chars.unfold(1, width, 1).transpose(2, 3).reshape(-1, kernel.shape[1])  # (n*(W-w+1), w*E)
+        yield linear(windows, kernel).view(n_tokens, n_chars - width + 1, kernel.shape[0])
 
 
 class CharConvMaxPool(torch.autograd.Function):
@@ -90,22 +96,14 @@ class CharConvMaxPool(torch.autograd.Function):
 
     @staticmethod
     def _pool(char_ids, embedding, kernels) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        # each convolution as one product over all windows of a chunk of tokens, through oneDNN
-        # (elmokit.kernels; ~2x oneDNN's convolution here), then the max and its window
+        """The pooled features (N, F) and each filter's chosen window (N, n_i) per kernel."""
         chars = F.embedding(char_ids, embedding)  # (N, W, E)
-        flat_kernels = [kernel.transpose(1, 2).flatten(1) for kernel in kernels]  # (n_i, w*E), window order
-        pooled, windows = [[] for _ in kernels], [[] for _ in kernels]
-        for chunk in chars.split(CharConvMaxPool.CHUNK):
-            n_tokens, n_chars, _ = chunk.shape
-            for index, (kernel, flat) in enumerate(zip(kernels, flat_kernels)):
-                width = kernel.shape[2]
-                patches = chunk.unfold(1, width, 1).transpose(2, 3).reshape(-1, flat.shape[1])  # (n*(W-w+1), w*E)
-                products = linear(patches, flat).view(n_tokens, n_chars - width + 1, flat.shape[0])
-                values, chosen = products.max(dim=1)  # (n, n_i)
-                pooled[index].append(values)
-                windows[index].append(chosen)
-        windows = [torch.cat(chosen) for chosen in windows]
-        return torch.cat([torch.cat(values) for values in pooled], dim=-1), windows
+        flat = flat_kernels(kernels)
+        chunks = [[products.max(dim=1) for products in window_products(chunk, flat)]
+                  for chunk in chars.split(CharConvMaxPool.CHUNK)]  # per chunk, per kernel: (values, windows)
+        pooled = torch.cat([torch.cat([values for values, _ in chunk], -1) for chunk in chunks])
+        windows = [torch.cat([chunk[index][1] for chunk in chunks]) for index in range(len(kernels))]
+        return pooled, windows
 
     @staticmethod
     def backward(ctx, grad_pooled):

@@ -177,16 +177,15 @@ class LanguageModel(nn.Module):
             return [full_softmax_nll_sum(hidden, weight, bias, part) for hidden, part in zip(hiddens, targets)]
         draws = [self.sampler.sample(self.n_samples) for _ in hiddens]  # (K,) ids and tries, in part order
         pieces = [piece for (negatives, _), part in zip(draws, targets) for piece in (negatives.to(part.device), part)]
-        rows = torch.cat(pieces)
-        weight_rows, bias_rows = weight[rows], bias[rows]  # one gather of everything the parts use
         sizes = [len(piece) for piece in pieces]
-        weight_rows, bias_rows = weight_rows.split(sizes), bias_rows.split(sizes)
+        rows = torch.cat(pieces)  # one gather of everything the parts use
+        weight_rows, bias_rows = weight[rows].split(sizes), bias[rows].split(sizes)
         log_q = lambda ids, n_tries: torch.log(self.sampler.expected_count(ids, n_tries)).float()  # noqa: E731
         sums = []
-        for index, (hidden, part, (_, n_tries)) in enumerate(zip(hiddens, targets, draws)):
-            negatives = pieces[2 * index]
-            negative_weight, target_weight = weight_rows[2 * index], weight_rows[2 * index + 1]
-            negative_bias, target_bias = bias_rows[2 * index], bias_rows[2 * index + 1]
+        for index, (hidden, part, (negatives, n_tries)) in enumerate(zip(hiddens, targets, draws)):
+            negatives = negatives.to(part.device)
+            (negative_weight, target_weight), (negative_bias, target_bias) = (
+                weight_rows[2 * index:2 * index + 2], bias_rows[2 * index:2 * index + 2])
             true_logits = (hidden * target_weight).sum(-1) + target_bias - log_q(part, n_tries)  # (N,)
             column = torch.full((self.vocab_size,), -1, dtype=torch.long, device=hidden.device)
             column[negatives] = torch.arange(len(negatives), device=hidden.device)

@@ -228,10 +228,11 @@ def run_epoch(run: Run, bar, stop: StopSignals) -> bool:
     if run.data_state is not None:
         batches.load_state_dict(run.data_state)  # refuses settings that change the data
         run.data_state = None
-    if run.changed and dist_.is_main:
-        append_metrics(run.out_dir / METRICS_NAME, {"step": progress.step, "resumed_with": run.changed}, None)
-        config.save(run.out_dir / TRAIN_CONFIG_NAME)
-    run.changed = None
+    if run.changed:
+        _log(run.out_dir, dist_, {"step": progress.step, "resumed_with": run.changed}, None)
+        if dist_.is_main:
+            config.save(run.out_dir / TRAIN_CONFIG_NAME)
+        run.changed = None
     while (batch := next_batch(batches, config, dist_)) is not None:
         result = train_step(run.wrapped, run.optimizer, batch, run.state, progress.lr(config), config, dist_)
         run.state = result.state
