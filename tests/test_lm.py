@@ -246,6 +246,54 @@ def test_one_pass_softmax_matches_cross_entropy(n_samples, monkeypatch):
         torch.testing.assert_close(grad, ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("sparse", [False, True])
+def test_gather_rows_gradient_dense_or_added_in_place(sparse):
+    """GatherRows (the sampled softmax's one gather of rows, repeated rows included) gives the
+    gradient of plain indexing; with `sparse` and a dense `.grad` already on the weight, that
+    gradient comes as the rows alone (sparse), added by autograd into the same dense `.grad`."""
+    weight = torch.randn(VOCAB, 6, requires_grad=True)
+    rows = torch.tensor([3, 7, 3, 0, 39, 7, 7])
+    upstream = torch.randn(len(rows), 6)
+    expected = torch.zeros(VOCAB, 6).index_put_((rows,), upstream, accumulate=True)  # autograd of weight[rows]
+    gathered = lambda: softmax.GatherRows.apply(weight, rows, sparse)  # noqa: E731
+    torch.testing.assert_close(gathered(), weight[rows])
+    (gathered() * upstream).sum().backward()  # no .grad yet: dense either way
+    assert weight.grad.layout == torch.strided
+    torch.testing.assert_close(weight.grad, expected)
+    kept = weight.grad
+    kept.fill_(0.5)  # the trainer zeroes it between steps; any dense values add the same way
+    (gathered() * upstream).sum().backward()
+    assert weight.grad is kept and kept.layout == torch.strided
+    torch.testing.assert_close(weight.grad, expected + 0.5)
+    grad, = torch.autograd.grad((gathered() * upstream).sum(), weight)  # what autograd adds into .grad
+    assert grad.layout == (torch.sparse_coo if sparse else torch.strided)
+    torch.testing.assert_close(grad.to_dense(), expected)
+
+
+def test_trainer_keeps_the_softmax_gradient_dense_and_in_place(tmp_path):
+    """Sampled-softmax steps of the trainer: the (V, P) weight's gradient is the same dense tensor
+    from the second step on, and equals the dense gradient of the same step without the in-place path."""
+    from elmokit.training.config import TrainConfig
+    from elmokit.training.loop import train_step
+    from elmokit.training.processes import Dist
+    chars, ids = random_streams(4, 12, seed=2)
+    model = make_model(n_samples=15).train()
+    model.sparse_softmax_grad = True
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.0)  # lr 0: every step sees the same weights
+    config = TrainConfig(output_dir=str(tmp_path), grad_clip=0.0)
+    grads = []
+    for step in range(3):
+        model.sparse_softmax_grad = step < 2
+        if step == 2:
+            optimizer.zero_grad(set_to_none=True)
+        torch.manual_seed(7)
+        train_step(model, optimizer, window(chars, ids, 0, 5), None, 0.0, config, Dist())
+        grads.append(model.softmax.weight.grad)
+    assert grads[0] is grads[1] and grads[1] is not grads[2]
+    assert all(grad.layout == torch.strided for grad in grads[1:])
+    torch.testing.assert_close(grads[1], grads[2])
+
+
 def test_training_step_losses_match_the_plain_pytorch_computation():
     """Adam steps through the fast path (hand-written recurrence, one-pass softmax) give the
     losses of the same model computed with autograd over the step loop and F.cross_entropy:

@@ -26,7 +26,7 @@ from elmokit.model.config import ElmoConfig
 from elmokit.model.lstm import LstmState
 from elmokit.model.bilm import BiLM
 from elmokit.training.recurrence import forward_streams
-from elmokit.training.softmax import full_softmax_nll_sum, sampled_softmax_nll_sum
+from elmokit.training.softmax import GatherRows, full_softmax_nll_sum, sampled_softmax_nll_sum
 
 
 class LMOutput(NamedTuple):
@@ -97,6 +97,10 @@ class LanguageModel(nn.Module):
         vocab_size: V, the softmax size (the vocabulary of targets, sorted by frequency).
         dropout: on every LSTM layer input and on the top layer's output (before the softmax).
         n_samples: K negatives of the sampled softmax in training; 0 (or K >= V) = full softmax.
+
+    `sparse_softmax_grad` (default False), set by the trainer, whose gradients stay allocated between
+    steps: the sampled softmax's rows' gradient then arrives sparse and is added in place into the
+    weight's dense `.grad` (`GatherRows`) instead of building a new dense (V, P) gradient a step.
     """
 
     TYPE_BUCKET = 32  # the token encoder runs on the window's distinct tokens, padded to a multiple of this
@@ -109,6 +113,7 @@ class LanguageModel(nn.Module):
         self.dropout = dropout
         self.n_samples = n_samples if 0 < n_samples < vocab_size else 0
         self.sampler = LogUniformSampler(vocab_size) if self.n_samples else None
+        self.sparse_softmax_grad = False
         with torch.no_grad():  # as bilm-tf: normal(0, 1/sqrt(P)) weights, zero bias
             nn.init.normal_(self.softmax.weight, 0.0, 1.0 / math.sqrt(projection_dim))
             nn.init.zeros_(self.softmax.bias)
@@ -169,8 +174,9 @@ class LanguageModel(nn.Module):
         """`nll_sum` of several (hidden, targets) parts (the two directions), each with its own sample.
 
         Sampled, the rows of the softmax that all parts need (their negatives and their targets)
-        are taken out of the (V, P) weight by one index, so the backward pass fills and scatters
-        one dense (V, P) gradient a step instead of one per index (four a direction).
+        are taken out of the (V, P) weight by one index (`GatherRows`), so the backward pass adds
+        one gradient of those rows a step into the weight's, instead of filling one dense (V, P)
+        gradient per index (four a direction).
         """
         weight, bias = self.softmax.weight, self.softmax.bias
         if not (sampled and self.sampler is not None):
@@ -179,7 +185,7 @@ class LanguageModel(nn.Module):
         pieces = [piece for (negatives, _), part in zip(draws, targets) for piece in (negatives.to(part.device), part)]
         sizes = [len(piece) for piece in pieces]
         rows = torch.cat(pieces)  # one gather of everything the parts use
-        weight_rows, bias_rows = weight[rows].split(sizes), bias[rows].split(sizes)
+        weight_rows, bias_rows = GatherRows.apply(weight, rows, self.sparse_softmax_grad).split(sizes), bias[rows].split(sizes)
         log_q = lambda ids, n_tries: torch.log(self.sampler.expected_count(ids, n_tries)).float()  # noqa: E731
         sums = []
         for index, (hidden, part, (negatives, n_tries)) in enumerate(zip(hiddens, targets, draws)):
