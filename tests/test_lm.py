@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 from elmokit.model.config import CharCNNConfig, ElmoConfig, LSTMConfig
 from elmokit.training.data import LMBatch
-from elmokit.training.lm import LanguageModel, LogUniformSampler
+from elmokit.training import lm
+from elmokit.training.lm import LanguageModel, LogUniformSampler, unique_rows
 from elmokit.model.lstm import LstmState
 from elmokit.training import softmax
 from elmokit.training.recurrence import forward_streams
@@ -75,6 +76,27 @@ def test_unique_token_encoding_equals_encoding_every_position():
     tokens = model.bilm.encode_tokens(torch.stack([batch.forward_char_ids, batch.backward_char_ids]))
     layers, _ = forward_streams(model.bilm.lstm, tokens)
     torch.testing.assert_close(hidden, layers[-1], atol=1e-6, rtol=1e-5)
+
+
+def test_unique_rows_are_torch_unique_rows_and_survive_a_hash_collision(monkeypatch):
+    rows = torch.randint(0, 3, (500, 50))
+    rows[::5] = rows[1]  # repeats
+    rows[:, 10:] *= (torch.arange(500) % 2 == 0)[:, None]  # many rows alike but in a few ids
+    unique, inverse = unique_rows(rows)
+    assert torch.equal(unique[inverse], rows)
+    reference = torch.unique(rows, dim=0)
+    assert len(unique) == len(reference)
+    assert torch.equal(unique[_lexicographic_order(unique)], reference)  # the same rows, in another order
+    monkeypatch.setattr(lm, "_ROW_HASH_WEIGHTS", torch.zeros(50, dtype=torch.long))  # every row one hash
+    unique, inverse = unique_rows(rows)
+    assert torch.equal(unique, reference) and torch.equal(unique[inverse], rows)
+
+
+def _lexicographic_order(rows: torch.Tensor) -> torch.Tensor:
+    order = torch.arange(len(rows))
+    for column in reversed(range(rows.shape[1])):  # stable sorts, last key first
+        order = order[torch.sort(rows[order, column], stable=True).indices]
+    return order
 
 
 def test_carried_state_equals_one_long_window():
