@@ -34,6 +34,7 @@ for split in ("valid", "test"):
 card["corpus"] = "gutenberg-en (677 public-domain books, Project Gutenberg), train split, elmo prepare (sentencex + sacremoses)"
 card["commands"] = "scripts/train_gutenberg.sh (copied here as train_gutenberg.sh), then scripts/build_builtin.sh"
 card["stored"] = "float16, softmax included (computed in float32)"
+card["version"] = "v2"
 (out / "provenance.json").write_text(json.dumps(card, indent=2) + "\n")
 PY
 rm -rf "$OUT" && mv "$OUT.partial" "$OUT"

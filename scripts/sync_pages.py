@@ -6,10 +6,13 @@ README shows no figure typed by hand. A block
     <!-- /table -->
 
 is replaced by the 1st markdown table of that file (a run of lines starting with "|"), and a block
-`<!-- model: src/elmokit/models/NAME -->` ... `<!-- /model -->` by the model's row, written from its
-config.json, safetensors file and provenance.json (what scripts/build_builtin.sh records).
+`<!-- model: src/elmokit/models/NAME [docs/models/OLD.json ...] -->` ... `<!-- /model -->` by a table
+of those models, a row each: a model directory's row is written from its config.json, vocab.txt,
+files and provenance.json (what scripts/build_builtin.sh records); a JSON record keeps the row of
+a model that is no longer shipped (written by --record from its directory before it was replaced).
 
     python3 scripts/sync_pages.py [--check]     (--check: exit 1 if the README is not in sync)
+    python3 scripts/sync_pages.py --record MODEL_DIR OUT.json LABEL
 """
 
 from __future__ import annotations
@@ -38,35 +41,61 @@ def nth_table(path: Path, number: int) -> str:
     return "\n".join(tables[number - 1]) + "\n"
 
 
-MODEL_BLOCK = re.compile(r"(<!-- model: (\S+) -->\n)(.*?)(<!-- /model -->)", re.S)
+MODEL_BLOCK = re.compile(r"(<!-- model: ([^>]+?) -->\n)(.*?)(<!-- /model -->)", re.S)
+MODEL_HEADER = ("| model | shape | trained on | valid ppl (fwd / bwd / avg) | test ppl (fwd / bwd / avg) | size |\n"
+                "|---|---|---|---|---|---:|\n")
 
 
-def model_row(directory: Path) -> str:
-    """The built-in model's table: shape, size, what it read and its perplexities."""
+def model_facts(directory: Path, label: str | None = None) -> dict:
+    """What a model's row shows, read from its directory: config.json, vocab.txt, provenance.json
+    and the files' sizes. `label` (default: the directory name, and the card's `version`)."""
     config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
     card = json.loads((directory / "provenance.json").read_text(encoding="utf-8"))
-    lstm, cnn = config["lstm"], config["char_cnn"]
+    version = f" {card['version']}" if "version" in card else ""
+    return {"label": label or f"`{directory.name}`{version}",
+            "lstm": config["lstm"], "char_cnn": config["char_cnn"],
+            "vocab_size": sum(1 for _ in (directory / "vocab.txt").open(encoding="utf-8")),
+            "size_bytes": sum(path.stat().st_size for path in directory.iterdir()),
+            "tokens": card["tokens"], "steps": card["steps"],
+            **{f"{split}_ppl": card[f"{split}_first_5000_sentences"] for split in ("valid", "test")}}
+
+
+def model_row(facts: dict) -> str:
+    """One model's row: shape, what it read, its perplexities on the first 5,000 sentences, size."""
+    lstm, cnn = facts["lstm"], facts["char_cnn"]
     n_filters = sum(count for _, count in cnn["filters"])
     widths = [width for width, _ in cnn["filters"]]
-    ppl = {split: card[f"{split}_first_5000_sentences"] for split in ("valid", "test")}
-    vocab_size = sum(1 for _ in (directory / "vocab.txt").open(encoding="utf-8"))
-    size_mb = sum(path.stat().st_size for path in directory.iterdir()) / 1e6
     cells = (f"{lstm['n_layers']} x {lstm['cell_dim']} cells -> {lstm['projection_dim']}, {n_filters} char filters "
              f"(widths {min(widths)}-{max(widths)}), {cnn['n_highway']} highway; {2 * lstm['projection_dim']}-dim vectors")
-    read = f"{card['tokens'] / 1e6:.2f}M tokens ({card['steps']:,} steps), {vocab_size:,}-word softmax"
-    scores = [" / ".join(f"{ppl[split][key]:.1f}" for key in ("forward_ppl", "backward_ppl")) +
-              f" / **{ppl[split]['ppl']:.1f}**" for split in ("valid", "test")]
-    return ("| model | shape | trained on | valid ppl (fwd / bwd / avg) | test ppl (fwd / bwd / avg) | size |\n"
-            "|---|---|---|---|---|---:|\n"
-            f"| `{directory.name}` | {cells} | {read} | {scores[0]} | {scores[1]} | {size_mb:.1f} MB |\n")
+    read = f"{facts['tokens'] / 1e6:.2f}M tokens ({facts['steps']:,} steps), {facts['vocab_size']:,}-word softmax"
+    scores = [" / ".join(f"{facts[split + '_ppl'][key]:.1f}" for key in ("forward_ppl", "backward_ppl")) +
+              f" / **{facts[split + '_ppl']['ppl']:.1f}**" for split in ("valid", "test")]
+    return f"| {facts['label']} | {cells} | {read} | {scores[0]} | {scores[1]} | {facts['size_bytes'] / 1e6:.1f} MB |\n"
+
+
+def model_table(sources: str) -> str:
+    """The rows of `<!-- model: SOURCE ... -->`: each SOURCE a model directory (read now) or the
+    JSON record of a model no longer shipped (`--record`)."""
+    rows = []
+    for source in sources.split():
+        path = REPO / source
+        facts = json.loads(path.read_text(encoding="utf-8")) if path.suffix == ".json" else model_facts(path)
+        rows.append(model_row(facts))
+    return MODEL_HEADER + "".join(rows)
 
 
 def synced(text: str) -> str:
     text = BLOCK.sub(lambda m: m.group(1) + nth_table(REPO / m.group(2), int(m.group(3))) + m.group(5), text)
-    return MODEL_BLOCK.sub(lambda m: m.group(1) + model_row(REPO / m.group(2)) + m.group(4), text)
+    return MODEL_BLOCK.sub(lambda m: m.group(1) + model_table(m.group(2)) + m.group(4), text)
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["--record"]:  # --record MODEL_DIR OUT.json LABEL: keep a model's row before it is replaced
+        directory, out, label = sys.argv[2:5]
+        facts = model_facts(Path(directory), label)
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(facts, indent=2) + "\n", encoding="utf-8")
+        return 0
     readme = REPO / "README.md"
     text = readme.read_text(encoding="utf-8")
     new = synced(text)

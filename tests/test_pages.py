@@ -32,3 +32,18 @@ def test_a_hand_edited_figure_is_caught():
     row = text.index("| gutenberg-cpu |", block_start)
     edited = text[:row] + text[row:].replace("| gutenberg-cpu |", "| gutenberg-cpu (edited) |", 1)
     assert sync.synced(edited) == text != edited
+
+
+def test_model_table_rows_from_a_directory_and_from_a_record(tmp_path):
+    """A model block lists the shipped model (read from its directory) and a replaced one (its JSON
+    record): a row each, the record's figures as recorded."""
+    sync = _sync_module()
+    record = tmp_path / "old.json"
+    facts = sync.model_facts(REPO / "src/elmokit/models/gutenberg-en", "`old` v0")
+    facts["test_ppl"] = {**facts["test_ppl"], "ppl": 999.25}
+    record.write_text(__import__("json").dumps(facts), encoding="utf-8")
+    table = sync.model_table(f"src/elmokit/models/gutenberg-en {record}")
+    header, rule, shipped, old = table.splitlines()
+    assert header.startswith("| model |") and shipped.startswith("| `gutenberg-en`") and old.startswith("| `old` v0 |")
+    assert "**999.2**" in old and "**999.2**" not in shipped
+    assert shipped.split("|")[2:4] == old.split("|")[2:4]  # same shape and tokens
