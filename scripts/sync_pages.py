@@ -41,7 +41,7 @@ def nth_table(path: Path, number: int) -> str:
     return "\n".join(tables[number - 1]) + "\n"
 
 
-MODEL_BLOCK = re.compile(r"(<!-- model: ([^>]+?) -->\n)(.*?)(<!-- /model -->)", re.S)
+MODEL_BLOCK = re.compile(r"(<!-- model: ([^>\n]+?) -->\n)(.*?)(<!-- /model -->)", re.S)
 MODEL_HEADER = ("| model | shape | trained on | valid ppl (fwd / bwd / avg) | test ppl (fwd / bwd / avg) | size |\n"
                 "|---|---|---|---|---|---:|\n")
 
@@ -55,7 +55,7 @@ def model_facts(directory: Path, label: str | None = None) -> dict:
     return {"label": label or f"`{directory.name}`{version}",
             "lstm": config["lstm"], "char_cnn": config["char_cnn"],
             "vocab_size": sum(1 for _ in (directory / "vocab.txt").open(encoding="utf-8")),
-            "size_bytes": sum(path.stat().st_size for path in directory.iterdir()),
+            "size_bytes": sum(path.stat().st_size for path in directory.rglob("*") if path.is_file()),
             "tokens": card["tokens"], "steps": card["steps"],
             **{f"{split}_ppl": card[f"{split}_first_5000_sentences"] for split in ("valid", "test")}}
 
@@ -91,6 +91,9 @@ def synced(text: str) -> str:
 
 def main() -> int:
     if sys.argv[1:2] == ["--record"]:  # --record MODEL_DIR OUT.json LABEL: keep a model's row before it is replaced
+        if len(sys.argv) != 5:
+            print("usage: sync_pages.py --record MODEL_DIR OUT.json LABEL", file=sys.stderr)
+            return 2
         directory, out, label = sys.argv[2:5]
         facts = model_facts(Path(directory), label)
         Path(out).parent.mkdir(parents=True, exist_ok=True)

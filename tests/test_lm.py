@@ -274,9 +274,9 @@ def test_gather_rows_gradient_dense_or_added_in_place(sparse):
     gradient of plain indexing; with `sparse` and a dense `.grad` already on the weight, that
     gradient comes as the rows alone (sparse), added by autograd into the same dense `.grad`."""
     weight = torch.randn(VOCAB, 6, requires_grad=True)
-    rows = torch.tensor([3, 7, 3, 0, 39, 7, 7])
+    rows = torch.tensor([3, 7, 3, 0, 39, 7, -1, 7])  # -1: the last row, as indexing reads it
     upstream = torch.randn(len(rows), 6)
-    expected = torch.zeros(VOCAB, 6).index_put_((rows,), upstream, accumulate=True)  # autograd of weight[rows]
+    expected = torch.zeros(VOCAB, 6).index_put_((rows % VOCAB,), upstream, accumulate=True)  # autograd of weight[rows]
     gathered = lambda: softmax.GatherRows.apply(weight, rows, sparse)  # noqa: E731
     torch.testing.assert_close(gathered(), weight[rows])
     (gathered() * upstream).sum().backward()  # no .grad yet: dense either way
@@ -294,26 +294,27 @@ def test_gather_rows_gradient_dense_or_added_in_place(sparse):
 
 def test_trainer_keeps_the_softmax_gradient_dense_and_in_place(tmp_path):
     """Sampled-softmax steps of the trainer: the (V, P) weight's gradient is the same dense tensor
-    from the second step on, and equals the dense gradient of the same step without the in-place path."""
+    from the second step on and equals the dense gradient of the same step without the in-place
+    path; every other gradient is freed between steps, as zero_grad(set_to_none=True) does."""
     from elmokit.training.config import TrainConfig
     from elmokit.training.loop import train_step
     from elmokit.training.processes import Dist
     chars, ids = random_streams(4, 12, seed=2)
     model = make_model(n_samples=15).train()
-    model.sparse_softmax_grad = True
     optimizer = torch.optim.Adam(model.parameters(), lr=0.0)  # lr 0: every step sees the same weights
     config = TrainConfig(output_dir=str(tmp_path), grad_clip=0.0)
-    grads = []
+    softmax_grads, other_grads = [], []
     for step in range(3):
-        model.sparse_softmax_grad = step < 2
-        if step == 2:
-            optimizer.zero_grad(set_to_none=True)
+        model.sparse_softmax_grad = step < 2  # the third step as without the in-place path
         torch.manual_seed(7)
         train_step(model, optimizer, window(chars, ids, 0, 5), None, 0.0, config, Dist())
-        grads.append(model.softmax.weight.grad)
-    assert grads[0] is grads[1] and grads[1] is not grads[2]
-    assert all(grad.layout == torch.strided for grad in grads[1:])
-    torch.testing.assert_close(grads[1], grads[2])
+        softmax_grads.append(model.softmax.weight.grad)
+        other_grads.append(model.softmax.bias.grad)
+    assert softmax_grads[0] is softmax_grads[1] is not softmax_grads[2]
+    assert softmax_grads[1].layout == softmax_grads[2].layout == torch.strided
+    torch.testing.assert_close(softmax_grads[1], softmax_grads[2])
+    assert other_grads[0] is not other_grads[1]
+    torch.testing.assert_close(other_grads[0], other_grads[1])
 
 
 def test_training_step_losses_match_the_plain_pytorch_computation():

@@ -46,4 +46,18 @@ def test_model_table_rows_from_a_directory_and_from_a_record(tmp_path):
     header, rule, shipped, old = table.splitlines()
     assert header.startswith("| model |") and shipped.startswith("| `gutenberg-en`") and old.startswith("| `old` v0 |")
     assert "**999.2**" in old and "**999.2**" not in shipped
-    assert shipped.split("|")[2:4] == old.split("|")[2:4]  # same shape and tokens
+
+
+def test_record_keeps_a_models_row(tmp_path):
+    """--record writes the facts of a model directory; the row from the record is the directory's row."""
+    record = tmp_path / "models" / "v1.json"
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "sync_pages.py"), "--record",
+                             str(REPO / "src/elmokit/models/gutenberg-en"), str(record), "`gutenberg-en`"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    sync = _sync_module()
+    assert sync.model_table(str(record)) == sync.model_table("src/elmokit/models/gutenberg-en").replace(
+        "`gutenberg-en` v2", "`gutenberg-en`")
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "sync_pages.py"), "--record", str(record)],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "usage" in result.stderr

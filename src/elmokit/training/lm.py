@@ -110,7 +110,7 @@ def unique_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _row_hash_weights(width: int) -> torch.Tensor:
     """Odd multipliers g^k mod 2^64 (g the 64-bit golden-ratio constant), as signed int64."""
-    values = [pow(0x9E3779B97F4A7C15, k, 1 << 64) | 1 for k in range(width)]
+    values = [pow(0x9E3779B97F4A7C15, k, 1 << 64) for k in range(width)]  # odd: powers of an odd number
     return torch.tensor([v - (1 << 64) if v >= 1 << 63 else v for v in values], dtype=torch.long, device="cpu")
 
 
@@ -126,9 +126,9 @@ class LanguageModel(nn.Module):
         dropout: on every LSTM layer input and on the top layer's output (before the softmax).
         n_samples: K negatives of the sampled softmax in training; 0 (or K >= V) = full softmax.
 
-    `sparse_softmax_grad` (default False), set by the trainer, whose gradients stay allocated between
-    steps: the sampled softmax's rows' gradient then arrives sparse and is added in place into the
-    weight's dense `.grad` (`GatherRows`) instead of building a new dense (V, P) gradient a step.
+    `sparse_softmax_grad` (default False), set by the trainer, which keeps the softmax weight's
+    `.grad` between steps (zeroed): the sampled softmax's rows' gradient then arrives sparse and is
+    added in place into it (`GatherRows`) instead of building a new dense (V, P) gradient a step.
     """
 
     TYPE_BUCKET = 32  # the token encoder runs on the window's distinct tokens, padded to a multiple of this

@@ -68,9 +68,11 @@ def train_step(model, optimizer, batch, state: LstmState | None, lr: float,
         out = model(batch, state)
     n_targets = dist_.all_sum([out.n_targets])[0]
     loss = 0.5 * (out.forward_nll + out.backward_nll) / max(n_targets, 1)
-    # gradients kept between steps (zeroed, not freed): the sampled softmax's rows are then added in
-    # place into the (V, P) weight's gradient instead of a fresh dense one a step (GatherRows)
-    optimizer.zero_grad(set_to_none=False)
+    language_model = getattr(model, "module", model)  # under DDP, the wrapped model
+    kept = language_model.softmax.weight.grad if language_model.sparse_softmax_grad else None
+    optimizer.zero_grad(set_to_none=True)
+    if kept is not None:  # the (V, P) softmax gradient is kept, zeroed: the sampled rows' gradient
+        language_model.softmax.weight.grad = kept.zero_()  # is added into it (GatherRows), no new one a step
     (loss * dist_.world_size).backward()  # DDP averages gradients over ranks: undo the 1/N
     parameters = [p for p in model.parameters() if p.grad is not None]
     if config.grad_clip:
@@ -195,7 +197,7 @@ def start_run(config: TrainConfig, resume: bool) -> Run:
         _check_bf16(dist_.device)
     torch.manual_seed(config.seed)  # the same initial weights on every rank
     model = build_model(config, vocab).to(dist_.device)
-    model.sparse_softmax_grad = True  # train_step keeps the gradients between steps (zeroed)
+    model.sparse_softmax_grad = True  # train_step keeps the softmax weight's gradient between steps
     optimizer = build_optimizer(config, model)
     wrapped = DistributedDataParallel(model) if dist_.world_size > 1 else model
     run = Run(config, dist_, out_dir, vocab, model, wrapped, optimizer, Progress())

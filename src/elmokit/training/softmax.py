@@ -90,8 +90,8 @@ class GatherRows(torch.autograd.Function):
     autograd's gradient of `weight[rows]` is a fresh zero-filled (V, P) tensor with the rows'
     gradients scattered in: for a 100k-word softmax a new 51 MB allocation every step, whose page
     faults alone cost ~10x a zero-fill of memory already mapped (~20 ms of a ~300 ms step on the
-    2-core CPU). With `sparse` and a dense `.grad` already on the weight (the trainer keeps its
-    gradients between steps, zeroed), the gradient is returned sparse (COO, each row's gradient at
+    2-core CPU). With `sparse` and a dense `.grad` already on the weight (the trainer keeps this
+    one between steps, zeroed), the gradient is returned sparse (COO, each row's gradient at
     its row) and autograd adds it in place into that `.grad`, which stays dense; otherwise it is
     the dense gradient of plain indexing. The weight's `.grad` holds the same values either way.
 
@@ -100,6 +100,7 @@ class GatherRows(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, weight, rows, sparse):
+        rows = torch.where(rows < 0, rows + weight.shape[0], rows)  # as indexing reads them; the COO ids must not be negative
         ctx.save_for_backward(rows)
         ctx.weight, ctx.sparse = weight, sparse
         return weight[rows]
