@@ -30,13 +30,28 @@ done
 # costs minutes (full 100k softmax), and the lr halves at every validation that does not improve,
 # so noisy validations every 1,000 steps would both cost a third of the run and starve its lr
 # (the run in runs/gutenberg-v2 validated every 1,000 steps up to step 4,084, then 5,000).
+# 5. The lr's schedule: constant (halved at a validation that does not improve), then falling
+# linearly to 0 over the last fifth of the budget (warmup-stable-decay without warm-up): the
+# budget in steps is the epoch's targets (tokens + one </S> a sentence, prepare.json) or
+# MAX_TOKENS, over 32 x 20 a step. (The run in runs/gutenberg-v2 took this on when resumed at
+# step ~19,700, recorded in its metrics.jsonl; before it, the lr was constant.)
+read -r ANNEAL_START ANNEAL_STEPS < <(python3 - "$WORK/train/prepare.json" "${MAX_TOKENS:-0}" <<'PY'
+import json, math, sys
+card = json.load(open(sys.argv[1]))
+targets = int(sys.argv[2]) or card["tokens"] + card["sentences"]
+steps = math.ceil(targets / (32 * 20))
+start = round(0.8 * steps)
+print(start, steps - start)
+PY
+)
+SCHEDULE=(--anneal-start "$ANNEAL_START" --anneal-steps "$ANNEAL_STEPS")
 if [ -f "$RUN/checkpoint.pt" ]; then
-  exec "$ELMO" train --resume --output-dir "$RUN" --threads "${THREADS:-2}" --eval-every 5000
+  exec "$ELMO" train --resume --output-dir "$RUN" --threads "${THREADS:-2}" --eval-every 5000 "${SCHEDULE[@]}"
 fi
 exec "$ELMO" train --output-dir "$RUN" \
   --train "$WORK/train/*.txt.gz" --valid "$WORK/valid-2k.txt" --vocab "$WORK/vocab.txt" \
   --model scripts/gutenberg-cpu.json \
-  --optimizer adam --lr 0.002 --lr-decay 0.5 --grad-clip 10 --dropout 0.1 \
+  --optimizer adam --lr 0.002 --lr-decay 0.5 "${SCHEDULE[@]}" --grad-clip 10 --dropout 0.1 \
   --batch-size 32 --unroll-steps 20 --epochs 1 --max-tokens "${MAX_TOKENS:-0}" \
   --softmax sampled --n-samples 8192 \
   --eval-every 5000 --eval-batch-size 64 --patience 0 \

@@ -375,3 +375,31 @@ def test_two_processes_take_the_same_steps_as_one(corpus, tmp_path):
 
 def read(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_lr_schedule_warmup_stable_decay():
+    """Warm-up, constant, halved by lr_decay (lr_scale), then linear to 0 over anneal_steps from anneal_start."""
+    from elmokit.model.config import ConfigError
+    from elmokit.training.loop import Progress, TrainConfig
+
+    config = TrainConfig(lr=0.002, warmup_steps=4, anneal_start=100, anneal_steps=50)
+    lrs = {step: Progress(step=step).lr(config) for step in (0, 3, 50, 99, 100, 125, 149, 150, 400)}
+    assert lrs == pytest.approx({0: 0.0005, 3: 0.002, 50: 0.002, 99: 0.002, 100: 0.002, 125: 0.001,
+                                 149: 0.002 / 50, 150: 0.0, 400: 0.0})
+    assert Progress(step=125, lr_scale=0.5).lr(config) == pytest.approx(0.0005)
+    assert Progress(step=10 ** 6).lr(TrainConfig(lr=0.002)) == 0.002  # no anneal by default
+    with pytest.raises(ConfigError, match="anneal_start and anneal_steps go together"):
+        TrainConfig(anneal_start=100)
+
+
+def test_a_field_newer_than_the_checkpoint_is_no_change_at_its_default():
+    """A checkpoint written before a field existed (its saved config lacks it) resumes with that
+    field's default as no change, and with another value as a change from the default."""
+    from dataclasses import asdict
+
+    from elmokit.training.loop import TrainConfig, _changed_settings
+
+    saved = {name: value for name, value in asdict(TrainConfig()).items() if not name.startswith("anneal_")}
+    assert _changed_settings(saved, TrainConfig()) == {}
+    assert _changed_settings(saved, TrainConfig(anneal_start=67_000, anneal_steps=17_000)) == {
+        "anneal_start": [0, 67_000], "anneal_steps": [0, 17_000]}

@@ -57,6 +57,8 @@ class TrainConfig:
     initial_accumulator: float = _field(1.0, "Adagrad's initial accumulator value")
     warmup_steps: int = _field(0, "linear learning-rate warm-up over this many steps")
     lr_decay: float = _field(1.0, "multiply the lr by this after an evaluation without improvement")
+    anneal_start: int = _field(0, "from this step on the lr falls linearly to 0 over anneal_steps (0 = never)")
+    anneal_steps: int = _field(0, "the length of that fall, in steps (the last part of a run's budget)")
     grad_clip: float = _field(10.0, "clip gradients to this global norm (0 = no clipping)")
     dropout: float = _field(0.1, "dropout on every LSTM input and on the softmax input")
     batch_size: int = _field(128, "rows of a global batch (all processes together)")
@@ -90,10 +92,14 @@ class TrainConfig:
         require(self.data_split in ("files", "rows"), f"data_split must be files or rows, got {self.data_split!r}")
         for name in ("batch_size", "unroll_steps", "epochs", "log_every", "checkpoint_every", "eval_batch_size"):
             require(getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("max_tokens", "eval_every", "patience", "warmup_steps", "n_samples", "threads"):
+        for name in ("max_tokens", "eval_every", "patience", "warmup_steps", "anneal_start", "anneal_steps",
+                     "n_samples", "threads"):
             require(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
         require(self.lr > 0, f"lr must be > 0, got {self.lr}")
         require(0 < self.lr_decay <= 1, f"lr_decay must be in (0, 1], got {self.lr_decay}")
+        require((self.anneal_start > 0) == (self.anneal_steps > 0),
+                f"anneal_start and anneal_steps go together (both > 0, or both 0), got {self.anneal_start} "
+                f"and {self.anneal_steps}")
         require(0 <= self.dropout < 1, f"dropout must be in [0, 1), got {self.dropout}")
         require(self.grad_clip >= 0, f"grad_clip must be >= 0, got {self.grad_clip}")
         require(self.checkpoint_every % self.log_every == 0,

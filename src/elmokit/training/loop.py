@@ -128,8 +128,15 @@ class Progress:
     seconds: float = 0.0  # wall-clock time of the run, all its sessions (resumes) together
 
     def lr(self, config: TrainConfig) -> float:
+        """The lr of the next step: warm-up, then constant (halved by `lr_decay` at every evaluation
+        that does not improve), then, from `anneal_start`, falling linearly to 0 over `anneal_steps`
+        (a warmup-stable-decay schedule: the fall can be decided late, on resume, once the budget is
+        known)."""
         warmup = min(1.0, (self.step + 1) / config.warmup_steps) if config.warmup_steps else 1.0
-        return config.lr * self.lr_scale * warmup
+        anneal = 1.0
+        if config.anneal_steps and self.step >= config.anneal_start:
+            anneal = max(0.0, 1.0 - (self.step - config.anneal_start) / config.anneal_steps)
+        return config.lr * self.lr_scale * warmup * anneal
 
 
 def _check_bf16(device: torch.device) -> None:
@@ -368,8 +375,9 @@ def _changed_settings(saved: dict | None, config: TrainConfig) -> dict[str, list
     if saved is None:  # checkpoints from before the config was stored in them
         return {}
     changed = {}
+    defaults = asdict(TrainConfig())  # a field newer than the checkpoint ran with its default
     for name, value in asdict(config).items():
-        old = saved.get(name)
+        old = saved.get(name, defaults[name])
         if name in RUNTIME_FIELDS or old == value:
             continue
         if name == "output_dir" and Path(old).resolve() == Path(value).resolve():
