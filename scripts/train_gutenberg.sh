@@ -30,11 +30,13 @@ done
 # costs minutes (full 100k softmax), and the lr halves at every validation that does not improve,
 # so noisy validations every 1,000 steps would both cost a third of the run and starve its lr
 # (the run in runs/gutenberg-v2 validated every 1,000 steps up to step 4,084, then 5,000).
-# 5. The lr's schedule: constant (halved at a validation that does not improve), then falling
-# linearly to 0 over the last fifth of the budget (warmup-stable-decay without warm-up): the
-# budget in steps is the epoch's targets (tokens + one </S> a sentence, prepare.json) or
-# MAX_TOKENS, over 32 x 20 a step. (The run in runs/gutenberg-v2 took this on when resumed at
-# step ~19,700, recorded in its metrics.jsonl; before it, the lr was constant.)
+# 5. The lr's schedule: constant, then falling linearly to 0 over the last fifth of the budget
+# (warmup-stable-decay without warm-up): the budget in steps is the epoch's targets (tokens + one
+# </S> a sentence, prepare.json) or MAX_TOKENS, over 32 x 20 a step. The run in runs/gutenberg-v2
+# began with the lr halved at every validation that did not improve (--lr-decay 0.5; it halved at
+# steps 4,000 and 20,000 on a validation set of a few books, whose ups and downs follow the books
+# just read), took the anneal on at step 20,000 and --lr-decay 1 at step 20,174 (both recorded in
+# its metrics.jsonl as resumed_with): from there on its lr is 0.0005 until the anneal.
 read -r ANNEAL_START ANNEAL_STEPS < <(python3 - "$WORK/train/prepare.json" "${MAX_TOKENS:-0}" <<'PY'
 import json, math, sys
 card = json.load(open(sys.argv[1]))
@@ -46,12 +48,12 @@ PY
 )
 SCHEDULE=(--anneal-start "$ANNEAL_START" --anneal-steps "$ANNEAL_STEPS")
 if [ -f "$RUN/checkpoint.pt" ]; then
-  exec "$ELMO" train --resume --output-dir "$RUN" --threads "${THREADS:-2}" --eval-every 5000 "${SCHEDULE[@]}"
+  exec "$ELMO" train --resume --output-dir "$RUN" --threads "${THREADS:-2}" --eval-every 5000 --lr-decay 1 "${SCHEDULE[@]}"
 fi
 exec "$ELMO" train --output-dir "$RUN" \
   --train "$WORK/train/*.txt.gz" --valid "$WORK/valid-2k.txt" --vocab "$WORK/vocab.txt" \
   --model scripts/gutenberg-cpu.json \
-  --optimizer adam --lr 0.002 --lr-decay 0.5 "${SCHEDULE[@]}" --grad-clip 10 --dropout 0.1 \
+  --optimizer adam --lr 0.002 --lr-decay 1 "${SCHEDULE[@]}" --grad-clip 10 --dropout 0.1 \
   --batch-size 32 --unroll-steps 20 --epochs 1 --max-tokens "${MAX_TOKENS:-0}" \
   --softmax sampled --n-samples 8192 \
   --eval-every 5000 --eval-batch-size 64 --patience 0 \
