@@ -317,6 +317,23 @@ def test_trainer_keeps_the_softmax_gradient_dense_and_in_place(tmp_path):
     torch.testing.assert_close(other_grads[0], other_grads[1])
 
 
+@pytest.mark.parametrize("n_samples", [0, 25])
+def test_no_gradient_is_computed_without_grad_mode(n_samples):
+    """Scoring under torch.no_grad (validation, `elmo perplexity`) runs the logits' product only:
+    none of the gradient products the training pass computes up front."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = make_model(n_samples=n_samples).train()
+    hidden, targets = torch.randn(50, 6), torch.randint(0, VOCAB, (50,))
+    operators = {}
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad), profile(activities=[ProfilerActivity.CPU]) as prof:
+            model.nll_sum(hidden, targets, sampled=True)
+        operators[grad] = {event.key for event in prof.key_averages()}
+    assert {"aten::mm", "aten::addmm_"} <= operators[True]
+    assert not {"aten::mm", "aten::addmm_"} & operators[False]
+
+
 def test_training_step_losses_match_the_plain_pytorch_computation():
     """Adam steps through the fast path (hand-written recurrence, one-pass softmax) give the
     losses of the same model computed with autograd over the step loop and F.cross_entropy:

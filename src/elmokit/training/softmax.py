@@ -31,12 +31,14 @@ class SoftmaxNllSum(torch.autograd.Function):
     """Summed negative log-likelihood; see the module docstring for the two forms.
 
     apply(hidden (N, P), weight (K, P), bias (K,), targets (N,) or None, true_logits (N,) or None,
-          hits (N,) or None) -> scalar
+          hits (N,) or None, grad_enabled) -> scalar; `grad_enabled`: torch.is_grad_enabled() of the
+    caller (a Function's forward always runs without grad mode, and its `needs_input_grad` follows
+    the inputs' requires_grad alone: under torch.no_grad the gradients would be computed for nothing)
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, true_logits, hits):
-        needs_grad = any(ctx.needs_input_grad[:3]) or ctx.needs_input_grad[4]
+    def forward(ctx, hidden, weight, bias, targets, true_logits, hits, grad_enabled):
+        needs_grad = grad_enabled and (any(ctx.needs_input_grad[:3]) or ctx.needs_input_grad[4])
         total = hidden.new_zeros((), dtype=torch.float64)
         grads = None
         if needs_grad:
@@ -81,7 +83,7 @@ class SoftmaxNllSum(torch.autograd.Function):
         grad_hidden, grad_weight, grad_bias, grad_true = ctx.grads
         ctx.grads = None
         scale = lambda grad: None if grad is None else grad * grad_total  # noqa: E731
-        return scale(grad_hidden), scale(grad_weight), scale(grad_bias), None, scale(grad_true), None
+        return scale(grad_hidden), scale(grad_weight), scale(grad_bias), None, scale(grad_true), None, None
 
 
 class GatherRows(torch.autograd.Function):
@@ -100,7 +102,7 @@ class GatherRows(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, weight, rows, sparse):
-        rows = torch.where(rows < 0, rows + weight.shape[0], rows)  # as indexing reads them; the COO ids must not be negative
+        rows = torch.where(rows < 0, rows + weight.shape[0], rows)  # as indexing reads them (COO ids are >= 0)
         ctx.save_for_backward(rows)
         ctx.weight, ctx.sparse = weight, sparse
         return weight[rows]
@@ -119,7 +121,7 @@ def full_softmax_nll_sum(hidden: torch.Tensor, weight: torch.Tensor, bias: torch
                          targets: torch.Tensor) -> torch.Tensor:
     """sum_i -log softmax(hidden_i W^T + b)[targets_i]: hidden (N, P), weight (V, P), bias (V,)."""
     with torch.autocast(hidden.device.type, enabled=False):  # float32 logits
-        return SoftmaxNllSum.apply(hidden.to(weight.dtype), weight, bias, targets, None, None)
+        return SoftmaxNllSum.apply(hidden.to(weight.dtype), weight, bias, targets, None, None, torch.is_grad_enabled())
 
 
 def sampled_softmax_nll_sum(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
@@ -127,4 +129,5 @@ def sampled_softmax_nll_sum(hidden: torch.Tensor, weight: torch.Tensor, bias: to
     """sum_i -log softmax([true_i, hidden_i W^T + b])[0], candidate `hits[i]` (>= 0) removed:
     hidden (N, P), weight (K, P) and bias (K,) of the sampled candidates, true_logits (N,)."""
     with torch.autocast(hidden.device.type, enabled=False):  # float32 logits
-        return SoftmaxNllSum.apply(hidden.to(weight.dtype), weight, bias, None, true_logits.to(weight.dtype), hits)
+        return SoftmaxNllSum.apply(hidden.to(weight.dtype), weight, bias, None, true_logits.to(weight.dtype), hits,
+                                   torch.is_grad_enabled())
