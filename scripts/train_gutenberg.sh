@@ -37,15 +37,20 @@ done
 # steps 4,000 and 20,000 on a validation set of a few books, whose ups and downs follow the books
 # just read), took the anneal on at step 20,000 and --lr-decay 1 at step 20,174 (both recorded in
 # its metrics.jsonl as resumed_with): from there on its lr is 0.0005 until the anneal.
-read -r ANNEAL_START ANNEAL_STEPS < <(python3 - "$WORK/train/prepare.json" "${MAX_TOKENS:-0}" <<'PY'
-import json, math, sys
+# the budget a resume runs under is the one in its train_config.json (its max_tokens), not MAX_TOKENS
+SCHEDULE_STEPS=$(python3 - "$WORK/train/prepare.json" "${MAX_TOKENS:-0}" "$RUN/train_config.json" <<'PY'
+import json, math, os, sys
 card = json.load(open(sys.argv[1]))
-targets = int(sys.argv[2]) or card["tokens"] + card["sentences"]
-steps = math.ceil(targets / (32 * 20))
-start = round(0.8 * steps)
-print(start, steps - start)
+budget = int(sys.argv[2])
+if os.path.exists(sys.argv[3]):
+    budget = json.load(open(sys.argv[3]))["max_tokens"]
+targets = card["tokens"] + card["sentences"]  # one epoch's
+steps = math.ceil((min(budget, targets) if budget else targets) / (32 * 20))
+start = min(round(0.8 * steps), steps - 1)
+print(start, steps - start) if steps >= 2 else print(0, 0)
 PY
 )
+read -r ANNEAL_START ANNEAL_STEPS <<< "$SCHEDULE_STEPS"
 SCHEDULE=(--anneal-start "$ANNEAL_START" --anneal-steps "$ANNEAL_STEPS")
 if [ -f "$RUN/checkpoint.pt" ]; then
   exec "$ELMO" train --resume --output-dir "$RUN" --threads "${THREADS:-2}" --eval-every 5000 --lr-decay 1 "${SCHEDULE[@]}"

@@ -128,10 +128,8 @@ class Progress:
     seconds: float = 0.0  # wall-clock time of the run, all its sessions (resumes) together
 
     def lr(self, config: TrainConfig) -> float:
-        """The lr of the next step: warm-up, then constant (halved by `lr_decay` at every evaluation
-        that does not improve), then, from `anneal_start`, falling linearly to 0 over `anneal_steps`
-        (a warmup-stable-decay schedule: the fall can be decided late, on resume, once the budget is
-        known)."""
+        """The next step's lr: warm-up, constant (times `lr_decay` at each evaluation that does not
+        improve), then from `anneal_start` linearly to 0 over `anneal_steps` (warmup-stable-decay)."""
         warmup = min(1.0, (self.step + 1) / config.warmup_steps) if config.warmup_steps else 1.0
         anneal = 1.0
         if config.anneal_steps and self.step >= config.anneal_start:
