@@ -15,7 +15,6 @@ from elmokit.training.data import LMBatch
 from elmokit.training import lm
 from elmokit.training.lm import LanguageModel, LogUniformSampler, unique_rows
 from elmokit.model.lstm import LstmState
-from elmokit.training import softmax
 from elmokit.training.recurrence import forward_streams
 
 VOCAB = 40
@@ -244,94 +243,6 @@ def test_char_cnn_training_path_under_autocast_frozen_and_empty():
     for parameter in cnn.parameters():
         parameter.requires_grad_(False)
     assert cnn(char_ids).grad_fn is None
-
-
-@pytest.mark.parametrize("n_samples", [0, 25])
-def test_one_pass_softmax_matches_cross_entropy(n_samples, monkeypatch):
-    """nll_sum (logits a block at a time, gradients in the forward pass) equals the plain
-    log-softmax computation of target_nll: the loss and every gradient, full and sampled
-    (the same sample drawn from the same RNG state)."""
-    monkeypatch.setattr(softmax, "LOGIT_BUDGET", 64 * VOCAB)  # blocks of 64 rows
-    model = make_model(n_samples=n_samples).train()
-    hidden = torch.randn(300, 6, requires_grad=True)  # five blocks
-    targets = torch.randint(0, VOCAB, (300,))
-    results = []
-    for fused in (True, False):
-        torch.manual_seed(5)
-        loss = model.nll_sum(hidden, targets, sampled=True) if fused else \
-            model.target_nll(hidden, targets, sampled=True).sum()
-        grads = torch.autograd.grad(2.5 * loss, [hidden, model.softmax.weight, model.softmax.bias])
-        results.append((loss, grads))
-    (loss, grads), (ref_loss, ref_grads) = results
-    torch.testing.assert_close(loss, ref_loss, atol=1e-4, rtol=1e-6)
-    for grad, ref in zip(grads, ref_grads):
-        torch.testing.assert_close(grad, ref, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("sparse", [False, True])
-def test_gather_rows_gradient_dense_or_added_in_place(sparse):
-    """GatherRows (the sampled softmax's one gather of rows, repeated rows included) gives the
-    gradient of plain indexing; with `sparse` and a dense `.grad` already on the weight, that
-    gradient comes as the rows alone (sparse), added by autograd into the same dense `.grad`."""
-    weight = torch.randn(VOCAB, 6, requires_grad=True)
-    rows = torch.tensor([3, 7, 3, 0, 39, 7, -1, 7])  # -1: the last row, as indexing reads it
-    upstream = torch.randn(len(rows), 6)
-    expected = torch.zeros(VOCAB, 6).index_put_((rows % VOCAB,), upstream, accumulate=True)  # autograd of weight[rows]
-    gathered = lambda: softmax.GatherRows.apply(weight, rows, sparse)  # noqa: E731
-    torch.testing.assert_close(gathered(), weight[rows])
-    (gathered() * upstream).sum().backward()  # no .grad yet: dense either way
-    assert weight.grad.layout == torch.strided
-    torch.testing.assert_close(weight.grad, expected)
-    kept = weight.grad
-    kept.fill_(0.5)  # the trainer zeroes it between steps; any dense values add the same way
-    (gathered() * upstream).sum().backward()
-    assert weight.grad is kept and kept.layout == torch.strided
-    torch.testing.assert_close(weight.grad, expected + 0.5)
-    grad, = torch.autograd.grad((gathered() * upstream).sum(), weight)  # what autograd adds into .grad
-    assert grad.layout == (torch.sparse_coo if sparse else torch.strided)
-    torch.testing.assert_close(grad.to_dense(), expected)
-
-
-def test_trainer_keeps_the_softmax_gradient_dense_and_in_place(tmp_path):
-    """Sampled-softmax steps of the trainer: the (V, P) weight's gradient is the same dense tensor
-    from the second step on and equals the dense gradient of the same step without the in-place
-    path; every other gradient is freed between steps, as zero_grad(set_to_none=True) does."""
-    from elmokit.training.config import TrainConfig
-    from elmokit.training.loop import train_step
-    from elmokit.training.processes import Dist
-    chars, ids = random_streams(4, 12, seed=2)
-    model = make_model(n_samples=15).train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.0)  # lr 0: every step sees the same weights
-    config = TrainConfig(output_dir=str(tmp_path), grad_clip=0.0)
-    softmax_grads, other_grads = [], []
-    for step in range(3):
-        model.sparse_softmax_grad = step < 2  # the third step as without the in-place path
-        torch.manual_seed(7)
-        train_step(model, optimizer, window(chars, ids, 0, 5), None, 0.0, config, Dist())
-        softmax_grads.append(model.softmax.weight.grad)
-        other_grads.append(model.softmax.bias.grad)
-    assert softmax_grads[0] is softmax_grads[1] is not softmax_grads[2]
-    assert softmax_grads[1].layout == softmax_grads[2].layout == torch.strided
-    torch.testing.assert_close(softmax_grads[1], softmax_grads[2])
-    assert other_grads[0] is not other_grads[1]
-    torch.testing.assert_close(other_grads[0], other_grads[1])
-
-
-@pytest.mark.parametrize("n_samples", [0, 25])
-def test_no_gradient_is_computed_without_grad_mode(n_samples):
-    """Scoring under torch.no_grad (validation, `elmo perplexity`) runs the logits' product only:
-    none of the gradient products the training pass computes up front."""
-    from torch.profiler import ProfilerActivity, profile
-
-    model = make_model(n_samples=n_samples).train()
-    hidden, targets = torch.randn(50, 6), torch.randint(0, VOCAB, (50,))
-    operators = {}
-    for grad in (True, False):
-        with torch.set_grad_enabled(grad), profile(activities=[ProfilerActivity.CPU]) as prof:
-            model.nll_sum(hidden, targets, sampled=True)
-        operators[grad] = {event.key for event in prof.key_averages()}
-    assert {"aten::mm", "aten::addmm_"} <= operators[True]
-    assert not {"aten::mm", "aten::addmm_"} & operators[False]
 
 
 def test_training_step_losses_match_the_plain_pytorch_computation():

@@ -213,11 +213,12 @@ class LanguageModel(nn.Module):
         pieces = [piece for (negatives, _), part in zip(draws, targets) for piece in (negatives.to(part.device), part)]
         sizes = [len(piece) for piece in pieces]
         rows = torch.cat(pieces)  # one gather of everything the parts use
-        weight_rows, bias_rows = GatherRows.apply(weight, rows, self.sparse_softmax_grad).split(sizes), bias[rows].split(sizes)
+        weight_rows = GatherRows.apply(weight, rows, self.sparse_softmax_grad).split(sizes)
+        bias_rows = bias[rows].split(sizes)
         log_q = lambda ids, n_tries: torch.log(self.sampler.expected_count(ids, n_tries)).float()  # noqa: E731
         sums = []
-        for index, (hidden, part, (negatives, n_tries)) in enumerate(zip(hiddens, targets, draws)):
-            negatives = negatives.to(part.device)
+        for index, (hidden, part, (_, n_tries)) in enumerate(zip(hiddens, targets, draws)):
+            negatives = pieces[2 * index]  # on the targets' device
             (negative_weight, target_weight), (negative_bias, target_bias) = (
                 weight_rows[2 * index:2 * index + 2], bias_rows[2 * index:2 * index + 2])
             true_logits = (hidden * target_weight).sum(-1) + target_bias - log_q(part, n_tries)  # (N,)

@@ -121,7 +121,8 @@ def full_softmax_nll_sum(hidden: torch.Tensor, weight: torch.Tensor, bias: torch
                          targets: torch.Tensor) -> torch.Tensor:
     """sum_i -log softmax(hidden_i W^T + b)[targets_i]: hidden (N, P), weight (V, P), bias (V,)."""
     with torch.autocast(hidden.device.type, enabled=False):  # float32 logits
-        return SoftmaxNllSum.apply(hidden.to(weight.dtype), weight, bias, targets, None, None, torch.is_grad_enabled())
+        return SoftmaxNllSum.apply(hidden.to(weight.dtype), weight, bias, targets, None, None,
+                                   torch.is_grad_enabled())
 
 
 def sampled_softmax_nll_sum(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
