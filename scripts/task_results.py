@@ -4,6 +4,7 @@
     .venv/bin/python scripts/task_results.py --tasks ner wnut17 --runs-dir runs/tasks   # two rows, the rest kept
     .venv/bin/python scripts/task_results.py --model DIR --quick    # smoke test: subsampled, 1 seed
     .venv/bin/python scripts/task_results.py --conditions no_elmo   # only the baselines (no biLM needed)
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/task_results.py --probes --jobs 2   # two runs at once (2 cores)
 
 Writes the results page (mean ± sample std over seeds of the test score, or the dev score where
 a data set has no public test split; CPU seconds a run), results.json with every run, and one PNG
@@ -11,7 +12,8 @@ per task with the learned scalar-mix weights. Run directories go under --runs-di
 biLM's layers are computed once per task and shared by all seeds (and cached on disk under
 RUNS_DIR/elmo-cache for later runs).
 Interrupted, it resumes: rerun the same command and every finished run (its results.json, made
-with the same recipe) is reused; --fresh reruns them all. While it runs, the page so far is
+with the same recipe and, with ELMo, the same biLM weights) is reused; --fresh reruns them all.
+--jobs N runs N runs (and the probes) at once, each in its own process of --threads threads. While it runs, the page so far is
 RUNS_DIR/results-partial.md (--page-only writes OUT from the finished runs). Tasks not run by this
 invocation keep the runs recorded in the previous results.json (marked as such on the page).
 --quick writes under runs/ unless --out is given, so smoke-test numbers never land in docs/.
@@ -21,10 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import platform
 import statistics
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict
 from pathlib import Path
 
@@ -33,8 +37,8 @@ import torch
 from elmokit.model.builtin import builtin_model_dir
 from elmokit.io import atomic_write_text
 from elmokit.tasks.report import plot_layer_weights, plot_probes, probe_findings, probe_tables
-from elmokit.tasks.train import DEFAULT_DATA_DIR, TaskConfig, TaskData, load_splits, train_task
-from elmokit.model.weights import load_model
+from elmokit.tasks.train import DEFAULT_DATA_DIR, RUN_CONFIG, TaskConfig, TaskData, load_splits, train_task
+from elmokit.model.weights import load_model, model_fingerprint
 
 QUICK = dict(max_train_sentences=300, max_eval_sentences=200, max_epochs=2, patience=1)
 # name -> (task, display name, train/dev/test files under the data folder, or None for the preset's)
@@ -66,7 +70,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="results page (default docs/results.md; runs/.../results.md with --quick)")
     parser.add_argument("--no-previous", action="store_true", help="leave out the tasks not run now "
                         "(default: keep their runs from OUT's results.json)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of each job (default 1)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once, each in its own process (default 1; "
+                        "on a machine of C cores, C jobs of one thread)")
     parser.add_argument("--max-epochs", type=int, help="override the epoch cap of every run")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--page-only", action="store_true",
@@ -75,6 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="rerun every run (default: a run whose results.json exists is reused, so an "
                              "interrupted table resumes where it stopped)")
     args = parser.parse_args(argv)
+    if args.jobs < 1 or args.threads < 1:
+        parser.error(f"--jobs and --threads must be at least 1 (got --jobs {args.jobs}, --threads {args.threads})")
     if args.quick:
         args.seeds = args.seeds[:1]
     args.runs_dir = args.runs_dir or Path("runs/task_results_quick" if args.quick else "runs/task_results")
@@ -103,8 +111,11 @@ def same_recipe(recorded: dict, current: dict) -> bool:
     return bool(recorded) and all(recorded[k] == current[k] for k in shared)
 
 
-def finished_run(out: Path, config: TaskConfig, args: argparse.Namespace) -> dict | None:
-    """The recorded results of a finished run of the same recipe, to reuse; None to (re)run it."""
+def finished_run(out: Path, config: TaskConfig, args: argparse.Namespace, bilm_fingerprint: str | None
+                 ) -> dict | None:
+    """The recorded results of a finished run of the same recipe (and, with ELMo, the same biLM
+    weights: the built-in model keeps its path when a new version replaces it), to reuse; None to
+    (re)run it."""
     path = out / "results.json"
     if args.fresh or not path.is_file():
         return None
@@ -112,6 +123,14 @@ def finished_run(out: Path, config: TaskConfig, args: argparse.Namespace) -> dic
     if not same_recipe(result.get("config", {}), asdict(config)):
         print(f"{out}: recorded with another recipe; running it again", flush=True)
         return None
+    if bilm_fingerprint is not None:
+        run_config = out / RUN_CONFIG
+        recorded = (json.loads(run_config.read_text(encoding="utf-8")).get("bilm") or {}).get("fingerprint") \
+            if run_config.is_file() else None
+        if recorded != bilm_fingerprint:
+            print(f"{out}: trained with another biLM (weights fingerprint {recorded}, now {bilm_fingerprint}); "
+                  "running it again", flush=True)
+            return None
     return result | {"reused": True}
 
 
@@ -121,6 +140,7 @@ class Runner:
 
     def __init__(self, bilm, args: argparse.Namespace):
         self.bilm, self.args = bilm, args
+        self.fingerprint = model_fingerprint(bilm)[:16] if bilm is not None else None
         self.splits: dict[str, dict] = {}
         self.data: dict[tuple[str, str], TaskData] = {}
 
@@ -131,7 +151,8 @@ class Runner:
         condition_dir = self.args.runs_dir / name / condition
         features_record = condition_dir / "features.json"
         config = TaskConfig(model=model, seed=seed, out=str(condition_dir / f"seed{seed}"), **base)
-        result = finished_run(Path(config.out), config, self.args) if features_record.is_file() else None
+        result = (finished_run(Path(config.out), config, self.args, self.fingerprint if model else None)
+                  if features_record.is_file() else None)
         if result is None and self.args.page_only:
             return None
         if result is None:
@@ -301,10 +322,11 @@ def results_page(all_runs: dict, probes: dict | None, args: argparse.Namespace, 
     command = " ".join(["OMP_NUM_THREADS=1 .venv/bin/python scripts/task_results.py",
                         *([] if args.builtin else [f"--model {args.model}"]),
                         *(["--quick"] if args.quick else []), f"--tasks {' '.join(args.tasks)}",
-                        f"--runs-dir {args.runs_dir}", *(["--probes"] if args.probes else [])])
+                        f"--runs-dir {args.runs_dir}", *(["--probes"] if args.probes else []),
+                        *([f"--jobs {args.jobs}"] if args.jobs > 1 else [])])
     lines += ["## How this was made", "",
               f"`{command}` on {platform.machine()} ({platform.processor() or 'cpu'}), torch {torch.__version__}, "
-              f"{args.threads} thread(s); CPU time (process time) of the runs{' and probes' if args.probes else ''} on this page: "
+              f"{args.jobs} job(s) of {args.threads} thread(s); CPU time (process time) of the runs{' and probes' if args.probes else ''} on this page: "
               f"{reused_cpu_minutes(all_runs) + total_cpu / 60:.1f} min ({total_cpu / 60:.1f} min in this invocation; "
               f"finished runs are reused). The runs made here are in `{args.runs_dir}/<task>/<condition>/seed<S>/` "
               "(metrics.jsonl, results.json, and the trained model).", ""]
@@ -336,38 +358,83 @@ def main(argv: list[str] | None = None) -> int:
         args.model = builtin_model_dir()
     bilm = load_model(args.model) if "elmo" in args.conditions else None
     conditions = [c for c in ("elmo", "no_elmo") if c in args.conditions]
-    new_runs = {name: {c: [] for c in conditions} for name in args.tasks}
+    jobs = [(name, condition, seed) for seed in args.seeds for name in args.tasks for condition in conditions]
+    if args.probes and not args.page_only and len(conditions) == 2:
+        jobs.append(PROBES)
+    results: dict[tuple, dict] = {}
     carried, probes = previous_results(args)
-    runner = Runner(bilm, args)
-    for seed in args.seeds:
-        for name in args.tasks:
-            for condition in conditions:
-                result = runner.run(name, condition, seed)
-                new_runs[name][condition] += [result] if result is not None else []
-                if len(conditions) == 2 and result is not None and not args.page_only:
-                    write_results(new_runs, carried, probes, args, bilm, time.process_time() - start,
-                                  args.runs_dir / "results-partial.md")
+    jobs_cpu = 0.0
+    for job, result, cpu in run_jobs(jobs, bilm, args):
+        jobs_cpu += cpu
+        if job == PROBES:
+            probes = result
+            plot_probes(probes, figure_dir(args.out, args) / "probes.png")
+            continue
+        if result is not None:
+            results[job] = result
+        if len(conditions) == 2 and result is not None and not args.page_only:
+            write_results(new_runs(results, args.tasks, conditions), carried, probes, args, bilm,
+                          time.process_time() - start + jobs_cpu, args.runs_dir / "results-partial.md")
     if len(conditions) < 2:
-        print(f"ran {', '.join(args.conditions)} only: no table ({(time.process_time() - start) / 60:.1f} CPU min)")
+        print(f"ran {', '.join(args.conditions)} only: no table ({(time.process_time() - start + jobs_cpu) / 60:.1f} CPU min)")
         return 0
-    if args.probes and not args.page_only:
-        probes = run_probes(bilm, args)
-    written = write_results(new_runs, carried, probes, args, bilm, time.process_time() - start, args.out)
+    cpu = time.process_time() - start + jobs_cpu
+    written = write_results(new_runs(results, args.tasks, conditions), carried, probes, args, bilm, cpu, args.out)
     print(f"wrote {args.out}" if written else "no task has a finished run of each condition yet: no page",
-          f"({(time.process_time() - start) / 60:.1f} CPU min)")
+          f"({cpu / 60:.1f} CPU min)")
     return 0
 
 
-def run_probes(bilm, args: argparse.Namespace) -> dict:
+PROBES = ("probes",)
+
+
+def new_runs(results: dict[tuple, dict], tasks: list[str], conditions: list[str]) -> dict:
+    """{task: {condition: [result by seed]}} of the runs finished so far."""
+    runs = {name: {c: [] for c in conditions} for name in tasks}
+    for (name, condition, _), result in sorted(results.items(), key=lambda item: item[0][2]):
+        runs[name][condition].append(result)
+    return runs
+
+
+def run_jobs(jobs: list[tuple], bilm, args: argparse.Namespace):
+    """(job, result, CPU seconds of the job's own process when not this one) for every job, in the
+    order given with one job at a time, else as they finish. A job is (task, condition, seed) or
+    PROBES."""
+    if args.jobs == 1 or args.page_only:
+        runner = Runner(bilm, args)
+        for job in jobs:
+            yield job, (compute_probes(bilm, args) if job == PROBES else runner.run(*job)), 0.0
+        return
+    context = multiprocessing.get_context("spawn")  # no fork of a process that has started OpenMP threads
+    with ProcessPoolExecutor(args.jobs, mp_context=context, initializer=start_worker, initargs=(args,)) as pool:
+        futures = [pool.submit(work, job) for job in jobs]
+        for future in as_completed(futures):
+            yield future.result()
+
+
+_RUNNER: Runner | None = None  # a worker process's own
+
+
+def start_worker(args: argparse.Namespace) -> None:
+    global _RUNNER
+    torch.set_num_threads(args.threads)
+    _RUNNER = Runner(load_model(args.model) if "elmo" in args.conditions else None, args)
+
+
+def work(job: tuple) -> tuple[tuple, dict | None, float]:
+    start = time.process_time()
+    result = compute_probes(_RUNNER.bilm, _RUNNER.args) if job == PROBES else _RUNNER.run(*job)
+    return job, result, time.process_time() - start
+
+
+def compute_probes(bilm, args: argparse.Namespace) -> dict:
     from elmokit.tasks.probes import pos_probe, wsd_probe
 
     limits = dict(max_train_sentences=1000, max_eval_sentences=300) if args.quick else {}
-    probes = {"pos": pos_probe(bilm, args.data_dir, cache_dir=args.runs_dir / "elmo-cache",
-                               progress=not args.no_progress, **limits),
-              "wsd": wsd_probe(bilm, Path(args.data_dir) / "wsd" / "semcor3.0.tsv.gz",
-                               max_documents=20 if args.quick else None, progress=not args.no_progress)}
-    plot_probes(probes, figure_dir(args.out, args) / "probes.png")
-    return probes
+    return {"pos": pos_probe(bilm, args.data_dir, cache_dir=args.runs_dir / "elmo-cache",
+                             progress=not args.no_progress, **limits),
+            "wsd": wsd_probe(bilm, Path(args.data_dir) / "wsd" / "semcor3.0.tsv.gz",
+                             max_documents=20 if args.quick else None, progress=not args.no_progress)}
 
 
 def figure_dir(out: Path, args: argparse.Namespace) -> Path:
