@@ -286,7 +286,9 @@ def results_page(all_runs: dict, probes: dict | None, args: argparse.Namespace, 
     else:
         lines += ["# ELMo in real tasks", ""]
     config = TaskConfig(task="pos")
-    model_name = "the built-in model (`gutenberg-en`)" if args.builtin else f"`{args.model}`"
+    record = args.bilm_record
+    model_name = (f"the built-in model (`gutenberg-en` {record['version']})" if args.builtin else f"`{args.model}`")
+    model_name += f", weights fingerprint `{record['fingerprint']}`"
     lines += [f"biLM: {model_name} — {bilm.config.lstm.n_layers} LSTM layers, {bilm.output_dim}-dim outputs, "
               f"{sum(p.numel() for p in bilm.parameters()):,} parameters.", "",
               "Each cell is the score on the split named, mean ± sample std over the runs (seeds) counted in "
@@ -333,13 +335,30 @@ def results_page(all_runs: dict, probes: dict | None, args: argparse.Namespace, 
     return "\n".join(lines)
 
 
+def bilm_record(bilm, args: argparse.Namespace) -> dict | None:
+    """Which biLM made the ELMo runs, recorded in results.json: a new version of the built-in model
+    keeps its path, so its weights' fingerprint (and the card's version) say which one it was."""
+    if bilm is None:
+        return None
+    card = Path(args.model) / "provenance.json"
+    version = json.loads(card.read_text(encoding="utf-8")).get("version", "v1") if card.is_file() else None
+    return {"builtin": args.builtin, "model": "gutenberg-en" if args.builtin else str(args.model),
+            "version": version if args.builtin else None, "fingerprint": model_fingerprint(bilm)[:16]}
+
+
 def previous_results(args: argparse.Namespace) -> tuple[dict, dict | None]:
-    """The runs and probes of the previous results.json (not a smoke test's), marked as carried over."""
+    """The runs and probes of the previous results.json (not a smoke test's, and made with the same
+    biLM weights), marked as carried over."""
     path = args.out.with_suffix(".json")
     if args.no_previous or not path.is_file():
         return {}, None
     previous = json.loads(path.read_text(encoding="utf-8"))
     if previous.get("quick") != args.quick:
+        return {}, None
+    recorded = (previous.get("bilm") or {}).get("fingerprint")
+    if args.bilm_record is not None and recorded != args.bilm_record["fingerprint"]:
+        print(f"{path}: made with another biLM (weights fingerprint {recorded}, now "
+              f"{args.bilm_record['fingerprint']}): none of its runs or probes are carried over", flush=True)
         return {}, None
     runs = {name: {c: [r | {"carried": True} for r in results] for c, results in conditions.items()}
             for name, conditions in previous["runs"].items() if name in EXPERIMENTS}
@@ -357,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.model is None and "elmo" in args.conditions:
         args.model = builtin_model_dir()
     bilm = load_model(args.model) if "elmo" in args.conditions else None
+    args.bilm_record = bilm_record(bilm, args)
     conditions = [c for c in ("elmo", "no_elmo") if c in args.conditions]
     jobs = [(name, condition, seed) for seed in args.seeds for name in args.tasks for condition in conditions]
     if args.probes and not args.page_only and len(conditions) == 2:
@@ -460,7 +480,8 @@ def write_results(new_runs: dict, carried: dict, probes: dict | None, args: argp
     records = {name: {c: [{k: v for k, v in r.items() if k not in ("carried", "reused")} for r in results]
                       for c, results in runs.items()} for name, runs in all_runs.items()}
     atomic_write_text(out.with_suffix(".json"),
-                      json.dumps({"quick": args.quick, "runs": records, "probes": probes}, indent=1) + "\n")
+                      json.dumps({"quick": args.quick, "bilm": args.bilm_record, "runs": records, "probes": probes},
+                                 indent=1) + "\n")
     return True
 
 

@@ -61,3 +61,26 @@ def test_record_keeps_a_models_row(tmp_path):
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "sync_pages.py"), "--record", str(record)],
                             capture_output=True, text=True)
     assert result.returncode == 2 and "usage" in result.stderr
+
+
+def test_the_results_page_was_made_with_the_shipped_builtin_model():
+    """docs/results.md (quoted in the README) is the table of the built-in model that ships: a new
+    version keeps the path, so results.json records the weights' fingerprint and the card's version.
+    Pages written before the record existed were all made with v1."""
+    import json
+
+    from elmokit.model.builtin import builtin_model_dir
+    from elmokit.model.weights import load_model, model_fingerprint
+
+    results = json.loads((REPO / "docs" / "results.json").read_text(encoding="utf-8"))
+    card = json.loads((builtin_model_dir() / "provenance.json").read_text(encoding="utf-8"))
+    record = results.get("bilm")
+    if record is None:
+        assert card.get("version", "v1") == "v1", ("docs/results.md was made with v1 of the built-in model, "
+                                                   "which ships no more: rerun scripts/task_results.py --probes")
+        return
+    assert record["builtin"] and record["version"] == card.get("version", "v1"), record
+    assert record["fingerprint"] == model_fingerprint(load_model(builtin_model_dir()))[:16], (
+        "docs/results.md was made with other weights than the built-in model's: rerun scripts/task_results.py")
+    page = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
+    assert f"weights fingerprint `{record['fingerprint']}`" in page
