@@ -10,6 +10,9 @@ is replaced by the 1st markdown table of that file (a run of lines starting with
 of those models, a row each: a model directory's row is written from its config.json, vocab.txt,
 files and provenance.json (what scripts/build_builtin.sh records); a JSON record keeps the row of
 a model that is no longer shipped (written by --record from its directory before it was replaced).
+A block `<!-- results-bilm -->` ... `<!-- /results-bilm -->` (in the README and docs/results.md) is
+replaced by a line that says which built-in model made docs/results.json, and whether it is the one
+that ships now (a new version keeps the directory's path, so an old table would pass for the new one).
 
     python3 scripts/sync_pages.py [--check]     (--check: exit 1 if the README is not in sync)
     python3 scripts/sync_pages.py --record MODEL_DIR OUT.json LABEL
@@ -84,8 +87,29 @@ def model_table(sources: str) -> str:
     return MODEL_HEADER + "".join(rows)
 
 
+RESULTS_BILM_BLOCK = re.compile(r"(<!-- results-bilm -->\n)(.*?)(<!-- /results-bilm -->)", re.S)
+
+
+def results_bilm_line() -> str:
+    """Which biLM made docs/results.json (its `bilm` record; results made before the record existed
+    were all made with v1 of the built-in model) against the built-in model's card that ships."""
+    record = json.loads((REPO / "docs" / "results.json").read_text(encoding="utf-8")).get("bilm")
+    record = record or {"builtin": True, "version": "v1", "fingerprint": None}
+    card = REPO / "src" / "elmokit" / "models" / "gutenberg-en" / "provenance.json"
+    shipped = json.loads(card.read_text(encoding="utf-8")).get("version", "v1")
+    if not record["builtin"]:
+        return (f"These results were made with the biLM in `{record['model']}` (weights fingerprint "
+                f"`{record['fingerprint']}`), not with the built-in model.\n")
+    if record["version"] == shipped:
+        return f"These results were made with the built-in model that ships (`gutenberg-en` {shipped}).\n"
+    return (f"**These results were made with `gutenberg-en` {record['version']}, the built-in model before "
+            f"{shipped} replaced it; they have not been remade with {shipped} yet** "
+            f"(`.venv/bin/python scripts/task_results.py --probes` remakes them).\n")
+
+
 def synced(text: str) -> str:
     text = BLOCK.sub(lambda m: m.group(1) + nth_table(REPO / m.group(2), int(m.group(3))) + m.group(5), text)
+    text = RESULTS_BILM_BLOCK.sub(lambda m: m.group(1) + results_bilm_line() + m.group(3), text)
     return MODEL_BLOCK.sub(lambda m: m.group(1) + model_table(m.group(2)) + m.group(4), text)
 
 
@@ -99,15 +123,18 @@ def main() -> int:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(facts, indent=2) + "\n", encoding="utf-8")
         return 0
-    readme = REPO / "README.md"
-    text = readme.read_text(encoding="utf-8")
-    new = synced(text)
-    if "--check" in sys.argv[1:]:
-        if new != text:
-            print("README.md is not in sync with the tables it quotes: run python3 scripts/sync_pages.py")
-            return 1
-        return 0
-    readme.write_text(new, encoding="utf-8")
+    stale = []
+    for page in (REPO / "README.md", REPO / "docs" / "results.md"):
+        text = page.read_text(encoding="utf-8")
+        new = synced(text)
+        if new == text:
+            continue
+        stale.append(page.name)
+        if "--check" not in sys.argv[1:]:
+            page.write_text(new, encoding="utf-8")
+    if stale and "--check" in sys.argv[1:]:
+        print(f"{', '.join(stale)} not in sync with what they quote: run python3 scripts/sync_pages.py")
+        return 1
     return 0
 
 

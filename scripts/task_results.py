@@ -291,6 +291,7 @@ def results_page(all_runs: dict, probes: dict | None, args: argparse.Namespace, 
     model_name += f", weights fingerprint `{record['fingerprint']}`"
     lines += [f"biLM: {model_name} — {bilm.config.lstm.n_layers} LSTM layers, {bilm.output_dim}-dim outputs, "
               f"{sum(p.numel() for p in bilm.parameters()):,} parameters.", "",
+              "<!-- results-bilm -->", "<!-- /results-bilm -->", "",  # scripts/sync_pages.py: is it the one that ships?
               "Each cell is the score on the split named, mean ± sample std over the runs (seeds) counted in "
               "the seeds column (no ELMo / ELMo); dev in brackets where the test split is shown. Task models: one BiLSTM layer over task word vectors (random init; "
               "a char CNN beside them where the recipe says so), with ELMo concatenated at the input ([x; ELMo]); "
