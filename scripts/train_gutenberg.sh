@@ -2,11 +2,13 @@
 # Train the built-in English model v2 (src/elmokit/models/gutenberg-en) on ../shared/data/gutenberg-en
 # on a CPU, with elmokit's own pipeline: prepare -> vocab -> train -> export (README, "The built-in model").
 # Re-running the script continues the run from its last checkpoint (--resume): the run survives any
-# interruption (SIGKILL included) and takes several sessions on 2 cores.
+# interruption (SIGKILL included) as long as WORK_DIR does.
 #   usage: scripts/train_gutenberg.sh [WORK_DIR]      (default runs/gutenberg-v2 in the repository, git-ignored)
-#   env:   THREADS (default 2), MAX_TOKENS (default 0 = one epoch),
-#          TRAIN_SHARDS (default 'train.*': the whole train split, all 10 book shards, one epoch;
-#          v1 read 'train.0[0-2]')
+#   env:   THREADS (default 2), MAX_TOKENS (default 0 = one epoch, 51.5M tokens, ~6.5 h at 2,200 tokens/s),
+#          TRAIN_SHARDS (default 'train.*': the whole train split, all 10 book shards; v1 read 'train.0[0-2]')
+# v2, the model that ships, is `MAX_TOKENS=15000000 THREADS=2 scripts/train_gutenberg.sh` (about 2 h, one
+# session): a whole-epoch run reached three quarters of the epoch over three sessions; its run directory was lost
+# between sessions before its anneal (the machine's checkout was replaced; runs/ is not in git).
 # Shape: 2 x 512 cells -> 128 (scripts/gutenberg-cpu.json), 100k-word vocabulary, sampled softmax
 # of 8,192, batch 32 x 20, float32 (bf16 autocast measured slower with elmokit's training engine on
 # this CPU: bench/results/train.md vs train-bf16.md).
@@ -32,11 +34,9 @@ done
 # (the run in runs/gutenberg-v2 validated every 1,000 steps up to step 4,084, then 5,000).
 # 5. The lr's schedule: constant, then falling linearly to 0 over the last fifth of the budget
 # (warmup-stable-decay without warm-up): the budget in steps is the epoch's targets (tokens + one
-# </S> a sentence, prepare.json) or MAX_TOKENS, over 32 x 20 a step. The run in runs/gutenberg-v2
-# began with the lr halved at every validation that did not improve (--lr-decay 0.5; it halved at
-# steps 4,000 and 20,000 on a validation set of a few books, whose ups and downs follow the books
-# just read), took the anneal on at step 20,000 and --lr-decay 1 at step 20,174 (both recorded in
-# its metrics.jsonl as resumed_with): from there on its lr is 0.0005 until the anneal.
+# </S> a sentence, prepare.json) or MAX_TOKENS, over 32 x 20 a step. No halving at validations
+# (--lr-decay 1): the first 2,000 valid sentences are a few books, whose ups and downs follow the
+# books just read, and halving at each one that did not improve starved the lost whole-epoch run's lr.
 # the budget a resume runs under is the one in its train_config.json (its max_tokens), not MAX_TOKENS
 SCHEDULE_STEPS=$(python3 - "$WORK/train/prepare.json" "${MAX_TOKENS:-0}" "$RUN/train_config.json" <<'PY'
 import json, math, os, sys

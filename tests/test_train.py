@@ -403,3 +403,15 @@ def test_a_field_newer_than_the_checkpoint_is_no_change_at_its_default():
     assert _changed_settings(saved, TrainConfig()) == {}
     assert _changed_settings(saved, TrainConfig(anneal_start=67_000, anneal_steps=17_000)) == {
         "anneal_start": [0, 67_000], "anneal_steps": [0, 17_000]}
+
+
+def test_a_run_that_ends_on_its_token_budget_validates_its_last_model(corpus, tmp_path):
+    """--max-tokens ends a run between two validations: its last model is validated as well, and
+    kept in best/ when it is the best (an annealed run ends on its best)."""
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(corpus["train_json"]), "--output-dir", str(run),
+                 "--max-tokens", "100", "--eval-every", "1000"]) == 0
+    records = read(run / "metrics.jsonl")
+    last = max(r["step"] for r in records if "loss" in r)
+    assert 1 < last < 1000 and [r["step"] for r in records if "valid_ppl" in r] == [last]
+    assert json.loads((run / "best" / "provenance.json").read_text())["steps"] == last

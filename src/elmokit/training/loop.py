@@ -254,10 +254,11 @@ def run_epoch(run: Run, bar, stop: StopSignals) -> bool:
         if progress.step % config.log_every == 0:
             _log(run.out_dir, dist_, window.record(step=progress.step, tokens=progress.tokens, epoch=progress.epoch,
                                                    lr=progress.lr(config), elapsed_s=round(progress.seconds, 1)), bar)
-        if config.eval_every and progress.step % config.eval_every == 0:
+        due = config.eval_every and progress.step % config.eval_every == 0
+        spent = config.max_tokens and progress.tokens >= config.max_tokens
+        if due or (spent and config.valid_files):  # the budget's last model too (an annealed run ends on its best)
             run_evaluation(run.model, config, run.vocab, progress, run.out_dir, dist_, bar)
-        if config.max_tokens and progress.tokens >= config.max_tokens:
-            progress.done = True
+        progress.done = progress.done or bool(spent)
         stopping = stop.requested(dist_)
         if progress.step % config.checkpoint_every == 0 or progress.done or stopping:
             save_training_checkpoint(run.out_dir, config, run.model, run.optimizer, progress, run.state, batches, dist_)
