@@ -37,6 +37,16 @@ card["stored"] = "float16, softmax included (computed in float32)"
 card["version"] = "v2"
 (out / "provenance.json").write_text(json.dumps(card, indent=2) + "\n")
 PY
+# the weights' fingerprint (what task runs and docs/results.json record of the biLM they used)
+.venv/bin/python - "$OUT.partial" <<'PY'
+import json, sys
+from pathlib import Path
+from elmokit.model.weights import load_model, model_fingerprint
+out = Path(sys.argv[1])
+card = json.loads((out / "provenance.json").read_text())
+card["fingerprint"] = model_fingerprint(load_model(out))[:16]
+(out / "provenance.json").write_text(json.dumps(card, indent=2) + "\n")
+PY
 rm -rf "$OUT" && mv "$OUT.partial" "$OUT"
 du -sh "$OUT"; ls -la "$OUT"
 # the wheel a user installs: at most 40 MB

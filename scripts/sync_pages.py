@@ -96,10 +96,15 @@ def results_bilm_line() -> str:
     record = json.loads((REPO / "docs" / "results.json").read_text(encoding="utf-8")).get("bilm")
     record = record or {"builtin": True, "version": "v1", "fingerprint": None}
     card = REPO / "src" / "elmokit" / "models" / "gutenberg-en" / "provenance.json"
-    shipped = json.loads(card.read_text(encoding="utf-8")).get("version", "v1")
+    card = json.loads(card.read_text(encoding="utf-8"))
+    shipped = card.get("version", "v1")
     if not record["builtin"]:
         return (f"These results were made with the biLM in `{record['model']}` (weights fingerprint "
                 f"`{record['fingerprint']}`), not with the built-in model.\n")
+    if record["version"] == shipped and record["fingerprint"] != card.get("fingerprint", record["fingerprint"]):
+        return (f"**These results were made with other weights (fingerprint `{record['fingerprint']}`) than the "
+                f"built-in model's that ships (`gutenberg-en` {shipped}, `{card['fingerprint']}`)** "
+                "(`.venv/bin/python scripts/task_results.py --probes` remakes them).\n")
     if record["version"] == shipped:
         return f"These results were made with the built-in model that ships (`gutenberg-en` {shipped}).\n"
     return (f"**These results were made with `gutenberg-en` {record['version']}, the built-in model before "

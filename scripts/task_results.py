@@ -22,6 +22,7 @@ invocation keep the runs recorded in the previous results.json (marked as such o
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import multiprocessing
 import platform
@@ -167,11 +168,15 @@ class Runner:
         if (name, condition) not in self.data:
             if name not in self.splits:
                 self.splits[name] = load_splits(TaskConfig(**base))
-            start = time.process_time()
-            self.data[name, condition] = TaskData(TaskConfig(model=model, **base), self.splits[name],
-                                                  self.bilm if model else None)
-            if not features_record.is_file():  # the first computation's cost; later ones read the disk cache
-                atomic_write_text(features_record, json.dumps({"feature_cpu_seconds": round(time.process_time() - start, 1)}) + "\n")
+            features_record.parent.mkdir(parents=True, exist_ok=True)
+            with open(features_record.with_suffix(".lock"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # another job (--jobs) computing these layers: wait, read its cache
+                start = time.process_time()
+                self.data[name, condition] = TaskData(TaskConfig(model=model, **base), self.splits[name],
+                                                      self.bilm if model else None)
+                if not features_record.is_file():  # the first computation's cost; later ones read the disk cache
+                    atomic_write_text(features_record, json.dumps(
+                        {"feature_cpu_seconds": round(time.process_time() - start, 1)}) + "\n")
         return self.data[name, condition]
 
 
@@ -389,7 +394,6 @@ def main(argv: list[str] | None = None) -> int:
         jobs_cpu += cpu
         if job == PROBES:
             probes = result
-            plot_probes(probes, figure_dir(args.out, args) / "probes.png")
             continue
         if result is not None:
             results[job] = result
@@ -427,25 +431,34 @@ def run_jobs(jobs: list[tuple], bilm, args: argparse.Namespace):
             yield job, (compute_probes(bilm, args) if job == PROBES else runner.run(*job)), 0.0
         return
     context = multiprocessing.get_context("spawn")  # no fork of a process that has started OpenMP threads
-    with ProcessPoolExecutor(args.jobs, mp_context=context, initializer=start_worker, initargs=(args,)) as pool:
+    pool = ProcessPoolExecutor(args.jobs, mp_context=context, initializer=start_worker, initargs=(args,))
+    try:
         futures = [pool.submit(work, job) for job in jobs]
         for future in as_completed(futures):
             yield future.result()
+    except BaseException:  # a failed job or Ctrl-C: the queued jobs do not run (finished ones are kept)
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
 
 
 _RUNNER: Runner | None = None  # a worker process's own
+_STARTUP_CPU = 0.0  # its start-up (imports, the biLM loaded), counted with its first job
 
 
 def start_worker(args: argparse.Namespace) -> None:
-    global _RUNNER
+    global _RUNNER, _STARTUP_CPU
     torch.set_num_threads(args.threads)
     _RUNNER = Runner(load_model(args.model) if "elmo" in args.conditions else None, args)
+    _STARTUP_CPU = time.process_time()
 
 
 def work(job: tuple) -> tuple[tuple, dict | None, float]:
+    global _STARTUP_CPU
     start = time.process_time()
     result = compute_probes(_RUNNER.bilm, _RUNNER.args) if job == PROBES else _RUNNER.run(*job)
-    return job, result, time.process_time() - start
+    startup, _STARTUP_CPU = _STARTUP_CPU, 0.0
+    return job, result, time.process_time() - start + startup
 
 
 def compute_probes(bilm, args: argparse.Namespace) -> dict:
@@ -476,6 +489,8 @@ def write_results(new_runs: dict, carried: dict, probes: dict | None, args: argp
     for name, runs in all_runs.items():
         plot_layer_weights([r["layer_weights"] for r in runs["elmo"]], f"{name}: learned ELMo layer weights",
                            figure_dir(out, args) / f"layer_weights_{name}.png")
+    if probes is not None and args.probes:  # computed by this invocation: drawn beside the page that shows them
+        plot_probes(probes, figure_dir(out, args) / "probes.png")
     pending = [name for name in new_runs if name not in ready]
     atomic_write_text(out, results_page(all_runs, probes, args, bilm, cpu_seconds, pending))
     records = {name: {c: [{k: v for k, v in r.items() if k not in ("carried", "reused")} for r in results]
