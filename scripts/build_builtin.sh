@@ -5,7 +5,8 @@
 # curve, metrics and the commands that made it; then its perplexities, computed from the shipped
 # float16 files by the very command a user runs, and the wheel's size (at most 40 MB).
 #   usage: scripts/build_builtin.sh [WORK_DIR]      (default runs/gutenberg-v2)
-#   env:   EVAL_SENTENCES (default 5000: the first sentences of valid and of test to score),
+#   env:   FROM (best, default, or last: the last checkpoint's model),
+#          EVAL_SENTENCES (default 5000: the first sentences of valid and of test to score),
 #          BUILTIN_OUT (default src/elmokit/models/gutenberg-en)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,8 +17,26 @@ OUT=${BUILTIN_OUT:-src/elmokit/models/gutenberg-en}  # BUILTIN_OUT: elsewhere, f
 N=${EVAL_SENTENCES:-5000}
 
 rm -rf "$OUT.partial" && mkdir -p "$OUT.partial"
-"$ELMO" export "$RUN" --native "$OUT.partial" --dtype float16 --overwrite
-cp "$RUN/best/provenance.json" "$RUN/curves.png" "$RUN/metrics.jsonl" "$RUN/train_config.json" "$OUT.partial/"
+# FROM=last: the run's last model (the end of its anneal) instead of best/ (its best validation)
+if [ "${FROM:-best}" = last ]; then
+  "$ELMO" export "$RUN" --last --native "$OUT.partial" --dtype float16 --overwrite
+  python3 - "$RUN" "$OUT.partial" <<'PY'
+import json, sys
+from pathlib import Path
+run, out = Path(sys.argv[1]), Path(sys.argv[2])
+config = json.loads((run / "train_config.json").read_text())
+last = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if "valid_ppl" in line][-1]
+card = {"trained_by": "elmo train", "model_kept": "the last (end of the anneal), not best/",
+        "train_files": config["train_files"], "vocab": config["vocab"], "steps": last["step"], "tokens": last["tokens"],
+        "epochs": last["epoch"], "valid_files": config["valid_files"], "valid_ppl": round(last["valid_ppl"], 3),
+        "valid_forward_ppl": round(last["valid_forward_ppl"], 3), "valid_backward_ppl": round(last["valid_backward_ppl"], 3)}
+(out / "provenance.json").write_text(json.dumps(card, indent=2) + "\n")
+PY
+else
+  "$ELMO" export "$RUN" --native "$OUT.partial" --dtype float16 --overwrite
+  cp "$RUN/best/provenance.json" "$OUT.partial/"
+fi
+cp "$RUN/curves.png" "$RUN/metrics.jsonl" "$RUN/train_config.json" "$OUT.partial/"
 cp scripts/train_gutenberg.sh scripts/gutenberg-cpu.json "$OUT.partial/"
 # the user's command: elmo prepare SPLIT.txt.gz -o DIR; elmo perplexity 'DIR/*.txt.gz' --max-sentences N
 for split in valid test; do

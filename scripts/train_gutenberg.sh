@@ -6,10 +6,10 @@
 #   usage: scripts/train_gutenberg.sh [WORK_DIR]      (default runs/gutenberg-v2 in the repository, git-ignored)
 #   env:   THREADS (default 2), MAX_TOKENS (default 0 = one epoch, 51.5M tokens, ~6.5 h at 2,200 tokens/s),
 #          TRAIN_SHARDS (default 'train.*': the whole train split, all 10 book shards; v1 read 'train.0[0-2]')
-# A whole-epoch run reached three quarters of the epoch over three sessions; its run directory was lost
-# between sessions before its anneal (the machine's checkout was replaced; runs/ is not in git). A
-# one-session run, `MAX_TOKENS=12000000 THREADS=2 scripts/train_gutenberg.sh` (2 h), was built and not
-# shipped: it did not beat v1 on the test split (stop note of 2026-11-25). v1 still ships.
+# v2, the model that ships, is `MAX_TOKENS=12000000 THREADS=2 scripts/train_gutenberg.sh` (about 2 h, one
+# session), packaged from its last model (`FROM=last scripts/build_builtin.sh`): a whole-epoch run reached
+# three quarters of the epoch over three sessions; its run directory was lost between sessions before its
+# anneal (the machine's checkout was replaced; runs/ is not in git).
 # Shape: 2 x 512 cells -> 128 (scripts/gutenberg-cpu.json), 100k-word vocabulary, sampled softmax
 # of 8,192, batch 32 x 20, float32 (bf16 autocast measured slower with elmokit's training engine on
 # this CPU: bench/results/train.md vs train-bf16.md).
