@@ -14,7 +14,7 @@ A block `<!-- results-bilm -->` ... `<!-- /results-bilm -->` (in the README and 
 replaced by a line that says which built-in model made docs/results.json, and whether it is the one
 that ships now (a new version keeps the directory's path, so an old table would pass for the new one).
 
-    python3 scripts/sync_pages.py [--check]     (--check: exit 1 if the README is not in sync)
+    python3 scripts/sync_pages.py [--check]     (--check: exit 1 if the README or docs/results.md is not in sync)
     python3 scripts/sync_pages.py --record MODEL_DIR OUT.json LABEL
 """
 
@@ -87,6 +87,7 @@ def model_table(sources: str) -> str:
     return MODEL_HEADER + "".join(rows)
 
 
+REMAKE = "(`.venv/bin/python scripts/task_results.py --probes` remakes them)."
 RESULTS_BILM_BLOCK = re.compile(r"(<!-- results-bilm -->\n)(.*?)(<!-- /results-bilm -->)", re.S)
 
 
@@ -95,21 +96,18 @@ def results_bilm_line() -> str:
     were all made with v1 of the built-in model) against the built-in model's card that ships."""
     record = json.loads((REPO / "docs" / "results.json").read_text(encoding="utf-8")).get("bilm")
     record = record or {"builtin": True, "version": "v1", "fingerprint": None}
-    card = REPO / "src" / "elmokit" / "models" / "gutenberg-en" / "provenance.json"
-    card = json.loads(card.read_text(encoding="utf-8"))
+    card = json.loads((REPO / "src" / "elmokit" / "models" / "gutenberg-en" / "provenance.json").read_text(encoding="utf-8"))
     shipped = card.get("version", "v1")
     if not record["builtin"]:
         return (f"These results were made with the biLM in `{record['model']}` (weights fingerprint "
                 f"`{record['fingerprint']}`), not with the built-in model.\n")
     if record["version"] == shipped and record["fingerprint"] != card.get("fingerprint", record["fingerprint"]):
         return (f"**These results were made with other weights (fingerprint `{record['fingerprint']}`) than the "
-                f"built-in model's that ships (`gutenberg-en` {shipped}, `{card['fingerprint']}`)** "
-                "(`.venv/bin/python scripts/task_results.py --probes` remakes them).\n")
+                f"built-in model's that ships (`gutenberg-en` {shipped}, `{card['fingerprint']}`)** {REMAKE}\n")
     if record["version"] == shipped:
         return f"These results were made with the built-in model that ships (`gutenberg-en` {shipped}).\n"
     return (f"**These results were made with `gutenberg-en` {record['version']}, the built-in model before "
-            f"{shipped} replaced it; they have not been remade with {shipped} yet** "
-            f"(`.venv/bin/python scripts/task_results.py --probes` remakes them).\n")
+            f"{shipped} replaced it; they have not been remade with {shipped} yet** {REMAKE}\n")
 
 
 def synced(text: str) -> str:
