@@ -243,13 +243,25 @@ def test_inference_products_equal_the_plain_ones_and_take_the_path_they_should(m
         assert kernels.path_counts["torch"] - before.get("torch", 0) == 2
         assert kernels.path_counts["onednn"] == before.get("onednn", 0)
 
-    before = dict(kernels.path_counts)  # with gradients: F.linear, so that autograd sees it
+    # with gradients (training): the forward product and both gradient products on the fast path,
+    # the gradients those of the float64 products; under autocast, F.linear (autocast picks the dtype)
+    before = dict(kernels.path_counts)
     weight.requires_grad_(True)
-    x = torch.randn(5, 10)
-    linear(x, weight, bias).sum().backward()
-    torch.testing.assert_close(weight.grad, torch.ones(5, 24).T @ x)
+    bias.requires_grad_(True)
+    x = torch.randn(2, 5, 10, requires_grad=True)
+    upstream = torch.randn(2, 5, 24)
+    out = linear(x, weight, bias)
+    torch.testing.assert_close(out.double(), expected(x.view(10, 10), weight, bias).view(2, 5, 24), atol=1e-5, rtol=1e-5)
+    out.backward(upstream)
+    flat_up = upstream.double().view(10, 24)
+    torch.testing.assert_close(x.grad.double(), (flat_up @ weight.double()).view(2, 5, 10), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(weight.grad.double(), flat_up.T @ x.double().view(10, 10), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(bias.grad.double(), flat_up.sum(0), atol=1e-5, rtol=1e-5)
+    assert kernels.path_counts[fast] - before.get(fast, 0) == 3
+    before = dict(kernels.path_counts)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert linear(x, weight, bias).dtype == torch.bfloat16
     assert kernels.path_counts["torch"] - before.get("torch", 0) == 1
-    assert kernels.path_counts["onednn"] == before.get("onednn", 0)
     kernels.reset()
 
 

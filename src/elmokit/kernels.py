@@ -1,23 +1,31 @@
-"""Matrix products for inference on the CPU: oneDNN's kernels, which torch ships, where they apply.
+"""Matrix products on the CPU: oneDNN's kernels, which torch ships, where they apply.
 
 torch sends a dense fp32 product on the CPU to MKL, and MKL runs its AVX2 code on AMD processors.
-On this project's AMD EPYC (2 threads) a 2048 x 2048 product reaches ~190 GFLOP/s through MKL
-and ~400 through oneDNN (AVX-512). The LSTM step's (32, 512) x (512, 16384) product runs at
-~90 GFLOP/s through MKL, ~170-240 through oneDNN and ~290-330 through oneDNN with the weight
-reordered once into its blocked layout (`bench/embed.py` measures these in every run).
+On this project's AMD EPYC (2 threads) a 2048 x 2048 product reaches ~210 GFLOP/s through MKL
+and ~480 through oneDNN (AVX-512). The LSTM step's (32, 128) x (128, 2048) product runs at
+~120 GFLOP/s through MKL, ~270 through oneDNN and ~340 through oneDNN with the weight reordered
+once into its blocked layout (`bench/embed.py` and `bench/train.py` measure these in every run).
 
-`linear` / `add_linear` take oneDNN's kernel (the op torch's own compiler emits for frozen
-`nn.Linear` layers) when no gradient is needed; `PackedLinear` also keeps the reordered weight for
-a stream of products with the same weight. With gradients, off the CPU, for other dtypes, or in a
-torch built without oneDNN, everything is `F.linear` / `addmm`. In float32 both paths compute in
-float32 and differ only in the order of the sums; bfloat16 weights (reduced-precision inference,
-`BiLM.to(torch.bfloat16)`) give bfloat16 products, through oneDNN where the CPU has bf16 support.
+Three entry points, for inference and training alike:
+    * `linear(x, weight, bias)`: x W^T + b. Without gradients, oneDNN's kernel (the op torch's
+      own compiler emits for frozen `nn.Linear` layers). With gradients (training), an autograd
+      Function whose forward and backward products are oneDNN's too (`matmul` below); under an
+      autocast region, `F.linear`, so that autocast chooses the dtype as it does for nn.Linear.
+    * `matmul(a, b)`: a @ b of two 2-D tensors without gradients, for hand-written backward
+      passes (elmokit.training's recurrence and softmax). oneDNN computes x w^T with any strides;
+      the product runs as linear(a, b^T) or as linear(b^T, a)^T (a transposed view), whichever
+      the layouts favour (see `matmul`).
+    * `PackedLinear`: the weight reordered once for a stream of products with the same weight.
+Off the CPU, for other dtypes, or in a torch built without oneDNN, everything is `F.linear` /
+`torch.mm` / `addmm`. In float32 both paths compute in float32 and differ only in the order of
+the sums; bfloat16 weights (reduced-precision inference, `BiLM.to(torch.bfloat16)`) give
+bfloat16 products, through oneDNN where the CPU has bf16 support.
 
 Which path runs:
     * `ELMOKIT_KERNELS=torch` in the environment forces the plain path (`F.linear`) everywhere.
     * The oneDNN ops are private to torch (`torch.ops.mkldnn`), so they are not trusted blindly:
-      the first product of each kind (plain, reordered weight, reordered weight plus an addend)
-      and dtype that goes through oneDNN is computed again with `F.linear` in float32 and
+      the first product of each kind (plain, matmul, reordered weight, reordered weight plus an
+      addend) and dtype that goes through oneDNN is computed again with `F.linear` in float32 and
       compared. If it differs, or raises, oneDNN is switched off for the rest of the process
       with one warning, and that product's `F.linear` result is returned: a torch whose private
       ops changed still gives correct results, only slower.
@@ -153,16 +161,80 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """x @ weight^T + bias, as `F.linear`: x (..., in), weight (out, in), bias (out,) -> (..., out).
 
     A weight of another dtype than x (bfloat16 weights, float32 activations) computes the product
-    in the weight's dtype and returns it in x's dtype.
+    in the weight's dtype and returns it in x's dtype. With gradients, `LinearFunction` (oneDNN in
+    both passes) where oneDNN would take the product, else `F.linear`.
     """
     if x.dtype != weight.dtype:
         return linear(x.to(weight.dtype), weight, bias).to(x.dtype)
+    if _trains_through_onednn(x, weight, bias):
+        return LinearFunction.apply(x, weight, bias)
     if not _takes_onednn(x, weight):
         path_counts["torch"] += 1
         return F.linear(x, weight, bias)
     return _checked("linear", lambda: _onednn_linear(x, weight, bias),
                     lambda: F.linear(x.float(), weight.float(), None if bias is None else bias.float()),
                     lambda: F.linear(x, weight, bias), x.dtype)
+
+
+def _trains_through_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """A product that needs gradients and that oneDNN would take without them (not under autocast,
+    which chooses the dtype through F.linear)."""
+    return (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
+            and x.device.type == "cpu" and x.dtype == weight.dtype and x.dtype in _ONEDNN_DTYPES
+            and not torch.is_autocast_enabled("cpu") and onednn_active())
+
+
+class LinearFunction(torch.autograd.Function):
+    """x W^T + b with gradients, every product through oneDNN (`linear` / `matmul`):
+
+        dx = dy W      dW = dy^T x      db = sum_rows dy
+
+    apply(x (..., in), weight (out, in), bias (out,) or None) -> (..., out)
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return linear(x, weight, bias)  # grad mode is off in a Function's forward: the oneDNN product
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output):
+        x, weight = ctx.saved_tensors
+        grad_rows = grad_output.reshape(-1, weight.shape[0])  # (R, out)
+        grad_x = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_x = matmul(grad_rows, weight).view(*x.shape)
+        if ctx.needs_input_grad[1]:
+            grad_weight = matmul(grad_rows.mT, x.reshape(-1, weight.shape[1]))
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = grad_rows.sum(dim=0)
+        return grad_x, grad_weight, grad_bias
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """t itself if its rows or its columns are contiguous, else a contiguous copy."""
+    return t if t.is_contiguous() or t.mT.is_contiguous() else t.contiguous()
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b for 2-D tensors a (m, k), b (k, n) -> (m, n), without gradients; any strides.
+
+    oneDNN computes x w^T, so a @ b runs either as linear(a, b^T) or as linear(b^T, a)^T (the
+    result then a transposed view). Measured on this project's CPU over the training products
+    (`bench/train.py`'s shapes), the faster one is the one whose x has its rows contiguous (k
+    along memory), and where neither or both have, the one with the longer output rows (the
+    larger of m, n last): up to 2x between the two.
+    """
+    if not _takes_onednn(a, b):
+        path_counts["torch"] += 1
+        return torch.mm(a, b)
+    a, b = _dense(a), _dense(b)
+    direct_rows, flipped_rows = a.is_contiguous(), b.mT.is_contiguous()  # x's rows contiguous, either way
+    flipped = flipped_rows if direct_rows != flipped_rows else a.shape[0] > b.shape[1]
+    product = (lambda: _onednn_linear(b.mT, a, None).mT) if flipped else (lambda: _onednn_linear(a, b.mT, None))
+    return _checked("matmul", product, lambda: torch.mm(a.float(), b.float()), lambda: torch.mm(a, b), a.dtype)
 
 
 class PackedLinear:

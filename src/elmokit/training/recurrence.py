@@ -16,9 +16,12 @@ gradient is one product over all U steps at the end:
 
     dW_in = dG^T X      dW_rec = dG^T H_{t-1}      db = sum dG      dW_proj = dH^T M      dX = dG W_in
 
-Both directions run together (a leading D axis, batched products); gates are in elmokit's
-order (i, f, o, j), the forget-gate offset already in `bias`. Clipping follows `torch.clamp`:
-the gradient passes where the value was not clipped.
+Every product goes through `elmokit.kernels` (oneDNN's kernels on the CPU, ~2x MKL's there):
+the per-step products with the weight reordered once a pass (`PackedLinear`, the recurrent one
+with G_t added in the same call), the all-steps products with `linear` / `matmul`. The products
+run one direction at a time (oneDNN has no batched product); the buffers keep a leading D axis.
+Gates are in elmokit's order (i, f, o, j), the forget-gate offset already in `bias`. Clipping
+follows `torch.clamp`: the gradient passes where the value was not clipped.
 
 Shape notation: D 2 directions, U steps, B rows, P projection dim, C cell dim.
 """
@@ -28,6 +31,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from elmokit.kernels import PackedLinear, linear, matmul
 from elmokit.model.lstm import BiLstm, LstmState
 
 
@@ -44,26 +48,33 @@ class LstmLayerFunction(torch.autograd.Function):
         n_dirs, n_steps, n_rows, dim = inputs.shape
         cell_dim = projection.shape[2]
         flat_inputs = inputs.reshape(n_dirs, n_steps * n_rows, dim)
-        acts = torch.baddbmm(bias, flat_inputs, input_weight.mT).view(n_dirs, n_steps, n_rows, 4 * cell_dim)
+        acts = torch.stack([linear(flat_inputs[d], input_weight[d], bias[d, 0]) for d in range(n_dirs)]
+                           ).view(n_dirs, n_steps, n_rows, 4 * cell_dim)  # G = X W_in^T + b, then the gates
         cells = inputs.new_empty(n_dirs, n_steps + 1, n_rows, cell_dim)  # c_0 .. c_U
         cells[:, 0] = cell
         tanh_cells = inputs.new_empty(n_dirs, n_steps, n_rows, cell_dim)
         cell_outputs = inputs.new_empty(n_dirs, n_steps, n_rows, cell_dim)  # m_t
         hiddens = inputs.new_empty(n_dirs, n_steps + 1, n_rows, dim)  # h_0 .. h_U
         hiddens[:, 0] = hidden
-        recurrent_t, projection_t = recurrent_weight.mT, projection.mT
-        for step in range(n_steps):
-            step_acts = acts[:, step].baddbmm_(hiddens[:, step], recurrent_t)  # (D, B, 4C): G_t + h W_rec^T
-            step_acts[..., :3 * cell_dim].sigmoid_()
-            step_acts[..., 3 * cell_dim:].tanh_()
-            input_gate, forget_gate, output_gate, candidate = step_acts.chunk(4, dim=-1)
-            new_cell = torch.mul(forget_gate, cells[:, step], out=cells[:, step + 1]).addcmul_(input_gate, candidate)
-            if cell_clip:
-                new_cell.clamp_(-cell_clip, cell_clip)
-            torch.mul(output_gate, torch.tanh(new_cell, out=tanh_cells[:, step]), out=cell_outputs[:, step])
-            new_hidden = torch.bmm(cell_outputs[:, step], projection_t, out=hiddens[:, step + 1])
-            if proj_clip:
-                new_hidden.clamp_(-proj_clip, proj_clip)
+        sigmoid_part, tanh_part = slice(0, 3 * cell_dim), slice(3 * cell_dim, 4 * cell_dim)
+        for d in range(n_dirs):
+            recurrent, project = PackedLinear(recurrent_weight[d], n_rows), PackedLinear(projection[d], n_rows)
+            for step in range(n_steps):
+                step_acts = acts[d, step]  # (B, 4C)
+                gates = recurrent.add(step_acts, hiddens[d, step])  # G_t + h_{t-1} W_rec^T
+                torch.sigmoid(gates[:, sigmoid_part], out=step_acts[:, sigmoid_part])
+                torch.tanh(gates[:, tanh_part], out=step_acts[:, tanh_part])
+                input_gate, forget_gate, output_gate, candidate = step_acts.chunk(4, dim=-1)
+                new_cell = torch.mul(forget_gate, cells[d, step], out=cells[d, step + 1]).addcmul_(input_gate,
+                                                                                                    candidate)
+                if cell_clip:
+                    new_cell.clamp_(-cell_clip, cell_clip)
+                torch.mul(output_gate, torch.tanh(new_cell, out=tanh_cells[d, step]), out=cell_outputs[d, step])
+                new_hidden = project(cell_outputs[d, step])  # (B, P)
+                if proj_clip:
+                    torch.clamp(new_hidden, -proj_clip, proj_clip, out=hiddens[d, step + 1])
+                else:
+                    hiddens[d, step + 1] = new_hidden
         ctx.save_for_backward(flat_inputs, input_weight, recurrent_weight, projection, acts, cells, tanh_cells,
                               cell_outputs, hiddens)
         ctx.clips = (cell_clip, proj_clip)
@@ -90,34 +101,43 @@ class LstmLayerFunction(torch.autograd.Function):
         hidden_mask = (hiddens[:, 1:].abs() < proj_clip).to(hiddens.dtype) if proj_clip else None
         if grad_outputs is None:
             grad_outputs = hiddens.new_zeros(n_dirs, n_steps, n_rows, dim)
-        recurrent_grad = grad_hidden if grad_hidden is not None else hiddens.new_zeros(n_dirs, n_rows, dim)
-        cell_grad = grad_cell if grad_cell is not None else cells.new_zeros(n_dirs, n_rows, cell_dim)
         grad_gates = acts.new_empty(n_dirs, n_steps, n_rows, 4, cell_dim)
         grad_hiddens = hiddens.new_empty(n_dirs, n_steps, n_rows, dim)  # dL/d(projection before its clip)
-        for step in reversed(range(n_steps)):
-            grad_h = torch.add(grad_outputs[:, step], recurrent_grad, out=grad_hiddens[:, step])  # (D, B, P)
-            if hidden_mask is not None:
-                grad_h.mul_(hidden_mask[:, step])
-            grad_m = torch.bmm(grad_h, projection)  # (D, B, C)
-            grad_c = torch.addcmul(cell_grad, grad_m, through_tanh[:, step])
-            if cell_mask is not None:
-                grad_c.mul_(cell_mask[:, step])
-            step_factors, step_grads = factors[:, step], grad_gates[:, step]  # (D, B, 4, C)
-            torch.mul(step_factors[:, :, :2], grad_c.unsqueeze(2), out=step_grads[:, :, :2])
-            torch.mul(step_factors[:, :, 2], grad_m, out=step_grads[:, :, 2])
-            torch.mul(step_factors[:, :, 3], grad_c, out=step_grads[:, :, 3])
-            cell_grad = grad_c.mul_(forget_gate[:, step])
-            recurrent_grad = torch.bmm(step_grads.view(n_dirs, n_rows, 4 * cell_dim), recurrent_weight)
+        recurrent_grads, cell_grads = [], []
+        for d in range(n_dirs):
+            # grad_m = grad_h W_proj and the recurrent gradient grad_g W_rec: weights W_proj^T, W_rec^T
+            project_back = PackedLinear(projection[d].mT, n_rows)
+            recurrent_back = PackedLinear(recurrent_weight[d].mT, n_rows)
+            recurrent_grad = grad_hidden[d] if grad_hidden is not None else hiddens.new_zeros(n_rows, dim)
+            cell_grad = grad_cell[d] if grad_cell is not None else cells.new_zeros(n_rows, cell_dim)
+            for step in reversed(range(n_steps)):
+                grad_h = torch.add(grad_outputs[d, step], recurrent_grad, out=grad_hiddens[d, step])  # (B, P)
+                if hidden_mask is not None:
+                    grad_h.mul_(hidden_mask[d, step])
+                grad_m = project_back(grad_h)  # (B, C)
+                grad_c = torch.addcmul(cell_grad, grad_m, through_tanh[d, step])
+                if cell_mask is not None:
+                    grad_c.mul_(cell_mask[d, step])
+                step_factors, step_grads = factors[d, step], grad_gates[d, step]  # (B, 4, C)
+                torch.mul(step_factors[:, :2], grad_c.unsqueeze(1), out=step_grads[:, :2])
+                torch.mul(step_factors[:, 2], grad_m, out=step_grads[:, 2])
+                torch.mul(step_factors[:, 3], grad_c, out=step_grads[:, 3])
+                cell_grad = grad_c.mul_(forget_gate[d, step])
+                recurrent_grad = recurrent_back(step_grads.view(n_rows, 4 * cell_dim))
+            recurrent_grads.append(recurrent_grad)
+            cell_grads.append(cell_grad)
         flat_gates = grad_gates.view(n_dirs, n_steps * n_rows, 4 * cell_dim)  # (D, U*B, 4C)
-        grad_inputs = torch.bmm(flat_gates, input_weight).view(n_dirs, n_steps, n_rows, dim)
-        grad_input_weight = torch.bmm(flat_gates.mT, flat_inputs)  # (D, 4C, P)
-        previous = hiddens[:, :-1].reshape(n_dirs, n_steps * n_rows, dim)  # h_{t-1}
-        grad_recurrent_weight = torch.bmm(flat_gates.mT, previous)  # (D, 4C, P)
+        flat_grad_hiddens = grad_hiddens.view(n_dirs, n_steps * n_rows, dim)
+        flat_outputs = cell_outputs.view(n_dirs, n_steps * n_rows, cell_dim)
+        per_direction = lambda product: torch.stack([product(d) for d in range(n_dirs)])  # noqa: E731
+        grad_inputs = per_direction(lambda d: matmul(flat_gates[d], input_weight[d])).view(n_dirs, n_steps, n_rows, dim)
+        grad_input_weight = per_direction(lambda d: matmul(flat_gates[d].mT, flat_inputs[d]))  # (D, 4C, P)
+        grad_recurrent_weight = per_direction(  # (D, 4C, P): against h_{t-1}
+            lambda d: matmul(flat_gates[d].mT, hiddens[d, :-1].reshape(n_steps * n_rows, dim)))
         grad_bias = flat_gates.sum(dim=1, keepdim=True)  # (D, 1, 4C)
-        grad_projection = torch.bmm(grad_hiddens.view(n_dirs, n_steps * n_rows, dim).mT,
-                                    cell_outputs.view(n_dirs, n_steps * n_rows, cell_dim))  # (D, P, C)
-        return (grad_inputs, recurrent_grad, cell_grad, grad_input_weight, grad_recurrent_weight, grad_bias,
-                grad_projection, None, None)
+        grad_projection = per_direction(lambda d: matmul(flat_grad_hiddens[d].mT, flat_outputs[d]))  # (D, P, C)
+        return (grad_inputs, torch.stack(recurrent_grads), torch.stack(cell_grads), grad_input_weight,
+                grad_recurrent_weight, grad_bias, grad_projection, None, None)
 
 
 def lstm_layer(inputs: torch.Tensor, hidden: torch.Tensor, cell: torch.Tensor, input_weight: torch.Tensor,
