@@ -67,6 +67,19 @@ def window_products(chars: torch.Tensor, kernels: list[torch.Tensor]):
         yield linear(windows, kernel).view(n_tokens, n_chars - width + 1, kernel.shape[0])
 
 
+def max_over_windows(products: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch.max(products, dim=1) of (n, L, f) window products: the values (n, f) and the first
+    window holding each (n, f), ~2x faster on the CPU (torch's max-with-indices kernel is not
+    vectorized; amax is): amax, then sign(p - max) + 1, which is 1 exactly where p equals the max
+    and 0 elsewhere, times L - position, whose amax marks the first such window."""
+    values = products.amax(dim=1)  # (n, f)
+    n_windows = products.shape[1]
+    descending = torch.arange(n_windows, 0, -1, dtype=products.dtype, device=products.device).view(1, -1, 1)
+    marks = torch.sub(products, values.unsqueeze(1)).sign_().add_(1).mul_(descending)  # (n, L, f)
+    first = (n_windows - marks.amax(dim=1)).long().clamp_(0, n_windows - 1)  # NaN products: a valid window
+    return values, first
+
+
 class CharConvMaxPool(torch.autograd.Function):
     """Char embedding, the convolutions (no bias) and the max over positions, for training.
 
@@ -99,7 +112,7 @@ class CharConvMaxPool(torch.autograd.Function):
         """The pooled features (N, F) and each filter's chosen window (N, n_i) per kernel."""
         chars = F.embedding(char_ids, embedding)  # (N, W, E)
         flat = flat_kernels(kernels)
-        chunks = [[products.max(dim=1) for products in window_products(chunk, flat)]
+        chunks = [[max_over_windows(products) for products in window_products(chunk, flat)]
                   for chunk in chars.split(CharConvMaxPool.CHUNK)]  # per chunk, per kernel: (values, windows)
         pooled = torch.cat([torch.cat([values for values, _ in chunk], -1) for chunk in chunks])
         windows = [torch.cat([chunk[index][1] for chunk in chunks]) for index in range(len(kernels))]

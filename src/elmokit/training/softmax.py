@@ -42,8 +42,8 @@ class SoftmaxNllSum(torch.autograd.Function):
         total = hidden.new_zeros((), dtype=torch.float64)
         grads = None
         if needs_grad:
-            grads = (torch.empty_like(hidden), torch.zeros_like(weight), torch.zeros_like(bias),
-                     None if true_logits is None else torch.empty_like(true_logits))
+            grads = [torch.empty_like(hidden), None, None,  # weight and bias: the first block's, then sums
+                     None if true_logits is None else torch.empty_like(true_logits)]
         block_rows = max(64, LOGIT_BUDGET // weight.shape[0])
         for first in range(0, hidden.shape[0], block_rows):
             rows = slice(first, first + block_rows)
@@ -73,8 +73,9 @@ class SoftmaxNllSum(torch.autograd.Function):
                 else:
                     grad_true[rows] = target_probability / norm - 1
                 grad_hidden[rows] = matmul(probabilities, weight)  # oneDNN's kernels on the CPU, as the logits
-                grad_weight += matmul(probabilities.t(), block)
-                grad_bias += probabilities.sum(dim=0)
+                block_weight, block_bias = matmul(probabilities.t(), block), probabilities.sum(dim=0)
+                grads[1] = block_weight if grad_weight is None else grad_weight.add_(block_weight)
+                grads[2] = block_bias if grad_bias is None else grad_bias.add_(block_bias)
         ctx.grads = grads
         return total.to(hidden.dtype)
 
