@@ -16,10 +16,11 @@ gradient is one product over all U steps at the end:
 
     dW_in = dG^T X      dW_rec = dG^T H_{t-1}      db = sum dG      dW_proj = dH^T M      dX = dG W_in
 
-Every product goes through `elmokit.kernels` (oneDNN's kernels on the CPU, ~2x MKL's there):
-the per-step products with the weight reordered once a pass (`PackedLinear`, the recurrent one
-with G_t added in the same call), the all-steps products with `linear` / `matmul`. The products
-run one direction at a time (oneDNN has no batched product); the buffers keep a leading D axis.
+Every product goes through `elmokit.kernels` (oneDNN's kernels on the CPU, ~2x MKL's there),
+one direction at a time (oneDNN has no batched product; the buffers keep a leading D axis). The
+forward pass's recurrent product has its weight reordered once a pass (`PackedLinear`, G_t added
+in the same call); the other per-step products take their weights as they are (for a transposed
+weight, reordering costs more than the 20 steps it would speed up: bench/train.py's shape).
 Gates are in elmokit's order (i, f, o, j), the forget-gate offset already in `bias`. Clipping
 follows `torch.clamp`: the gradient passes where the value was not clipped.
 
@@ -58,7 +59,7 @@ class LstmLayerFunction(torch.autograd.Function):
         hiddens[:, 0] = hidden
         sigmoid_part, tanh_part = slice(0, 3 * cell_dim), slice(3 * cell_dim, 4 * cell_dim)
         for d in range(n_dirs):
-            recurrent, project = PackedLinear(recurrent_weight[d], n_rows), PackedLinear(projection[d], n_rows)
+            recurrent = PackedLinear(recurrent_weight[d], n_rows)
             for step in range(n_steps):
                 step_acts = acts[d, step]  # (B, 4C)
                 gates = recurrent.add(step_acts, hiddens[d, step])  # G_t + h_{t-1} W_rec^T
@@ -70,7 +71,7 @@ class LstmLayerFunction(torch.autograd.Function):
                 if cell_clip:
                     new_cell.clamp_(-cell_clip, cell_clip)
                 torch.mul(output_gate, torch.tanh(new_cell, out=tanh_cells[d, step]), out=cell_outputs[d, step])
-                new_hidden = project(cell_outputs[d, step])  # (B, P)
+                new_hidden = linear(cell_outputs[d, step], projection[d])  # (B, P)
                 if proj_clip:
                     torch.clamp(new_hidden, -proj_clip, proj_clip, out=hiddens[d, step + 1])
                 else:
@@ -105,16 +106,13 @@ class LstmLayerFunction(torch.autograd.Function):
         grad_hiddens = hiddens.new_empty(n_dirs, n_steps, n_rows, dim)  # dL/d(projection before its clip)
         recurrent_grads, cell_grads = [], []
         for d in range(n_dirs):
-            # grad_m = grad_h W_proj and the recurrent gradient grad_g W_rec: weights W_proj^T, W_rec^T
-            project_back = PackedLinear(projection[d].mT, n_rows)
-            recurrent_back = PackedLinear(recurrent_weight[d].mT, n_rows)
             recurrent_grad = grad_hidden[d] if grad_hidden is not None else hiddens.new_zeros(n_rows, dim)
             cell_grad = grad_cell[d] if grad_cell is not None else cells.new_zeros(n_rows, cell_dim)
             for step in reversed(range(n_steps)):
                 grad_h = torch.add(grad_outputs[d, step], recurrent_grad, out=grad_hiddens[d, step])  # (B, P)
                 if hidden_mask is not None:
                     grad_h.mul_(hidden_mask[d, step])
-                grad_m = project_back(grad_h)  # (B, C)
+                grad_m = linear(grad_h, projection[d].mT)  # (B, C): grad_h W_proj
                 grad_c = torch.addcmul(cell_grad, grad_m, through_tanh[d, step])
                 if cell_mask is not None:
                     grad_c.mul_(cell_mask[d, step])
@@ -123,7 +121,7 @@ class LstmLayerFunction(torch.autograd.Function):
                 torch.mul(step_factors[:, 2], grad_m, out=step_grads[:, 2])
                 torch.mul(step_factors[:, 3], grad_c, out=step_grads[:, 3])
                 cell_grad = grad_c.mul_(forget_gate[d, step])
-                recurrent_grad = recurrent_back(step_grads.view(n_rows, 4 * cell_dim))
+                recurrent_grad = linear(step_grads.view(n_rows, 4 * cell_dim), recurrent_weight[d].mT)  # grad_g W_rec
             recurrent_grads.append(recurrent_grad)
             cell_grads.append(cell_grad)
         flat_gates = grad_gates.view(n_dirs, n_steps * n_rows, 4 * cell_dim)  # (D, U*B, 4C)
