@@ -48,6 +48,7 @@ from embed import matmul_gflops  # bench/embed.py: the same roofline measurement
 from elmokit.model.config import ElmoConfig, LSTMConfig
 from elmokit.training.data import LMBatcher
 from elmokit.training.lm import LanguageModel
+from elmokit.training.processes import keep_freed_memory
 from elmokit.model.encoder import TokenEncoder
 from elmokit.training.vocab import Vocabulary, make_vocab
 
@@ -176,6 +177,7 @@ def main() -> None:
                              "the time goes, by operator (0: no profile)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    keep_freed_memory()  # as `elmo train`'s process does (the baseline, in the same process, gains too)
     vocab_path = Path(os.environ.get("TMPDIR", "/tmp")) / "elmokit-bench-ptb-vocab.txt"
     if not vocab_path.exists():
         make_vocab([PTB / "ptb.train.txt.gz"], vocab_path)
@@ -185,13 +187,18 @@ def main() -> None:
                if not name.endswith("bf16")}  # the float32 roofline
     print("fp32 matmul roofline: " + ", ".join(f"{k} {v:.1f}" for k, v in kernels.items()) + " GFLOP/s", flush=True)
     rows = [row for shape in args.shapes for row in bench_shape(shape, SHAPES[shape], vocab, args)]
-    profile = profile_steps(SHAPES[args.shapes[0]], vocab, args) if args.profile_steps else []
+    profile = profile_steps(SHAPES[args.shapes[0]], vocab, args) if args.profile_steps else {}
     write_table(rows, args, kernels, load_before, os.getloadavg()[0], profile)
 
 
-def profile_steps(config: ElmoConfig, vocab: Vocabulary, args) -> list[tuple[str, float, float]]:
-    """(operator, ms a step, share of the step) of the 12 operators with the most own CPU time
-    over `args.profile_steps` steps of elmokit (no clip), after 2 warm-up steps."""
+PRODUCTS = {"mkldnn::_linear_pointwise", "aten::mm", "aten::bmm", "aten::addmm", "aten::addmm_", "aten::baddbmm"}
+
+
+def profile_steps(config: ElmoConfig, vocab: Vocabulary, args) -> dict:
+    """Where the time of elmokit (no clip) steps goes: the 12 operators with the most own CPU time
+    over `args.profile_steps` steps after 2 warm-up steps, (operator, ms a step, share), and the
+    matrix products' share of the step and their own GFLOP/s (the step's training FLOPs over the
+    products' time: nearly all of the FLOPs are theirs)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.manual_seed(0)
@@ -200,18 +207,22 @@ def profile_steps(config: ElmoConfig, vocab: Vocabulary, args) -> list[tuple[str
     for _ in range(2):
         trainer.step(next(batches))
     windows = [next(batches) for _ in range(args.profile_steps)]
+    flops = sum(training_flops(config, len(vocab), batch) for batch in windows)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for batch in windows:
             trainer.step(batch)
     events = prof.key_averages()
     total = sum(event.self_cpu_time_total for event in events)
+    products = sum(event.self_cpu_time_total for event in events if event.key in PRODUCTS)
     top = sorted(events, key=lambda event: event.self_cpu_time_total, reverse=True)[:12]
-    return [(event.key, event.self_cpu_time_total / 1e3 / args.profile_steps, event.self_cpu_time_total / total)
-            for event in top]
+    return {"top": [(event.key, event.self_cpu_time_total / 1e3 / args.profile_steps,
+                     event.self_cpu_time_total / total) for event in top],
+            "step_ms": total / 1e3 / args.profile_steps, "products_ms": products / 1e3 / args.profile_steps,
+            "products_gflops": flops / (products / 1e6) / 1e9 if products else float("nan")}
 
 
 def write_table(rows: list[dict], args, kernels: dict[str, float], load_before: float, load_after: float,
-                profile: list[tuple[str, float, float]]) -> None:
+                profile: dict) -> None:
     roofline = max(kernels.values())
     lines = [
         "# Training speed (bench/train.py)", "",
@@ -232,12 +243,17 @@ def write_table(rows: list[dict], args, kernels: dict[str, float], load_before: 
               f"{r['vs_baseline']:.2f}x |" for r in rows]
     if profile:
         lines += ["", f"Where the time of an elmokit (no clip) step goes ({args.shapes[0]}, torch.profiler over "
-                  f"{args.profile_steps} steps, own CPU time of each operator, the 12 largest; `bmm`/`addmm_` "
-                  "are the recurrence's per-step products and weight gradients and the softmax's gradient "
-                  "products, `mm` the softmax's hidden-state gradient, `mkldnn::_linear_pointwise` its logits "
-                  "and the char CNN's window products, `max` the char CNN's pooling):", "",
-                  "| operator | ms a step | share of CPU time |", "|---|---:|---:|"]
-        lines += [f"| `{name}` | {ms:.1f} | {share:.1%} |" for name, ms, share in profile]
+                  f"{args.profile_steps} steps, own CPU time of each operator, the 12 largest). "
+                  f"`mkldnn::_linear_pointwise` is every matrix product (oneDNN: the LSTM's per-step and "
+                  f"all-steps products, their gradients, the softmax's logits and gradients, the char CNN's "
+                  f"window products, the highway and projection): **{profile['products_ms']:.1f} of "
+                  f"{profile['step_ms']:.1f} ms a step ({profile['products_ms'] / profile['step_ms']:.0%}), "
+                  f"at {profile['products_gflops']:.0f} GFLOP/s** ({profile['products_gflops'] / roofline:.0%} of "
+                  "the roofline; the per-step products have 32 rows). The rest bounds the step: elementwise work "
+                  "(the gates, exp of the logits, dropout, the max-pool) and the per-operator cost of the "
+                  "recurrence's 20 sequential steps a layer and direction, about 20 small operations each.",
+                  "", "| operator | ms a step | share of CPU time |", "|---|---:|---:|"]
+        lines += [f"| `{name}` | {ms:.1f} | {share:.1%} |" for name, ms, share in profile["top"]]
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"\nwrote {args.output}")
