@@ -17,7 +17,8 @@ gradient is one product over all U steps at the end:
     dW_in = dG^T X      dW_rec = dG^T H_{t-1}      db = sum dG      dW_proj = dH^T M      dX = dG W_in
 
 Every product goes through `elmokit.kernels` (oneDNN's kernels on the CPU, ~2x MKL's there),
-one direction at a time (oneDNN has no batched product; the buffers keep a leading D axis). The
+one direction at a time (oneDNN has no batched product), while each elementwise operation of a
+step covers both directions (a leading D axis). The
 forward pass's recurrent product has its weight reordered once a pass (`PackedLinear`, G_t added
 in the same call); the other per-step products take their weights as they are (for a transposed
 weight, reordering costs more than the 20 steps it would speed up: bench/train.py's shape).
@@ -58,24 +59,26 @@ class LstmLayerFunction(torch.autograd.Function):
         hiddens = inputs.new_empty(n_dirs, n_steps + 1, n_rows, dim)  # h_0 .. h_U
         hiddens[:, 0] = hidden
         sigmoid_part, tanh_part = slice(0, 3 * cell_dim), slice(3 * cell_dim, 4 * cell_dim)
-        for d in range(n_dirs):
-            recurrent = PackedLinear(recurrent_weight[d], n_rows)
-            for step in range(n_steps):
-                step_acts = acts[d, step]  # (B, 4C)
-                gates = recurrent.add(step_acts, hiddens[d, step])  # G_t + h_{t-1} W_rec^T
-                torch.sigmoid(gates[:, sigmoid_part], out=step_acts[:, sigmoid_part])
-                torch.tanh(gates[:, tanh_part], out=step_acts[:, tanh_part])
-                input_gate, forget_gate, output_gate, candidate = step_acts.chunk(4, dim=-1)
-                new_cell = torch.mul(forget_gate, cells[d, step], out=cells[d, step + 1]).addcmul_(input_gate,
-                                                                                                    candidate)
-                if cell_clip:
-                    new_cell.clamp_(-cell_clip, cell_clip)
-                torch.mul(output_gate, torch.tanh(new_cell, out=tanh_cells[d, step]), out=cell_outputs[d, step])
-                new_hidden = linear(cell_outputs[d, step], projection[d])  # (B, P)
-                if proj_clip:
-                    torch.clamp(new_hidden, -proj_clip, proj_clip, out=hiddens[d, step + 1])
-                else:
-                    hiddens[d, step + 1] = new_hidden
+        recurrents = [PackedLinear(recurrent_weight[d], n_rows) for d in range(n_dirs)]
+        # per-step views made in one call each: (D, B, .) tensors, steps 0 .. U-1 (or U)
+        step_acts, step_cells, step_tanh_cells = acts.unbind(1), cells.unbind(1), tanh_cells.unbind(1)
+        step_outputs, step_hiddens = cell_outputs.unbind(1), hiddens.unbind(1)
+        for step in range(n_steps):
+            gates_now = step_acts[step]  # (D, B, 4C)
+            for d in range(n_dirs):  # the products, a direction at a time
+                gates = recurrents[d].add(gates_now[d], step_hiddens[step][d])  # G_t + h_{t-1} W_rec^T
+                torch.sigmoid(gates[:, sigmoid_part], out=gates_now[d, :, sigmoid_part])
+                torch.tanh(gates[:, tanh_part], out=gates_now[d, :, tanh_part])
+            input_gate, forget_gate, output_gate, candidate = gates_now.chunk(4, dim=-1)  # both directions
+            new_cell = torch.mul(forget_gate, step_cells[step], out=step_cells[step + 1]).addcmul_(input_gate,
+                                                                                                 candidate)
+            if cell_clip:
+                new_cell.clamp_(-cell_clip, cell_clip)
+            torch.mul(output_gate, torch.tanh(new_cell, out=step_tanh_cells[step]), out=step_outputs[step])
+            new_hidden = torch.stack([linear(step_outputs[step][d], projection[d]) for d in range(n_dirs)],
+                                     out=step_hiddens[step + 1])  # (D, B, P)
+            if proj_clip:
+                new_hidden.clamp_(-proj_clip, proj_clip)
         ctx.save_for_backward(flat_inputs, input_weight, recurrent_weight, projection, acts, cells, tanh_cells,
                               cell_outputs, hiddens)
         ctx.clips = (cell_clip, proj_clip)
@@ -104,26 +107,24 @@ class LstmLayerFunction(torch.autograd.Function):
             grad_outputs = hiddens.new_zeros(n_dirs, n_steps, n_rows, dim)
         grad_gates = acts.new_empty(n_dirs, n_steps, n_rows, 4, cell_dim)
         grad_hiddens = hiddens.new_empty(n_dirs, n_steps, n_rows, dim)  # dL/d(projection before its clip)
-        recurrent_grads, cell_grads = [], []
-        for d in range(n_dirs):
-            recurrent_grad = grad_hidden[d] if grad_hidden is not None else hiddens.new_zeros(n_rows, dim)
-            cell_grad = grad_cell[d] if grad_cell is not None else cells.new_zeros(n_rows, cell_dim)
-            for step in reversed(range(n_steps)):
-                grad_h = torch.add(grad_outputs[d, step], recurrent_grad, out=grad_hiddens[d, step])  # (B, P)
-                if hidden_mask is not None:
-                    grad_h.mul_(hidden_mask[d, step])
-                grad_m = linear(grad_h, projection[d].mT)  # (B, C): grad_h W_proj
-                grad_c = torch.addcmul(cell_grad, grad_m, through_tanh[d, step])
-                if cell_mask is not None:
-                    grad_c.mul_(cell_mask[d, step])
-                step_factors, step_grads = factors[d, step], grad_gates[d, step]  # (B, 4, C)
-                torch.mul(step_factors[:, :2], grad_c.unsqueeze(1), out=step_grads[:, :2])
-                torch.mul(step_factors[:, 2], grad_m, out=step_grads[:, 2])
-                torch.mul(step_factors[:, 3], grad_c, out=step_grads[:, 3])
-                cell_grad = grad_c.mul_(forget_gate[d, step])
-                recurrent_grad = linear(step_grads.view(n_rows, 4 * cell_dim), recurrent_weight[d].mT)  # grad_g W_rec
-            recurrent_grads.append(recurrent_grad)
-            cell_grads.append(cell_grad)
+        recurrent_grad = grad_hidden if grad_hidden is not None else hiddens.new_zeros(n_dirs, n_rows, dim)
+        cell_grad = grad_cell if grad_cell is not None else cells.new_zeros(n_dirs, n_rows, cell_dim)
+        grad_m = cells.new_empty(n_dirs, n_rows, cell_dim)
+        for step in reversed(range(n_steps)):  # both directions in every elementwise operation
+            grad_h = torch.add(grad_outputs[:, step], recurrent_grad, out=grad_hiddens[:, step])  # (D, B, P)
+            if hidden_mask is not None:
+                grad_h.mul_(hidden_mask[:, step])
+            torch.stack([linear(grad_h[d], projection[d].mT) for d in range(n_dirs)], out=grad_m)  # grad_h W_proj
+            grad_c = torch.addcmul(cell_grad, grad_m, through_tanh[:, step])  # (D, B, C)
+            if cell_mask is not None:
+                grad_c.mul_(cell_mask[:, step])
+            step_factors, step_grads = factors[:, step], grad_gates[:, step]  # (D, B, 4, C)
+            torch.mul(step_factors[:, :, :2], grad_c.unsqueeze(2), out=step_grads[:, :, :2])
+            torch.mul(step_factors[:, :, 2], grad_m, out=step_grads[:, :, 2])
+            torch.mul(step_factors[:, :, 3], grad_c, out=step_grads[:, :, 3])
+            cell_grad = grad_c.mul_(forget_gate[:, step])
+            recurrent_grad = torch.stack([linear(step_grads[d].view(n_rows, 4 * cell_dim), recurrent_weight[d].mT)
+                                          for d in range(n_dirs)])  # (D, B, P): grad_g W_rec
         flat_gates = grad_gates.view(n_dirs, n_steps * n_rows, 4 * cell_dim)  # (D, U*B, 4C)
         flat_grad_hiddens = grad_hiddens.view(n_dirs, n_steps * n_rows, dim)
         flat_outputs = cell_outputs.view(n_dirs, n_steps * n_rows, cell_dim)
@@ -134,7 +135,7 @@ class LstmLayerFunction(torch.autograd.Function):
             lambda d: matmul(flat_gates[d].mT, hiddens[d, :-1].reshape(n_steps * n_rows, dim)))
         grad_bias = flat_gates.sum(dim=1, keepdim=True)  # (D, 1, 4C)
         grad_projection = per_direction(lambda d: matmul(flat_grad_hiddens[d].mT, flat_outputs[d]))  # (D, P, C)
-        return (grad_inputs, torch.stack(recurrent_grads), torch.stack(cell_grads), grad_input_weight,
+        return (grad_inputs, recurrent_grad, cell_grad, grad_input_weight,
                 grad_recurrent_weight, grad_bias, grad_projection, None, None)
 
 
