@@ -191,7 +191,40 @@ def main() -> None:
     write_table(rows, args, kernels, load_before, os.getloadavg()[0], profile)
 
 
-PRODUCTS = {"mkldnn::_linear_pointwise", "aten::mm", "aten::bmm", "aten::addmm", "aten::addmm_", "aten::baddbmm"}
+PRODUCTS = {"mkldnn::_linear_pointwise", "mkldnn::_reorder_linear_weight", "aten::mm", "aten::bmm", "aten::addmm",
+            "aten::addmm_", "aten::baddbmm"}  # the products and oneDNN's weight reorders
+REGIONS = {"CharConvMaxPool": "char CNN forward", "CharConvMaxPoolBackward": "char CNN backward",
+           "LstmLayerFunction": "LSTM forward", "LstmLayerFunctionBackward": "LSTM backward",
+           "SoftmaxNllSum": "softmax (loss and all its gradients)", "Optimizer.step#Adam.step": "Adam"}
+
+
+def region_times(events) -> list[tuple[str, float, float]]:
+    """(region, own CPU time of everything under it, of which products) in microseconds, for the
+    step's parts in REGIONS (outermost occurrences) and "everything else"."""
+    def subtree(event):
+        yield event
+        for child in event.cpu_children:
+            yield from subtree(child)
+
+    def inside_region(event) -> bool:
+        parent = event.cpu_parent
+        while parent is not None:
+            if parent.name in REGIONS:
+                return True
+            parent = parent.cpu_parent
+        return False
+
+    sums = {name: [0.0, 0.0] for name in [*REGIONS.values(), "everything else"]}
+    for event in events:
+        if event.name in REGIONS and not inside_region(event):
+            for node in subtree(event):
+                sums[REGIONS[event.name]][0] += node.self_cpu_time_total
+                sums[REGIONS[event.name]][1] += node.self_cpu_time_total * (node.name in PRODUCTS)
+    all_time = sum(event.self_cpu_time_total for event in events)
+    all_products = sum(event.self_cpu_time_total for event in events if event.name in PRODUCTS)
+    sums["everything else"] = [all_time - sum(t for t, _ in sums.values()),
+                               all_products - sum(p for _, p in sums.values())]
+    return [(name, total, products) for name, (total, products) in sums.items()]
 
 
 def profile_steps(config: ElmoConfig, vocab: Vocabulary, args) -> dict:
@@ -215,8 +248,11 @@ def profile_steps(config: ElmoConfig, vocab: Vocabulary, args) -> dict:
     total = sum(event.self_cpu_time_total for event in events)
     products = sum(event.self_cpu_time_total for event in events if event.key in PRODUCTS)
     top = sorted(events, key=lambda event: event.self_cpu_time_total, reverse=True)[:12]
-    return {"top": [(event.key, event.self_cpu_time_total / 1e3 / args.profile_steps,
-                     event.self_cpu_time_total / total) for event in top],
+    per_step = lambda microseconds: microseconds / 1e3 / args.profile_steps  # noqa: E731
+    return {"top": [(event.key, per_step(event.self_cpu_time_total), event.self_cpu_time_total / total)
+                    for event in top],
+            "regions": [(name, per_step(time), per_step(product_time))
+                        for name, time, product_time in region_times(prof.events())],
             "step_ms": total / 1e3 / args.profile_steps, "products_ms": products / 1e3 / args.profile_steps,
             "products_gflops": flops / (products / 1e6) / 1e9 if products else float("nan")}
 
@@ -243,7 +279,8 @@ def write_table(rows: list[dict], args, kernels: dict[str, float], load_before: 
               f"{r['vs_baseline']:.2f}x |" for r in rows]
     if profile:
         lines += ["", f"Where the time of an elmokit (no clip) step goes ({args.shapes[0]}, torch.profiler over "
-                  f"{args.profile_steps} steps, own CPU time of each operator, the 12 largest). "
+                  f"{args.profile_steps} steps, own CPU time; the profiler's own cost makes these steps slower than the "
+                  "timed ones). "
                   f"`mkldnn::_linear_pointwise` is every matrix product (oneDNN: the LSTM's per-step and "
                   f"all-steps products, their gradients, the softmax's logits and gradients, the char CNN's "
                   f"window products, the highway and projection): **{profile['products_ms']:.1f} of "
@@ -252,7 +289,13 @@ def write_table(rows: list[dict], args, kernels: dict[str, float], load_before: 
                   "the roofline; the per-step products have 32 rows). The rest bounds the step: elementwise work "
                   "(the gates, exp of the logits, dropout, the max-pool) and the per-operator cost of the "
                   "recurrence's 20 sequential steps a layer and direction, about 20 small operations each.",
-                  "", "| operator | ms a step | share of CPU time |", "|---|---:|---:|"]
+                  "", "By part of the step (own CPU time of everything the part runs; products = oneDNN's products "
+                  "and weight reorders; the rest = elementwise work and per-operator overhead):", "",
+                  "| part | ms a step | products (ms) | the rest (ms) |", "|---|---:|---:|---:|"]
+        lines += [f"| {name} | {ms:.1f} | {product_ms:.1f} | {ms - product_ms:.1f} |"
+                  for name, ms, product_ms in profile["regions"]]
+        lines += ["", "By operator (the 12 largest):", "",
+                  "| operator | ms a step | share of CPU time |", "|---|---:|---:|"]
         lines += [f"| `{name}` | {ms:.1f} | {share:.1%} |" for name, ms, share in profile["top"]]
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text("\n".join(lines) + "\n", encoding="utf-8")
