@@ -9,7 +9,8 @@
 # v2, the model that ships, is `MAX_TOKENS=12000000 THREADS=2 scripts/train_gutenberg.sh` (about 2 h, one
 # session), packaged from its last model (`FROM=last scripts/build_builtin.sh`): a whole-epoch run reached
 # three quarters of the epoch over three sessions; its run directory was lost between sessions before its
-# anneal (the machine's checkout was replaced; runs/ is not in git).
+# anneal (the machine's checkout was replaced; runs/ is not in git). The whole-epoch run for v3 runs outside the
+# checkout: `THREADS=2 scripts/train_gutenberg.sh /root/elmokit-runs/gutenberg-v3` (docs/training.md).
 # Shape: 2 x 512 cells -> 128 (scripts/gutenberg-cpu.json), 100k-word vocabulary, sampled softmax
 # of 8,192, batch 32 x 20, float32 (bf16 autocast measured slower with elmokit's training engine on
 # this CPU: bench/results/train.md vs train-bf16.md).
