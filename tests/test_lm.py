@@ -246,13 +246,17 @@ def test_char_cnn_training_path_under_autocast_frozen_and_empty():
     assert cnn(char_ids).grad_fn is None
 
 
-def test_training_step_losses_match_the_plain_pytorch_computation():
-    """Adam steps through the fast path (hand-written recurrence, one-pass softmax) give the
-    losses of the same model computed with autograd over the step loop and F.cross_entropy:
-    five windows with the state carried, then the first window again three times."""
+def test_training_step_losses_match_the_plain_pytorch_computation(monkeypatch):
+    """Adam steps through the fast path (hand-written recurrence, one-pass softmax, oneDNN's
+    products) give the losses of the same model computed with autograd over the step loop and
+    F.cross_entropy, every product torch's own (ELMOKIT_KERNELS=torch): five windows with the
+    state carried, then the first window again three times."""
+    from elmokit import kernels
+
     chars, ids = random_streams(4, 25, seed=3)
     losses = []
     for fast in (True, False):
+        monkeypatch.setenv(kernels.KERNELS_VARIABLE, "auto" if fast else "torch")
         model = make_model(clip=3.0, n_samples=0).train()
         optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
         state, run = None, []
@@ -381,3 +385,31 @@ def test_max_over_windows_is_the_max_and_its_first_window():
     np.testing.assert_array_equal(values.numpy()[finite], array.max(axis=1)[finite])
     np.testing.assert_array_equal(first.numpy()[finite], array.argmax(axis=1)[finite])
     assert first.dtype == torch.long and 0 <= int(first[2, 1]) < 12  # a NaN column still names a window
+
+
+@pytest.mark.skipif(not __import__("elmokit.kernels").kernels.onednn_active(),
+                    reason="this torch has no oneDNN linear ops (or ELMOKIT_KERNELS=torch is set)")
+@pytest.mark.parametrize("n_samples", [0, 25])
+def test_a_training_step_runs_every_product_through_onednn(n_samples):
+    """Forward, backward (token encoder, both LSTM layers, the softmax) and the optimizer step of a
+    training step on the CPU: every matrix product is oneDNN's, none goes to torch's plain
+    (MKL) products, which run AVX2 code on AMD CPUs at about half of oneDNN's speed."""
+    from torch.profiler import ProfilerActivity, profile
+
+    plain_products = {"aten::mm", "aten::bmm", "aten::addmm", "aten::addmm_", "aten::baddbmm", "aten::matmul"}
+    chars, ids = random_streams(4, 12, seed=5)
+    model = make_model(clip=3.0, dropout=0.1, n_samples=n_samples).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+
+    def step(batch):
+        loss = model(batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    step(window(chars, ids, 0, 6))  # the kernels' one-time checks (which use torch's products) happen here
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step(window(chars, ids, 6, 6))
+    operators = {event.key: event.count for event in prof.key_averages()}
+    assert operators.get("mkldnn::_linear_pointwise", 0) > 0
+    assert not plain_products & operators.keys(), {k: operators[k] for k in plain_products & operators.keys()}

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from elmokit.kernels import linear
+from elmokit.kernels import linear, matmul
 from elmokit.model.chars import N_CHAR_IDS
 from elmokit.model.config import ElmoConfig
 
@@ -139,11 +139,11 @@ class CharConvMaxPool(torch.autograd.Function):
             chars = char_ids.gather(1, (chosen.unsqueeze(2) + offsets).flatten(1))  # (N, n_i * w): ids of each char
             sums = torch.zeros(len(table), count * width, device=table.device, dtype=table.dtype)
             sums.scatter_add_(0, chars, grad.repeat_interleave(width, dim=1))  # (V, n_i * w): the A_k side by side
-            sums = sums.view(len(table), count, width)
-            grad_kernels.append(torch.einsum("vfk,ve->fek", sums, table).to(kernel.dtype) if wants_kernels[index]
-                                else None)
+            # dkernel[f, :, k] = sum_v A_k[v, f] embedding[v]; dembedding[v] = sum_{f,k} A_k[v, f] kernel[f, :, k]
+            grad_kernels.append(matmul(sums.mT, table).reshape(count, width, -1).transpose(1, 2).to(kernel.dtype)
+                                if wants_kernels[index] else None)  # (n_i, E, w)
             if wants_embedding:
-                grad_embedding += torch.einsum("vfk,fek->ve", sums, kernel.to(dtype))
+                grad_embedding += matmul(sums, kernel.to(dtype).transpose(1, 2).reshape(count * width, -1))
         grad_embedding[0] = 0
         return None, grad_embedding.to(embedding.dtype) if wants_embedding else None, *grad_kernels
 
