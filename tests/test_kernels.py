@@ -144,3 +144,40 @@ def test_the_torch_in_use_is_in_the_range_pyproject_allows():
     assert torch_requirement.specifier.contains(version), (
         f"torch {torch.__version__} is outside pyproject.toml's {torch_requirement}: widen the range only "
         "after this suite passes with it")
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # torch's own forward-AD setup
+def test_linear_with_gradients_on_empty_inputs_and_under_higher_order_autograd():
+    """`linear` with gradients (oneDNN's LinearFunction on the CPU) against F.linear: batches with no
+    rows or no input features (oneDNN has no empty product: torch's runs, nothing is switched off),
+    a double backward (create_graph), forward-mode AD and torch.func.grad."""
+    import torch.autograd.forward_ad as forward_ad
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    for x_shape, w_shape in [((0, 4), (5, 4)), ((3, 0, 4), (5, 4)), ((3, 0), (5, 0))]:
+        inputs = (torch.randn(*x_shape), torch.randn(*w_shape), torch.randn(5))
+        results = []
+        for use in (kernels.linear, F.linear):
+            x, weight, bias = (t.clone().requires_grad_(True) for t in inputs)
+            out = use(x, weight, bias)
+            out.sum().backward()
+            results.append((out, x.grad, weight.grad, bias.grad))
+        for a, b in zip(*results):
+            torch.testing.assert_close(a, b)
+    assert kernels.onednn_active() or not kernels.ONEDNN
+
+    x, weight = torch.randn(3, 4, requires_grad=True), torch.randn(5, 4, requires_grad=True)
+    second = []
+    for use in (kernels.linear, F.linear):
+        grad_x, = torch.autograd.grad(torch.tanh(use(x, weight)).sum(), x, create_graph=True)
+        second.append(torch.autograd.grad(grad_x.square().sum(), weight)[0])
+    torch.testing.assert_close(second[0], second[1])
+    tangents = []
+    for use in (kernels.linear, F.linear):
+        with forward_ad.dual_level():
+            dual = forward_ad.make_dual(x.detach(), torch.ones(3, 4))
+            tangents.append(forward_ad.unpack_dual(use(dual, weight)).tangent)
+    torch.testing.assert_close(tangents[0], tangents[1])
+    grads = [torch.func.grad(lambda w: use(x.detach(), w).sum())(weight.detach()) for use in (kernels.linear, F.linear)]
+    torch.testing.assert_close(grads[0], grads[1])

@@ -50,6 +50,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from torch.autograd import forward_ad
 
 KERNELS_VARIABLE = "ELMOKIT_KERNELS"  # "torch": the plain path only; "auto" (default): oneDNN where it applies
 CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
@@ -85,7 +86,8 @@ def _onednn_add_linear(addend: torch.Tensor, x: torch.Tensor, packed: torch.Tens
 
 
 def onednn_active() -> bool:
-    """Whether products without gradients on the CPU go through oneDNN now."""
+    """Whether products on the CPU go through oneDNN now (those without gradients, and `linear`'s
+    with gradients through `LinearFunction`)."""
     requested = os.environ.get(KERNELS_VARIABLE, "auto").strip().lower() or "auto"
     if requested not in ("auto", "torch"):
         raise ValueError(f"{KERNELS_VARIABLE} must be 'torch' or 'auto', got {requested!r}")
@@ -108,6 +110,7 @@ def reset() -> None:
 
 def _takes_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
     takes = (x.device.type == "cpu" and x.dtype == weight.dtype and x.dtype in _ONEDNN_DTYPES
+             and x.numel() > 0 and weight.numel() > 0  # oneDNN has no empty product: torch's gives zeros
              and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
              and onednn_active())
     if takes and not _state["caches_set"]:
@@ -121,8 +124,12 @@ def _checked(kind: str, onednn: Callable[[], torch.Tensor], reference: Callable[
     (the same product by F.linear in float32). On a difference or an error oneDNN is switched
     off and `plain` (F.linear in the inputs' dtype) is returned."""
     if (kind, dtype) in _verified:
+        try:
+            result = onednn()
+        except Exception as error:  # noqa: BLE001 - a shape or layout this torch's op refuses
+            return _plain_after(f"{kind} product failed: {type(error).__name__}: {error}", plain)
         path_counts["onednn"] += 1
-        return onednn()
+        return result
     try:
         result = onednn()
     except Exception as error:  # noqa: BLE001 - any failure of a private op means: do not use it
@@ -177,17 +184,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def _trains_through_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """A product that needs gradients and that oneDNN would take without them (not under autocast,
-    which chooses the dtype through F.linear)."""
+    """A product that needs gradients and that oneDNN would take without them; not under autocast
+    (which chooses the dtype through F.linear), forward-mode AD or torch.func's transforms (which
+    F.linear supports and `LinearFunction` does not)."""
     return (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
             and x.device.type == "cpu" and x.dtype == weight.dtype and x.dtype in _ONEDNN_DTYPES
-            and not torch.is_autocast_enabled("cpu") and onednn_active())
+            and x.numel() > 0 and weight.numel() > 0 and not torch.is_autocast_enabled("cpu")
+            and forward_ad._current_level < 0 and not torch._C._are_functorch_transforms_active()
+            and onednn_active())
 
 
 class LinearFunction(torch.autograd.Function):
     """x W^T + b with gradients, every product through oneDNN (`linear` / `matmul`):
 
         dx = dy W      dW = dy^T x      db = sum_rows dy
+
+    A backward pass run with create_graph (double backward) computes the same products with
+    torch's differentiable ones (`matmul` takes the plain path when its inputs need gradients).
 
     apply(x (..., in), weight (out, in), bias (out,) or None) -> (..., out)
     """
@@ -199,7 +212,6 @@ class LinearFunction(torch.autograd.Function):
         return linear(x, weight, bias)  # grad mode is off in a Function's forward: the oneDNN product
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
         x, weight = ctx.saved_tensors
         grad_rows = grad_output.reshape(-1, weight.shape[0])  # (R, out)
@@ -242,9 +254,10 @@ class PackedLinear:
     blocked layout, tuned for about `rows` rows (any row count gives the right result).
     `row_scale` (out, 1) multiplies the weight's rows first (the product is with weight * row_scale).
 
-    For inference only (no gradients; inputs of the weight's dtype and device): the reordered copy
-    does not follow later changes to `weight`, so build it where the weight is fixed
-    (`elmokit.inference.engine.packed_products` keys its cache on the weights' versions).
+    Without gradients only (inference, and training's hand-written forward passes; inputs of the
+    weight's dtype and device): the reordered copy does not follow later changes to `weight`, so
+    build it where the weight is fixed (`elmokit.inference.engine.packed_products` keys its cache
+    on the weights' versions; training's recurrence builds one a pass).
     """
 
     def __init__(self, weight: torch.Tensor, rows: int, row_scale: torch.Tensor | None = None):

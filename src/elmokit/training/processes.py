@@ -82,8 +82,9 @@ def keep_freed_memory() -> bool:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
         return False
-    return bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)) and bool(libc.mallopt(_M_TRIM_THRESHOLD,
-                                                                                      _TRIM_THRESHOLD))
+    applied = [libc.mallopt(parameter, value) for parameter, value in ((_M_MMAP_THRESHOLD, _MMAP_THRESHOLD),
+                                                                        (_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))]
+    return all(applied)
 
 
 class TrainingStopped(KeyboardInterrupt):
