@@ -138,12 +138,9 @@ class Progress:
 
 
 def _check_bf16(device: torch.device) -> None:
-    """bf16 autocast runs the token encoder's highway and projection in bfloat16 (the char CNN, the
-    LSTM state, its products and the softmax stay float32). On the CPU it does not pay:
-    bench/results/train-bf16.md against bench/results/train.md (gutenberg-cpu, a CPU with
-    AVX512-BF16) measured it no faster than float32 (within the run-to-run spread, faster in one
-    pair of runs and slower in the next), and it is slower still on a CPU without native bfloat16
-    instructions. Say so."""
+    """bf16 autocast runs the highway and projection in bfloat16 (the char CNN, the LSTM and the
+    softmax stay float32); on a CPU with AVX512-BF16 bench/results/train-bf16.md measured it no
+    faster than float32 (train.md), slower without native bfloat16. Say so."""
     if device.type == "cpu":
         print("elmo train: warning: --bf16 does not make elmokit's training faster on the CPU (measured no "
               "faster than float32: bench/results/train-bf16.md, train.md); train without --bf16",
