@@ -4,7 +4,8 @@
 # Re-running the script continues the run from its last checkpoint (--resume): the run survives any
 # interruption (SIGKILL included) as long as WORK_DIR does.
 #   usage: scripts/train_gutenberg.sh [WORK_DIR]      (default runs/gutenberg-v2 in the repository, git-ignored)
-#   env:   THREADS (default 2), MAX_TOKENS (default 0 = one epoch, 51.5M tokens, ~6.5 h at 2,200 tokens/s),
+#   env:   THREADS (default 2), MAX_TOKENS (default 0 = one epoch, 51.5M tokens, ~3.5 h at the ~4,200 tokens/s of
+#          the oneDNN engine on 2 threads; v2 was trained at ~2,200),
 #          TRAIN_SHARDS (default 'train.*': the whole train split, all 10 book shards; v1 read 'train.0[0-2]')
 # v2, the model that ships, is `MAX_TOKENS=12000000 THREADS=2 scripts/train_gutenberg.sh` (about 2 h, one
 # session), packaged from its last model (`FROM=last scripts/build_builtin.sh`): a whole-epoch run reached
