@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import platform
 import statistics
@@ -198,6 +199,18 @@ REGIONS = {"CharConvMaxPool": "char CNN forward", "CharConvMaxPoolBackward": "ch
            "SoftmaxNllSum": "softmax (loss and all its gradients)", "Optimizer.step#Adam.step": "Adam"}
 
 
+def product_flops(name: str, shapes: list) -> float:
+    """FLOPs one call of a product operator executes (2 per multiply-add), from its input shapes."""
+    dims = [shape for shape in shapes if isinstance(shape, list) and shape]
+    if name == "mkldnn::_linear_pointwise":  # (x, weight, bias, ...) or, with an addend, (x, addend, weight, ...)
+        x, weight = shapes[0], shapes[2] if len(shapes) == 5 else shapes[1]
+        return 2.0 * math.prod(x[:-1]) * x[-1] * weight[0]
+    if name in ("aten::mm", "aten::bmm", "aten::addmm", "aten::addmm_", "aten::baddbmm"):
+        a, b = dims[-2], dims[-1]
+        return 2.0 * math.prod(a) * b[-1]
+    return 0.0
+
+
 def region_times(events) -> list[tuple[str, float, float]]:
     """(region, own CPU time of everything under it, of which products) in microseconds, for the
     step's parts in REGIONS (outermost occurrences) and "everything else"."""
@@ -229,9 +242,9 @@ def region_times(events) -> list[tuple[str, float, float]]:
 
 def profile_steps(config: ElmoConfig, vocab: Vocabulary, args) -> dict:
     """Where the time of elmokit (no clip) steps goes: the 12 operators with the most own CPU time
-    over `args.profile_steps` steps after 2 warm-up steps, (operator, ms a step, share), and the
-    matrix products' share of the step and their own GFLOP/s (the step's training FLOPs over the
-    products' time: nearly all of the FLOPs are theirs)."""
+    over `args.profile_steps` steps after 2 warm-up steps, (operator, ms a step, share), the step's
+    parts (`region_times`), and the matrix products' share of the step and their own GFLOP/s (the
+    FLOPs the products executed, from their recorded shapes, over the products' time)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.manual_seed(0)
@@ -240,8 +253,12 @@ def profile_steps(config: ElmoConfig, vocab: Vocabulary, args) -> dict:
     for _ in range(2):
         trainer.step(next(batches))
     windows = [next(batches) for _ in range(args.profile_steps)]
-    flops = sum(training_flops(config, len(vocab), batch) for batch in windows)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as shapes:  # the products' FLOPs:
+        for batch in windows:  # the same windows give the same shapes in the timed pass below
+            trainer.step(batch)
+    flops = sum(event.count * product_flops(event.key, event.input_shapes)
+                for event in shapes.key_averages(group_by_input_shape=True) if event.key in PRODUCTS)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:  # the times, without recording shapes
         for batch in windows:
             trainer.step(batch)
     events = prof.key_averages()
@@ -285,8 +302,10 @@ def write_table(rows: list[dict], args, kernels: dict[str, float], load_before: 
                   f"all-steps products, their gradients, the softmax's logits and gradients, the char CNN's "
                   f"window products, the highway and projection): **{profile['products_ms']:.1f} of "
                   f"{profile['step_ms']:.1f} ms a step ({profile['products_ms'] / profile['step_ms']:.0%}), "
-                  f"at {profile['products_gflops']:.0f} GFLOP/s** ({profile['products_gflops'] / roofline:.0%} of "
-                  "the roofline; the per-step products have 32 rows). The rest bounds the step: elementwise work "
+                  f"at {profile['products_gflops']:.0f} GFLOP/s** (the FLOPs they executed, from their shapes, "
+                  f"over their time: {profile['products_gflops'] / roofline:.0%} of the roofline; the per-step "
+                  "products have 32 rows, the char CNN's backward is a scatter-add and two small products, not "
+                  "the dense backward the training FLOPs count). The rest bounds the step: elementwise work "
                   "(the gates, exp of the logits, dropout, the max-pool) and the per-operator cost of the "
                   "recurrence's 20 sequential steps a layer and direction, about 20 small operations each.",
                   "", "By part of the step (own CPU time of everything the part runs; products = oneDNN's products "
