@@ -49,7 +49,7 @@ from embed import matmul_gflops  # bench/embed.py: the same roofline measurement
 from elmokit.model.config import ElmoConfig, LSTMConfig
 from elmokit.training.data import LMBatcher
 from elmokit.training.lm import LanguageModel
-from elmokit.training.processes import keep_freed_memory
+from train_kernels import heap_rows, maxpool_rows, product_rows  # bench/train_kernels.py
 from elmokit.model.encoder import TokenEncoder
 from elmokit.training.vocab import Vocabulary, make_vocab
 
@@ -178,18 +178,30 @@ def main() -> None:
                              "the time goes, by operator (0: no profile)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    keep_freed_memory()  # as `elmo train`'s process does (the baseline, in the same process, gains too)
     vocab_path = Path(os.environ.get("TMPDIR", "/tmp")) / "elmokit-bench-ptb-vocab.txt"
     if not vocab_path.exists():
         make_vocab([PTB / "ptb.train.txt.gz"], vocab_path)
     vocab = Vocabulary.load(vocab_path)
     load_before = os.getloadavg()[0]
+    config = SHAPES[args.shapes[0]]
+    heap = heap_rows(elmokit_steps(config, vocab, args))  # then keep_freed_memory, as `elmo train`'s process
+    kernel_rows = {"products": product_rows(config.lstm.cell_dim, config.lstm.projection_dim, len(vocab),
+                                            args.batch_size, args.unroll_steps),
+                   "maxpool": maxpool_rows(), "heap": heap}
     kernels = {name: gflops for name, gflops in matmul_gflops(args.threads, "cpu").items()
                if not name.endswith("bf16")}  # the float32 roofline
     print("fp32 matmul roofline: " + ", ".join(f"{k} {v:.1f}" for k, v in kernels.items()) + " GFLOP/s", flush=True)
     rows = [row for shape in args.shapes for row in bench_shape(shape, SHAPES[shape], vocab, args)]
     profile = profile_steps(SHAPES[args.shapes[0]], vocab, args) if args.profile_steps else {}
-    write_table(rows, args, kernels, load_before, os.getloadavg()[0], profile)
+    write_table(rows, args, kernels, load_before, os.getloadavg()[0], profile, kernel_rows)
+
+
+def elmokit_steps(config: ElmoConfig, vocab: Vocabulary, args):
+    """A function that takes one elmokit (no clip) training step on the next PTB window."""
+    torch.manual_seed(0)
+    trainer = Trainer("elmokit (no clip)", LanguageModel(unclipped(config), len(vocab), dropout=0.1), args.bf16)
+    batches = LMBatcher([PTB / "ptb.train.txt.gz"], vocab, args.batch_size, args.unroll_steps, seed=2)
+    return lambda: trainer.step(next(batches))
 
 
 PRODUCTS = {"mkldnn::_linear_pointwise", "mkldnn::_reorder_linear_weight", "aten::mm", "aten::bmm", "aten::addmm",
@@ -275,7 +287,7 @@ def profile_steps(config: ElmoConfig, vocab: Vocabulary, args) -> dict:
 
 
 def write_table(rows: list[dict], args, kernels: dict[str, float], load_before: float, load_after: float,
-                profile: dict) -> None:
+                profile: dict, kernel_rows: dict) -> None:
     roofline = max(kernels.values())
     lines = [
         "# Training speed (bench/train.py)", "",
@@ -316,9 +328,28 @@ def write_table(rows: list[dict], args, kernels: dict[str, float], load_before: 
         lines += ["", "By operator (the 12 largest):", "",
                   "| operator | ms a step | share of CPU time |", "|---|---:|---:|"]
         lines += [f"| `{name}` | {ms:.1f} | {share:.1%} |" for name, ms, share in profile["top"]]
+    lines += kernel_lines(args, kernel_rows)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"\nwrote {args.output}")
+
+
+
+def kernel_lines(args, kernel_rows: dict) -> list[str]:
+    """The page's "kernels of the step" section (bench/train_kernels.py)."""
+    lines = ["", f"## The kernels of the step ({args.shapes[0]}, measured in this run: bench/train_kernels.py)", "",
+             "Each kind of product at the step's shape, median of 30 after 5 warm-up; *elmokit* marks the path a "
+             "training step takes:", "", "| part | product | path | µs | GFLOP/s |", "|---|---|---|---:|---:|"]
+    lines += [f"| {r['part']} | {r['shape']} | {r['path']} | {r['us']:,.0f} | "
+              f"{'' if math.isnan(r['gflops']) else format(r['gflops'], '.0f')} |" for r in kernel_rows["products"]]
+    lines += ["", "The char CNN's max-pool with the window of each max, (64 tokens, 46 windows, 128 filters), "
+              "median of 100:", "", "| path | µs |", "|---|---:|"]
+    lines += [f"| {r['path']} | {r['us']:.0f} |" for r in kernel_rows["maxpool"]]
+    lines += ["", "The C heap: elmokit (no clip) steps in this process, 12 after 3 warm-up, before and after "
+              "`keep_freed_memory` (what `elmo train` sets; every other figure on this page was measured after it):",
+              "", "| setting | minor page faults a step | ms a step |", "|---|---:|---:|"]
+    lines += [f"| {r['setting']} | {r['faults']:,.0f} | {r['ms']:.1f} |" for r in kernel_rows["heap"]]
+    return lines
 
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@
 # anneal (the machine's checkout was replaced; runs/ is not in git). The whole-epoch run for v3 runs outside the
 # checkout: `THREADS=2 scripts/train_gutenberg.sh /root/elmokit-runs/gutenberg-v3` (docs/training.md).
 # Shape: 2 x 512 cells -> 128 (scripts/gutenberg-cpu.json), 100k-word vocabulary, sampled softmax
-# of 8,192, batch 32 x 20, float32 (bf16 autocast measured slower with elmokit's training engine on
-# this CPU: bench/results/train.md vs train-bf16.md).
+# of 8,192, batch 32 x 20, float32 (bf16 autocast measured within a few percent of float32 with
+# elmokit's training engine on this CPU: bench/results/train.md vs train-bf16.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ELMO=${ELMO:-.venv/bin/elmo}

@@ -1,10 +1,10 @@
 """Matrix products on the CPU: oneDNN's kernels, which torch ships, where they apply.
 
-torch sends a dense fp32 product on the CPU to MKL, and MKL runs its AVX2 code on AMD processors.
-On this project's AMD EPYC (2 threads) a 2048 x 2048 product reaches ~210 GFLOP/s through MKL
-and ~480 through oneDNN (AVX-512). The LSTM step's (32, 128) x (128, 2048) product runs at
-~120 GFLOP/s through MKL, ~270 through oneDNN and ~340 through oneDNN with the weight reordered
-once into its blocked layout (`bench/embed.py` and `bench/train.py` measure these in every run).
+torch sends a dense fp32 product on the CPU to MKL, and MKL runs its AVX2 code on AMD processors:
+on this project's AMD EPYC (2 threads) oneDNN's AVX-512 code runs a 2048 x 2048 product about
+twice as fast, and each kind of product of a training step 1.7-3x as fast (bench/results/train.md
+records both paths for the roofline and for every product of the step, "The kernels of the
+step"; bench/results/embed.md the inference products).
 
 Three entry points, for inference and training alike:
     * `linear(x, weight, bias)`: x W^T + b. Without gradients, oneDNN's kernel (the op torch's
@@ -83,6 +83,13 @@ def _onednn_reorder(weight: torch.Tensor, rows: int) -> torch.Tensor:
 
 def _onednn_add_linear(addend: torch.Tensor, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise.binary(x, addend, packed, None, "add")
+
+
+def bf16_native() -> bool:
+    """Whether this CPU has native bfloat16 products (AVX512-BF16 or AMX); without them oneDNN and
+    torch emulate bfloat16, slower than float32."""
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch.cpu's, private
+    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 
 
 def onednn_active() -> bool:
@@ -230,22 +237,28 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() or t.mT.is_contiguous() else t.contiguous()
 
 
+def matmul_flipped(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether `matmul` runs a @ b as linear(b^T, a)^T rather than linear(a, b^T) (a, b with their
+    rows or columns contiguous): x's rows contiguous first, then the longer output rows."""
+    direct_rows, flipped_rows = a.is_contiguous(), b.mT.is_contiguous()
+    return flipped_rows if direct_rows != flipped_rows else a.shape[0] > b.shape[1]
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b for 2-D tensors a (m, k), b (k, n) -> (m, n), without gradients; any strides.
 
     oneDNN computes x w^T, so a @ b runs either as linear(a, b^T) or as linear(b^T, a)^T (the
-    result then a transposed view). Measured on this project's CPU over the training products
-    (`bench/train.py`'s shapes), the faster one is the one whose x has its rows contiguous (k
+    result then a transposed view), as `matmul_flipped` chooses: measured on this project's CPU
+    over the training products, the faster one is the one whose x has its rows contiguous (k
     along memory), and where neither or both have, the one with the longer output rows (the
-    larger of m, n last): up to 2x between the two.
+    larger of m, n last). bench/results/train.md ("The kernels of the step") times both.
     """
     if not _takes_onednn(a, b):
         path_counts["torch"] += 1
         return torch.mm(a, b)
     a, b = _dense(a), _dense(b)
-    direct_rows, flipped_rows = a.is_contiguous(), b.mT.is_contiguous()  # x's rows contiguous, either way
-    flipped = flipped_rows if direct_rows != flipped_rows else a.shape[0] > b.shape[1]
-    product = (lambda: _onednn_linear(b.mT, a, None).mT) if flipped else (lambda: _onednn_linear(a, b.mT, None))
+    product = (lambda: _onednn_linear(b.mT, a, None).mT) if matmul_flipped(a, b) else (
+        lambda: _onednn_linear(a, b.mT, None))
     return _checked("matmul", product, lambda: torch.mm(a.float(), b.float()), lambda: torch.mm(a, b), a.dtype)
 
 

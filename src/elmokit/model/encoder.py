@@ -69,8 +69,8 @@ def window_products(chars: torch.Tensor, kernels: list[torch.Tensor]):
 
 def max_over_windows(products: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """torch.max(products, dim=1) of (n, L, f) window products: the values (n, f) and the first
-    window holding each (n, f), ~2x faster on the CPU (torch's max-with-indices kernel is not
-    vectorized; amax is): amax, then sign(p - max) + 1, which for finite values is 1 exactly where
+    window holding each (n, f), faster on the CPU (torch's max-with-indices kernel is not
+    vectorized; amax is; bench/results/train.md times both): amax, then sign(p - max) + 1, which for finite values is 1 exactly where
     p equals the max and 0 elsewhere, times L - position, whose amax marks the first such window.
     A column holding +inf finds it too (inf - inf is NaN, whose sign torch gives as 0: + 1 is 1);
     a column holding NaN gets a valid window (its value is NaN whichever window carries it)."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import io
 import math
-import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -38,7 +37,7 @@ from elmokit.training.lm import LanguageModel
 from elmokit.model.lstm import LstmState
 from elmokit.training.metrics import MetricsWindow, append_metrics, plot_curves, progress_bar, truncate_metrics
 from elmokit.training.config import TrainConfig
-from elmokit.training.processes import Dist, StopSignals, TrainingStopped, setup_distributed
+from elmokit.training.processes import Dist, StopSignals, TrainingStopped, check_bf16, setup_distributed
 
 METRICS_NAME = "metrics.jsonl"
 CURVES_NAME = "curves.png"
@@ -137,16 +136,6 @@ class Progress:
         return config.lr * self.lr_scale * warmup * anneal
 
 
-def _check_bf16(device: torch.device) -> None:
-    """bf16 autocast runs the highway and projection in bfloat16 (the char CNN, the LSTM and the
-    softmax stay float32); on a CPU with AVX512-BF16 bench/results/train-bf16.md measured it no
-    faster than float32 (train.md), slower without native bfloat16. Say so."""
-    if device.type == "cpu":
-        print("elmo train: warning: --bf16 does not make elmokit's training faster on the CPU (measured no "
-              "faster than float32: bench/results/train-bf16.md, train.md); train without --bf16",
-              file=sys.stderr, flush=True)
-
-
 @dataclass
 class Run:
     """Everything the loop carries: the configuration and the processes, the vocabulary, the model
@@ -199,7 +188,7 @@ def start_run(config: TrainConfig, resume: bool) -> Run:
         raise ConfigError(f"{out_dir} already holds a run ({ckpt.CHECKPOINT_NAME}); "
                           "continue it with --resume or choose another --output-dir")
     if config.bf16 and dist_.is_main:
-        _check_bf16(dist_.device)
+        check_bf16(dist_.device)
     torch.manual_seed(config.seed)  # the same initial weights on every rank
     model = build_model(config, vocab).to(dist_.device)
     model.sparse_softmax_grad = True  # train_step keeps the softmax weight's gradient between steps

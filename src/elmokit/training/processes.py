@@ -8,12 +8,15 @@ import ctypes
 import os
 import platform
 import signal
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from elmokit import kernels
 
 from elmokit.devices import resolve_device
 from elmokit.model.config import ConfigError
@@ -70,9 +73,10 @@ def keep_freed_memory() -> bool:
     glibc's malloc gives blocks over its mmap threshold (adjusted at run time, ~25 MB at most here)
     straight back to the kernel when freed, and trims the heap's top; a step allocates them again
     (the softmax's logits: 640 x 10k-8k floats, 20-25 MB a direction), and every page of them is
-    a page fault and a zero-fill: ~7,000 faults a gutenberg-cpu step, ~5 % of its time on the
-    2-core CPU (bench/train.py). Setting the mmap threshold to glibc's maximum (32 MB) and the trim
-    threshold to 1 GB keeps them in the heap (~400 faults a step). Process-wide, so it is done by
+    a page fault and a zero-fill: thousands of faults a gutenberg-cpu step, a few percent of its
+    time on the 2-core CPU. Setting the mmap threshold to glibc's maximum (32 MB) and the trim
+    threshold to 1 GB keeps them in the heap (bench/results/train.md records the faults and the
+    step's time with and without it, "The C heap"). Process-wide, so it is done by
     the training process only (`setup_distributed`), never on import. Returns whether it applied
     (glibc only; elsewhere nothing changes).
     """
@@ -85,6 +89,22 @@ def keep_freed_memory() -> bool:
     applied = [libc.mallopt(parameter, value) for parameter, value in ((_M_MMAP_THRESHOLD, _MMAP_THRESHOLD),
                                                                         (_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))]
     return all(applied)
+
+
+def check_bf16(device: torch.device) -> None:
+    """bf16 autocast runs the highway and projection in bfloat16 (the char CNN, the LSTM and the
+    softmax stay float32). On a CPU with native bfloat16 (AVX512-BF16) bench/results/train-bf16.md
+    measured it within a few percent of float32 (train.md, the run before it); without native
+    bfloat16 its products are emulated, slower. Say which."""
+    if device.type != "cpu":
+        return
+    if kernels.bf16_native():
+        print("elmo train: note: on the CPU --bf16 runs only the highway and projection in bfloat16 and "
+              "measured within a few percent of float32 (bench/results/train-bf16.md, train.md)",
+              file=sys.stderr, flush=True)
+    else:
+        print("elmo train: warning: --bf16 is slower than float32 on this CPU (no native bfloat16 "
+              "instructions); train without --bf16", file=sys.stderr, flush=True)
 
 
 class TrainingStopped(KeyboardInterrupt):

@@ -16,12 +16,12 @@ gradient is one product over all U steps at the end:
 
     dW_in = dG^T X      dW_rec = dG^T H_{t-1}      db = sum dG      dW_proj = dH^T M      dX = dG W_in
 
-Every product goes through `elmokit.kernels` (oneDNN's kernels on the CPU, ~2x MKL's there),
-one direction at a time (oneDNN has no batched product), while each elementwise operation of a
-step covers both directions (a leading D axis). The
-forward pass's recurrent product has its weight reordered once a pass (`PackedLinear`, G_t added
-in the same call); the other per-step products take their weights as they are (for a transposed
-weight, reordering costs more than the 20 steps it would speed up: bench/train.py's shape).
+Every product goes through `elmokit.kernels` (oneDNN's kernels on the CPU, faster than MKL's there:
+bench/results/train.md, "The kernels of the step"), one direction at a time (oneDNN has no batched
+product), while each elementwise operation of a step covers both directions (a leading D axis).
+The forward pass's recurrent product has its weight reordered once a pass (`PackedLinear`, G_t
+added in the same call); the other per-step products take their weights as they are (reordering
+a transposed weight costs several of the 20 steps' products it would speed up: the same page).
 Gates are in elmokit's order (i, f, o, j), the forget-gate offset already in `bias`. Clipping
 follows `torch.clamp`: the gradient passes where the value was not clipped.
 

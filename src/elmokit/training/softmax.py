@@ -48,7 +48,7 @@ class SoftmaxNllSum(torch.autograd.Function):
         for first in range(0, hidden.shape[0], block_rows):
             rows = slice(first, first + block_rows)
             block = hidden[rows]  # (n, P)
-            logits = linear(block, weight, bias)  # (n, K); oneDNN's kernel on the CPU (~2x MKL's here)
+            logits = linear(block, weight, bias)  # (n, K); oneDNN's kernel on the CPU (bench/results/train.md)
             row_index = torch.arange(len(block), device=hidden.device)
             if true_logits is None:
                 target_logits = logits[row_index, targets[rows]]  # (n,)
