@@ -18,23 +18,10 @@ N=${EVAL_SENTENCES:-5000}
 
 rm -rf "$OUT.partial" && mkdir -p "$OUT.partial"
 # FROM=last: the run's last model (the end of its anneal) instead of best/ (its best validation)
-if [ "${FROM:-best}" = last ]; then
+if [ "${FROM:-best}" = last ]; then  # provenance.json from the checkpoint's progress and its validation
   "$ELMO" export "$RUN" --last --native "$OUT.partial" --dtype float16 --overwrite
-  python3 - "$RUN" "$OUT.partial" <<'PY'
-import json, sys
-from pathlib import Path
-run, out = Path(sys.argv[1]), Path(sys.argv[2])
-config = json.loads((run / "train_config.json").read_text())
-last = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if "valid_ppl" in line][-1]
-card = {"trained_by": "elmo train", "model_kept": "the last (end of the anneal), not best/",
-        "train_files": config["train_files"], "vocab": config["vocab"], "steps": last["step"], "tokens": last["tokens"],
-        "epochs": last["epoch"], "valid_files": config["valid_files"], "valid_ppl": round(last["valid_ppl"], 3),
-        "valid_forward_ppl": round(last["valid_forward_ppl"], 3), "valid_backward_ppl": round(last["valid_backward_ppl"], 3)}
-(out / "provenance.json").write_text(json.dumps(card, indent=2) + "\n")
-PY
 else
-  "$ELMO" export "$RUN" --native "$OUT.partial" --dtype float16 --overwrite
-  cp "$RUN/best/provenance.json" "$OUT.partial/"
+  "$ELMO" export "$RUN" --native "$OUT.partial" --dtype float16 --overwrite  # best/'s provenance.json with it
 fi
 cp "$RUN/curves.png" "$RUN/metrics.jsonl" "$RUN/train_config.json" "$OUT.partial/"
 cp scripts/train_gutenberg.sh scripts/gutenberg-cpu.json "$OUT.partial/"

@@ -186,6 +186,30 @@ def test_export_original_and_native_give_identical_bilm_outputs(corpus, tmp_path
         torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
 
 
+def test_export_records_the_provenance_of_the_model_it_writes(corpus, tmp_path):
+    """`elmo export --last --native` writes the last checkpoint's provenance.json: its steps and
+    tokens, and the validation the run made at that step (a run that ends on its token budget
+    validates its last model); from best/, best/'s provenance.json goes with the model."""
+    from elmokit.training.checkpoint import load_checkpoint
+
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(corpus["train_json"]), "--output-dir", str(run), "--epochs", "1",
+                 "--max-tokens", "200"]) == 0
+    assert main(["export", str(run), "--last", "--native", str(tmp_path / "last")]) == 0
+    card = json.loads((tmp_path / "last" / "provenance.json").read_text())
+    progress = load_checkpoint(run / "checkpoint.pt")["progress"]
+    assert (card["steps"], card["tokens"], card["model"]) == (progress["step"], progress["tokens"],
+                                                              "the run's last checkpoint")
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    at_last = [r for r in records if "valid_ppl" in r and r["step"] == progress["step"]]
+    assert at_last, "the run did not validate its last model"
+    assert (card["valid_ppl"], card["valid_forward_ppl"]) == (round(at_last[-1]["valid_ppl"], 3),
+                                                              round(at_last[-1]["valid_forward_ppl"], 3))
+    assert main(["export", str(run), "--native", str(tmp_path / "best")]) == 0
+    assert (json.loads((tmp_path / "best" / "provenance.json").read_text())
+            == json.loads((run / "best" / "provenance.json").read_text()))
+
+
 def test_perplexity_command_matches_an_independent_computation(corpus, tmp_path, capsys):
     """`elmo perplexity` (the training engine: windows, carried state, one-pass softmax) against
     the inference engine (BiLM.contextualize, the embedder's LSTM) over the same streams and a

@@ -151,7 +151,8 @@ def test_export_refuses_existing_files_even_the_runs_own_best(corpus, tmp_path, 
     assert not (tmp_path / "new").exists()  # nothing written when any output exists
     assert (tmp_path / "weights.hdf5").read_bytes() == written
     assert main(["export", str(run), "--last", "--native", str(run / "best"), "--overwrite"]) == 0
-    assert not (run / "best" / "provenance.json").exists()  # it described the replaced model
+    card = json.loads((run / "best" / "provenance.json").read_text())  # the new model's, not the replaced one's
+    assert card["model"] == "the run's last checkpoint"
 
 
 def test_perplexity_per_sentence_refuses_an_existing_file(corpus, tmp_path, capsys):

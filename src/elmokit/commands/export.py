@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 
@@ -30,8 +31,12 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 
 def load_source(source: Path, last: bool = False):
-    """(LanguageModel, vocab path or None) from a run dir, a model dir or a checkpoint file."""
-    from elmokit.training.checkpoint import CHECKPOINT_NAME, VOCAB_NAME, load_checkpoint, load_model_dir, model_from_checkpoint
+    """(LanguageModel, vocab path or None, provenance or None) from a run dir, a model dir or a
+    checkpoint file; a checkpoint's provenance is built from its progress and the run's
+    metrics.jsonl beside it (`checkpoint_provenance`), a model dir's is its provenance.json."""
+    from elmokit.training.checkpoint import (CHECKPOINT_NAME, PROVENANCE_NAME, VOCAB_NAME, checkpoint_provenance,
+                                             load_checkpoint, load_model_dir, model_from_checkpoint)
+    from elmokit.training.loop import METRICS_NAME
     from elmokit.commands.perplexity import resolve_model_dir
 
     if source.is_dir() and last:
@@ -41,8 +46,12 @@ def load_source(source: Path, last: bool = False):
         vocab = checkpoint.get("train_config", {}).get("vocab") or None
         local = source.parent / "best" / VOCAB_NAME  # the run's copy, should the original have moved
         vocab = vocab if vocab and Path(vocab).is_file() else (local if local.is_file() else None)
-        return model_from_checkpoint(checkpoint), vocab
-    return load_model_dir(resolve_model_dir(source))
+        card = checkpoint_provenance(checkpoint, source.parent / METRICS_NAME) if "progress" in checkpoint else None
+        return model_from_checkpoint(checkpoint), vocab, card
+    directory = resolve_model_dir(source)
+    card_path = Path(directory) / PROVENANCE_NAME
+    card = json.loads(card_path.read_text(encoding="utf-8")) if card_path.is_file() else None
+    return (*load_model_dir(directory), card)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     native = [args.native / name for name in (CONFIG_NAME, WEIGHTS_NAME, VOCAB_NAME, PROVENANCE_NAME)] \
         if args.native is not None else []
     refuse_overwrite([*(args.original or []), *native], args.overwrite)  # before anything is written
-    model, vocab_path = load_source(args.source, args.last)
+    model, vocab_path, card = load_source(args.source, args.last)
     if args.original is not None:
         save_original(model.bilm, *args.original)
         print(f"wrote {args.original[0]} and {args.original[1]} (original format, softmax dropped)")
@@ -65,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         (args.native / PROVENANCE_NAME).unlink(missing_ok=True)  # it would describe the replaced model
-        save_model_dir(model, args.native, vocab_path, softmax=not args.no_softmax, dtype=getattr(torch, args.dtype))
+        save_model_dir(model, args.native, vocab_path, card, softmax=not args.no_softmax,
+                       dtype=getattr(torch, args.dtype))
         kept = "without the softmax" if args.no_softmax else "with the softmax"
         print(f"wrote {args.native} (native format {kept}, {args.dtype}, and vocab.txt)")
     return 0

@@ -114,6 +114,35 @@ def model_from_checkpoint(checkpoint: dict[str, Any]) -> LanguageModel:
 # ---------------------------------------------------------------------------------------------
 # Model directories: the biLM with its softmax and vocabulary
 # ---------------------------------------------------------------------------------------------
+def provenance(train_config: dict[str, Any], progress: dict[str, Any], result: dict[str, float] | None
+               ) -> dict[str, Any]:
+    """What a model directory's provenance.json records of the run that made it: its training
+    files, vocabulary, steps, tokens and epochs (`progress`), and, with `result` (`evaluate`'s
+    ppl, forward_ppl, backward_ppl), its validation."""
+    card = {"trained_by": "elmo train", "train_files": train_config["train_files"], "vocab": train_config["vocab"],
+            "steps": progress["step"], "tokens": progress["tokens"], "epochs": progress["epoch"]}
+    if result is not None:
+        card.update(valid_files=train_config["valid_files"], valid_ppl=round(result["ppl"], 3),
+                    valid_forward_ppl=round(result["forward_ppl"], 3),
+                    valid_backward_ppl=round(result["backward_ppl"], 3))
+    return card
+
+
+def checkpoint_provenance(checkpoint: dict[str, Any], metrics_path: Path) -> dict[str, Any]:
+    """`provenance` of a checkpoint's model: its progress, and the run's validation at that very
+    step from metrics.jsonl (`metrics_path`) when there is one (a run that ends validates its
+    last model; a run stopped between validations has none for it)."""
+    progress = checkpoint["progress"]
+    result = None
+    if metrics_path.is_file():
+        with open(metrics_path, encoding="utf-8") as handle:
+            records = [json.loads(line) for line in handle if line.strip()]
+        at_step = [r for r in records if "valid_ppl" in r and r.get("step") == progress["step"]]
+        if at_step:
+            result = {key: at_step[-1][f"valid_{key}"] for key in ("ppl", "forward_ppl", "backward_ppl")}
+    return {**provenance(checkpoint["train_config"], progress, result), "model": "the run's last checkpoint"}
+
+
 def save_model_dir(model: LanguageModel, directory: str | Path, vocab_path: str | Path,
                    provenance: dict[str, Any] | None = None, *, softmax: bool = True,
                    dtype: torch.dtype | None = None) -> Path:

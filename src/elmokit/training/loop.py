@@ -170,7 +170,8 @@ def train(config: TrainConfig, resume: bool = False) -> Progress:
                                          None, run.dist_)
     bar.close()
     if run.dist_.is_main and not config.valid_files:  # nothing to select on: the last model is the best
-        ckpt.save_model_dir(run.model, run.out_dir / BEST_DIR, config.vocab, _provenance(config, run.progress, None))
+        ckpt.save_model_dir(run.model, run.out_dir / BEST_DIR, config.vocab,
+                            ckpt.provenance(asdict(config), asdict(run.progress), None))
     return run.progress
 
 
@@ -282,7 +283,8 @@ def run_evaluation(model: LanguageModel, config: TrainConfig, vocab, progress: P
     if result["ppl"] < progress.best_ppl:
         progress.best_ppl, progress.bad_evals = result["ppl"], 0
         if dist_.is_main:
-            ckpt.save_model_dir(model, out_dir / BEST_DIR, config.vocab, _provenance(config, progress, result))
+            ckpt.save_model_dir(model, out_dir / BEST_DIR, config.vocab,
+                                ckpt.provenance(asdict(config), asdict(progress), result))
     else:
         progress.bad_evals += 1
         progress.lr_scale *= config.lr_decay
@@ -377,13 +379,3 @@ def _changed_settings(saved: dict | None, config: TrainConfig) -> dict[str, list
 def _log(out_dir: Path, dist_: Dist, record: dict[str, Any], bar) -> None:
     if dist_.is_main:
         append_metrics(out_dir / METRICS_NAME, record, bar)
-
-
-def _provenance(config: TrainConfig, progress: Progress, result: dict[str, float] | None) -> dict[str, Any]:
-    provenance = {"trained_by": "elmo train", "train_files": config.train_files, "vocab": config.vocab,
-                  "steps": progress.step, "tokens": progress.tokens, "epochs": progress.epoch}
-    if result is not None:
-        provenance.update(valid_files=config.valid_files, valid_ppl=round(result["ppl"], 3),
-                          valid_forward_ppl=round(result["forward_ppl"], 3),
-                          valid_backward_ppl=round(result["backward_ppl"], 3))
-    return provenance

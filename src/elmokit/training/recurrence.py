@@ -130,12 +130,14 @@ class LstmLayerFunction(torch.autograd.Function):
         flat_gates = grad_gates.view(n_dirs, n_steps * n_rows, 4 * cell_dim)  # (D, U*B, 4C)
         flat_grad_hiddens = grad_hiddens.view(n_dirs, n_steps * n_rows, dim)
         flat_outputs = cell_outputs.view(n_dirs, n_steps * n_rows, cell_dim)
-        grad_inputs = _per_direction(n_dirs, lambda d: matmul(flat_gates[d], input_weight[d])).view(n_dirs, n_steps, n_rows, dim)
+        grad_inputs = _per_direction(n_dirs, lambda d: matmul(flat_gates[d], input_weight[d])
+                                     ).view(n_dirs, n_steps, n_rows, dim)  # (D, U, B, P)
         grad_input_weight = _per_direction(n_dirs, lambda d: matmul(flat_gates[d].mT, flat_inputs[d]))  # (D, 4C, P)
         grad_recurrent_weight = _per_direction(n_dirs,   # (D, 4C, P): against h_{t-1}
             lambda d: matmul(flat_gates[d].mT, hiddens[d, :-1].reshape(n_steps * n_rows, dim)))
         grad_bias = flat_gates.sum(dim=1, keepdim=True)  # (D, 1, 4C)
-        grad_projection = _per_direction(n_dirs, lambda d: matmul(flat_grad_hiddens[d].mT, flat_outputs[d]))  # (D, P, C)
+        grad_projection = _per_direction(  # (D, P, C)
+            n_dirs, lambda d: matmul(flat_grad_hiddens[d].mT, flat_outputs[d]))
         return (grad_inputs, recurrent_grad, cell_grad, grad_input_weight,
                 grad_recurrent_weight, grad_bias, grad_projection, None, None)
 
