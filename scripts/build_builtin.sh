@@ -7,7 +7,8 @@
 #   usage: scripts/build_builtin.sh [WORK_DIR]      (default runs/gutenberg-v2)
 #   env:   FROM (best, default, or last: the last checkpoint's model),
 #          EVAL_SENTENCES (default 5000: the first sentences of valid and of test to score),
-#          BUILTIN_OUT (default src/elmokit/models/gutenberg-en)
+#          BUILTIN_OUT (default src/elmokit/models/gutenberg-en),
+#          VERSION (default v2: the version the model card and the README's model table give it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ELMO=${ELMO:-.venv/bin/elmo}
@@ -30,17 +31,17 @@ for split in valid test; do
   "$ELMO" perplexity "$OUT.partial" "$WORK/$split/shard-*.txt.gz" --max-sentences "$N" --json \
     > "$WORK/perplexity-$split-$N.json"
 done
-python3 - "$OUT.partial" "$WORK" "$N" <<'PY'
+python3 - "$OUT.partial" "$WORK" "$N" "${VERSION:-v2}" <<'PY'
 import json, sys
 from pathlib import Path
-out, work, n = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+out, work, n, version = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
 card = json.loads((out / "provenance.json").read_text()) if (out / "provenance.json").exists() else {}
 for split in ("valid", "test"):
     card[f"{split}_first_{n}_sentences"] = json.loads((work / f"perplexity-{split}-{n}.json").read_text())
 card["corpus"] = "gutenberg-en (677 public-domain books, Project Gutenberg), train split, elmo prepare (sentencex + sacremoses)"
 card["commands"] = "scripts/train_gutenberg.sh (copied here as train_gutenberg.sh), then scripts/build_builtin.sh"
 card["stored"] = "float16, softmax included (computed in float32)"
-card["version"] = "v2"
+card["version"] = version
 (out / "provenance.json").write_text(json.dumps(card, indent=2) + "\n")
 PY
 # the weights' fingerprint (what task runs and docs/results.json record of the biLM they used)
