@@ -46,6 +46,7 @@ from torch import nn
 
 from embed import matmul_gflops  # bench/embed.py: the same roofline measurement
 
+from elmokit import kernels as elmokit_kernels
 from elmokit.model.config import ElmoConfig, LSTMConfig
 from elmokit.training.data import LMBatcher
 from elmokit.training.lm import LanguageModel
@@ -178,6 +179,7 @@ def main() -> None:
                              "the time goes, by operator (0: no profile)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    elmokit_kernels.bound_onednn_caches(elmokit_kernels.TRAINING_CACHE_CAPACITY)  # as `elmo train`'s process
     vocab_path = Path(os.environ.get("TMPDIR", "/tmp")) / "elmokit-bench-ptb-vocab.txt"
     if not vocab_path.exists():
         make_vocab([PTB / "ptb.train.txt.gz"], vocab_path)

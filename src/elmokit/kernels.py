@@ -37,7 +37,12 @@ in two caches of 1,024 entries each (oneDNN's and ideep's); an embedding run mee
 count at nearly every call, and 2,000 of them held ~0.7 GB. When elmokit first runs a product
 through oneDNN it sets ONEDNN_PRIMITIVE_CACHE_CAPACITY and LRU_CACHE_CAPACITY to 64 in
 `os.environ` (values already set are kept): oneDNN reads them when it builds its first
-primitive, so they bound the caches only if nothing in the process used oneDNN before. Importing
+primitive, so they bound the caches only if nothing in the process used oneDNN before. A training
+process (`elmo train`, `training.processes.setup_distributed`) sets 256 instead, before its first
+product: a training step runs more shapes than 64 (the char CNN's, the LSTM's per-step and
+all-steps products and their gradients, the softmax's, at row counts that change with the
+window's distinct tokens and targets), and with 64 the caches evict and rebuild primitives every
+step (~12 % of a gutenberg-cpu step on the 2-core CPU; 128 measured as fast as 1,024). Importing
 elmokit changes nothing; set them yourself (before anything runs) to choose other sizes.
 """
 
@@ -55,6 +60,7 @@ from torch.autograd import forward_ad
 KERNELS_VARIABLE = "ELMOKIT_KERNELS"  # "torch": the plain path only; "auto" (default): oneDNN where it applies
 CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 CACHE_CAPACITY = 64  # entries: every shape a biLM reuses
+TRAINING_CACHE_CAPACITY = 256  # entries: a training step's shapes, with room for the row counts that vary
 CHECK_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2}  # of max |F.linear result| + 1
 
 

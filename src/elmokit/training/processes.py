@@ -48,6 +48,7 @@ def setup_distributed(config: TrainConfig) -> Dist:
     """Join the process group when launched by torchrun (WORLD_SIZE > 1)."""
     if config.threads:
         torch.set_num_threads(config.threads)
+    kernels.bound_onednn_caches(kernels.TRAINING_CACHE_CAPACITY)  # before the process's first product
     keep_freed_memory()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
