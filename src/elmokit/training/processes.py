@@ -100,9 +100,9 @@ def check_bf16(device: torch.device) -> None:
     if device.type != "cpu":
         return
     if kernels.bf16_native():
-        print("elmo train: note: on the CPU --bf16 runs only the highway and projection in bfloat16 and "
-              "measured within a few percent of float32 (bench/results/train-bf16.md, train.md)",
-              file=sys.stderr, flush=True)
+        print("elmo train: warning: --bf16 brings no measurable gain on the CPU: it runs only the highway and "
+              "projection in bfloat16 and measured within a few percent of float32, slower or faster from run "
+              "to run (bench/results/train-bf16.md, train.md); train without --bf16", file=sys.stderr, flush=True)
     else:
         print("elmo train: warning: --bf16 is slower than float32 on this CPU (no native bfloat16 "
               "instructions); train without --bf16", file=sys.stderr, flush=True)
