@@ -11,6 +11,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from elmokit import kernels
 from elmokit.model.config import CharCNNConfig, ElmoConfig, LSTMConfig
 from elmokit.training.data import LMBatch
 from elmokit.training import lm
@@ -251,8 +252,6 @@ def test_training_step_losses_match_the_plain_pytorch_computation(monkeypatch):
     products) give the losses of the same model computed with autograd over the step loop and
     F.cross_entropy, every product torch's own (ELMOKIT_KERNELS=torch): five windows with the
     state carried, then the first window again three times."""
-    from elmokit import kernels
-
     chars, ids = random_streams(4, 25, seed=3)
     losses = []
     for fast in (True, False):
@@ -387,7 +386,7 @@ def test_max_over_windows_is_the_max_and_its_first_window():
     assert first.dtype == torch.long and 0 <= int(first[2, 1]) < 12  # a NaN column still names a window
 
 
-@pytest.mark.skipif(not __import__("elmokit.kernels").kernels.onednn_active(),
+@pytest.mark.skipif(not kernels.onednn_active(),
                     reason="this torch has no oneDNN linear ops (or ELMOKIT_KERNELS=torch is set)")
 @pytest.mark.parametrize("n_samples", [0, 25])
 def test_a_training_step_runs_every_product_through_onednn(n_samples):

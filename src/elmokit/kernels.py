@@ -121,11 +121,16 @@ def reset() -> None:
     _state["disabled"] = None
 
 
+def _onednn_runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """A product oneDNN can run: on the CPU, one of its dtypes, not empty, oneDNN switched on."""
+    return (x.device.type == "cpu" and x.dtype == weight.dtype and x.dtype in _ONEDNN_DTYPES
+            and x.numel() > 0 and weight.numel() > 0  # oneDNN has no empty product: torch's gives zeros
+            and onednn_active())
+
+
 def _takes_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    takes = (x.device.type == "cpu" and x.dtype == weight.dtype and x.dtype in _ONEDNN_DTYPES
-             and x.numel() > 0 and weight.numel() > 0  # oneDNN has no empty product: torch's gives zeros
-             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
-             and onednn_active())
+    takes = (not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+             and _onednn_runs(x, weight))
     if takes and not _state["caches_set"]:
         bound_onednn_caches()
     return takes
@@ -201,10 +206,8 @@ def _trains_through_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     (which chooses the dtype through F.linear), forward-mode AD or torch.func's transforms (which
     F.linear supports and `LinearFunction` does not)."""
     return (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
-            and x.device.type == "cpu" and x.dtype == weight.dtype and x.dtype in _ONEDNN_DTYPES
-            and x.numel() > 0 and weight.numel() > 0 and not torch.is_autocast_enabled("cpu")
-            and forward_ad._current_level < 0 and not torch._C._are_functorch_transforms_active()
-            and onednn_active())
+            and not torch.is_autocast_enabled("cpu") and forward_ad._current_level < 0
+            and not torch._C._are_functorch_transforms_active() and _onednn_runs(x, weight))
 
 
 class LinearFunction(torch.autograd.Function):

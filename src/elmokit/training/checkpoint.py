@@ -25,6 +25,7 @@ import torch
 from elmokit.model.config import ElmoConfig
 from elmokit.io import atomic_path, atomic_write_text
 from elmokit.training.lm import LanguageModel
+from elmokit.training.metrics import read_metrics
 from elmokit.model.weights import CONFIG_NAME, WEIGHTS_NAME, WeightFileError, load_pretrained, read_safetensors, save_pretrained
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -135,9 +136,7 @@ def checkpoint_provenance(checkpoint: dict[str, Any], metrics_path: Path) -> dic
     progress = checkpoint["progress"]
     result = None
     if metrics_path.is_file():
-        with open(metrics_path, encoding="utf-8") as handle:
-            records = [json.loads(line) for line in handle if line.strip()]
-        at_step = [r for r in records if "valid_ppl" in r and r.get("step") == progress["step"]]
+        at_step = [r for r in read_metrics(metrics_path) if "valid_ppl" in r and r.get("step") == progress["step"]]
         if at_step:
             result = {key: at_step[-1][f"valid_{key}"] for key in ("ppl", "forward_ppl", "backward_ppl")}
     return {**provenance(checkpoint["train_config"], progress, result), "model": "the run's last checkpoint"}
