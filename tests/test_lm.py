@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 
 import pytest
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -369,21 +368,6 @@ def test_sampled_softmax_is_tensorflows_formula_on_a_fixed_sample():
                    for h, t in zip(rows, targets.tolist())]
     assert not torch.allclose(model.target_nll(hidden, targets, sampled=True), torch.tensor(uncorrected), atol=1e-3)
 
-
-def test_max_over_windows_is_the_max_and_its_first_window():
-    """The char CNN's pooling (values and the window that holds them) against numpy's max and
-    argmax (the first window among ties), with many ties (small integers) and a NaN."""
-    from elmokit.model.encoder import max_over_windows
-
-    generator = torch.Generator().manual_seed(0)
-    products = torch.randint(-3, 4, (7, 12, 5), generator=generator).float()  # ties everywhere
-    products[2, 4, 1] = float("nan")
-    values, first = max_over_windows(products)
-    array = products.numpy()
-    finite = ~np.isnan(array).any(axis=1)
-    np.testing.assert_array_equal(values.numpy()[finite], array.max(axis=1)[finite])
-    np.testing.assert_array_equal(first.numpy()[finite], array.argmax(axis=1)[finite])
-    assert first.dtype == torch.long and 0 <= int(first[2, 1]) < 12  # a NaN column still names a window
 
 
 @pytest.mark.skipif(not kernels.onednn_active(),

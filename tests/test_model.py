@@ -278,3 +278,19 @@ def test_stream_follows_weights_changed_in_place(tiny_model):
     reference = tiny_model(batch_to_ids([SENTENCES[0]])).layers  # the differentiable path, no packing
     assert not np.allclose(before[1], after[1])
     np.testing.assert_allclose(after[1], reference[1][0, 1:-1].detach().numpy(), atol=1e-5)
+
+
+def test_max_over_windows_is_the_max_and_its_first_window():
+    """The char CNN's pooling (values and the window that holds them) against numpy's max and
+    argmax (the first window among ties), with many ties (small integers) and a NaN."""
+    from elmokit.model.encoder import max_over_windows
+
+    generator = torch.Generator().manual_seed(0)
+    products = torch.randint(-3, 4, (7, 12, 5), generator=generator).float()  # ties everywhere
+    products[2, 4, 1] = float("nan")
+    values, first = max_over_windows(products)
+    array = products.numpy()
+    finite = ~np.isnan(array).any(axis=1)
+    np.testing.assert_array_equal(values.numpy()[finite], array.max(axis=1)[finite])
+    np.testing.assert_array_equal(first.numpy()[finite], array.argmax(axis=1)[finite])
+    assert first.dtype == torch.long and 0 <= int(first[2, 1]) < 12  # a NaN column still names a window
