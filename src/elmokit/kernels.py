@@ -42,7 +42,7 @@ process (`elmo train`, `training.processes.setup_distributed`) sets 256 instead,
 product: a training step runs more shapes than 64 (the char CNN's, the LSTM's per-step and
 all-steps products and their gradients, the softmax's, at row counts that change with the
 window's distinct tokens and targets), and with 64 the caches evict and rebuild primitives every
-step (~12 % of a gutenberg-cpu step on the 2-core CPU; 128 measured as fast as 1,024). Importing
+step (a gutenberg-cpu step measured markedly slower; 128 entries as fast as 1,024). Importing
 elmokit changes nothing; set them yourself (before anything runs) to choose other sizes.
 """
 
