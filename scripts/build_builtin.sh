@@ -4,15 +4,15 @@
 # `elmo perplexity FILE` works with no model argument), with its config, vocabulary, training
 # curve, metrics and the commands that made it; then its perplexities, computed from the shipped
 # float16 files by the very command a user runs, and the wheel's size (at most 40 MB).
-#   usage: scripts/build_builtin.sh [WORK_DIR]      (default runs/gutenberg-v2)
+#   usage: scripts/build_builtin.sh [WORK_DIR]      (default runs/gutenberg-v3)
 #   env:   FROM (best, default, or last: the last checkpoint's model),
 #          EVAL_SENTENCES (default 5000: the first sentences of valid and of test to score),
 #          BUILTIN_OUT (default src/elmokit/models/gutenberg-en),
-#          VERSION (default v2: the version the model card and the README's model table give it)
+#          VERSION (default v3: the version the model card and the README's model table give it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ELMO=${ELMO:-.venv/bin/elmo}
-WORK=${1:-runs/gutenberg-v2}
+WORK=${1:-runs/gutenberg-v3}
 RUN=$WORK/run
 OUT=${BUILTIN_OUT:-src/elmokit/models/gutenberg-en}  # BUILTIN_OUT: elsewhere, for a dry run
 N=${EVAL_SENTENCES:-5000}
@@ -31,7 +31,7 @@ for split in valid test; do
   "$ELMO" perplexity "$OUT.partial" "$WORK/$split/shard-*.txt.gz" --max-sentences "$N" --json \
     > "$WORK/perplexity-$split-$N.json"
 done
-python3 - "$OUT.partial" "$WORK" "$N" "${VERSION:-v2}" <<'PY'
+python3 - "$OUT.partial" "$WORK" "$N" "${VERSION:-v3}" <<'PY'
 import json, sys
 from pathlib import Path
 out, work, n, version = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]

@@ -4,6 +4,7 @@ scripts/sync_pages.py: the quoted copies must equal their sources, so no figure 
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -41,7 +42,7 @@ def test_model_table_rows_from_a_directory_and_from_a_record(tmp_path):
     record = tmp_path / "old.json"
     facts = sync.model_facts(REPO / "src/elmokit/models/gutenberg-en", "`old` v0")
     facts["test_ppl"] = {**facts["test_ppl"], "ppl": 999.25}
-    record.write_text(__import__("json").dumps(facts), encoding="utf-8")
+    record.write_text(json.dumps(facts), encoding="utf-8")
     table = sync.model_table(f"src/elmokit/models/gutenberg-en {record}")
     header, rule, shipped, old = table.splitlines()
     assert header.startswith("| model |") and shipped.startswith("| `gutenberg-en`") and old.startswith("| `old` v0 |")
@@ -52,12 +53,14 @@ def test_record_keeps_a_models_row(tmp_path):
     """--record writes the facts of a model directory; the row from the record is the directory's row."""
     record = tmp_path / "models" / "v1.json"
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "sync_pages.py"), "--record",
-                             str(REPO / "src/elmokit/models/gutenberg-en"), str(record), "`gutenberg-en`"],
+                             str(REPO / "src/elmokit/models/gutenberg-en"), str(record), "`kept`"],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     sync = _sync_module()
-    assert sync.model_table(str(record)) == sync.model_table("src/elmokit/models/gutenberg-en").replace(
-        "`gutenberg-en` v2", "`gutenberg-en`")
+    version = json.loads((REPO / "src/elmokit/models/gutenberg-en/provenance.json").read_text())["version"]
+    shipped = sync.model_table("src/elmokit/models/gutenberg-en")
+    assert f"| `gutenberg-en` {version} |" in shipped
+    assert sync.model_table(str(record)) == shipped.replace(f"`gutenberg-en` {version}", "`kept`")
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "sync_pages.py"), "--record", str(record)],
                             capture_output=True, text=True)
     assert result.returncode == 2 and "usage" in result.stderr

@@ -1,23 +1,26 @@
 #!/usr/bin/env bash
-# Train the built-in English model v2 (src/elmokit/models/gutenberg-en) on ../shared/data/gutenberg-en
+# Train the built-in English model (src/elmokit/models/gutenberg-en) on ../shared/data/gutenberg-en
 # on a CPU, with elmokit's own pipeline: prepare -> vocab -> train -> export (README, "The built-in model").
 # Re-running the script continues the run from its last checkpoint (--resume): the run survives any
 # interruption (SIGKILL included) as long as WORK_DIR does.
-#   usage: scripts/train_gutenberg.sh [WORK_DIR]      (default runs/gutenberg-v2 in the repository, git-ignored)
-#   env:   THREADS (default 2), MAX_TOKENS (default 0 = one epoch, 51.5M tokens, ~6.5 h at 2,200 tokens/s),
-#          TRAIN_SHARDS (default 'train.*': the whole train split, all 10 book shards; v1 read 'train.0[0-2]')
-# A whole-epoch run reached three quarters of the epoch over three sessions; its run directory was lost
-# between sessions before its anneal (the machine's checkout was replaced; runs/ is not in git). A
-# one-session run, `MAX_TOKENS=12000000 THREADS=2 scripts/train_gutenberg.sh` (2 h), was built and not
-# shipped: it did not beat v1 on the test split (stop note of 2026-11-25). v1 still ships.
+#   usage: scripts/train_gutenberg.sh [WORK_DIR]      (default runs/gutenberg-v3 in the repository, git-ignored)
+#   env:   THREADS (default 2), MAX_TOKENS (default 0 = one epoch, 53.6M targets, ~3.5 h at the ~4,400 tokens/s of
+#          the oneDNN engine on 2 threads), TRAIN_SHARDS (default 'train.*': the whole train split, all 10 book
+#          shards; v1 read 'train.0[0-2]')
+# v3, the model that ships, is one whole epoch: `THREADS=2 scripts/train_gutenberg.sh /root/elmokit-runs/gutenberg-v3`
+# (outside the checkout, so that it outlives a new checkout; resumed by the same command over sessions),
+# packaged from its last model (`FROM=last VERSION=v3 scripts/build_builtin.sh /root/elmokit-runs/gutenberg-v3`).
+# v2 was `MAX_TOKENS=12000000 THREADS=2 scripts/train_gutenberg.sh` (one session). Nothing else may run on the
+# 2 cores beside a 2-thread run: its OpenMP threads then wait on each other (a 1-thread task run beside it,
+# even at nice 19, took it from ~4,400 to under 100 tokens/s); use THREADS=1 when other work must share them.
 # Shape: 2 x 512 cells -> 128 (scripts/gutenberg-cpu.json), 100k-word vocabulary, sampled softmax
-# of 8,192, batch 32 x 20, float32 (bf16 autocast measured slower with elmokit's training engine on
-# this CPU: bench/results/train.md vs train-bf16.md).
+# of 8,192, batch 32 x 20, float32 (bf16 autocast measured within a few percent of float32 with
+# elmokit's training engine on this CPU: bench/results/train.md vs train-bf16.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ELMO=${ELMO:-.venv/bin/elmo}
 DATA=${GUTENBERG_DATA:-$(cd .. && pwd)/shared/data/gutenberg-en}
-WORK=${1:-runs/gutenberg-v2}
+WORK=${1:-runs/gutenberg-v3}
 RUN=$WORK/run
 
 # 1. Sentences and Moses tokens (sentencex + sacremoses), on all cores.
@@ -32,7 +35,7 @@ done
 # 4. Train (sampled softmax, float32). Validation every 5,000 steps (3.2M tokens): each one
 # costs minutes (full 100k softmax), and the lr halves at every validation that does not improve,
 # so noisy validations every 1,000 steps would both cost a third of the run and starve its lr
-# (the run in runs/gutenberg-v2 validated every 1,000 steps up to step 4,084, then 5,000).
+# (v2's run validated every 1,000 steps up to step 4,084, then 5,000).
 # 5. The lr's schedule: constant, then falling linearly to 0 over the last fifth of the budget
 # (warmup-stable-decay without warm-up): the budget in steps is the epoch's targets (tokens + one
 # </S> a sentence, prepare.json) or MAX_TOKENS, over 32 x 20 a step. No halving at validations
