@@ -369,7 +369,6 @@ def test_sampled_softmax_is_tensorflows_formula_on_a_fixed_sample():
     assert not torch.allclose(model.target_nll(hidden, targets, sampled=True), torch.tensor(uncorrected), atol=1e-3)
 
 
-
 @pytest.mark.skipif(not kernels.onednn_active(),
                     reason="this torch has no oneDNN linear ops (or ELMOKIT_KERNELS=torch is set)")
 @pytest.mark.parametrize("n_samples", [0, 25])
