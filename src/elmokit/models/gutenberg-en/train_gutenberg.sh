@@ -4,15 +4,15 @@
 # Re-running the script continues the run from its last checkpoint (--resume): the run survives any
 # interruption (SIGKILL included) as long as WORK_DIR does.
 #   usage: scripts/train_gutenberg.sh [WORK_DIR]      (default runs/gutenberg-v3 in the repository, git-ignored)
-#   env:   THREADS (default 2), MAX_TOKENS (default 0 = one epoch, 53.6M targets, ~3.5 h at the ~4,400 tokens/s of
-#          the oneDNN engine on 2 threads), TRAIN_SHARDS (default 'train.*': the whole train split, all 10 book
-#          shards; v1 read 'train.0[0-2]')
+#   env:   THREADS (default 2), MAX_TOKENS (default 0 = one epoch, 53.6M targets: v3's took 4.2 h, mostly on
+#          2 threads, validations included, its metrics.jsonl's elapsed_s), TRAIN_SHARDS (default 'train.*':
+#          the whole train split, all 10 book shards; v1 read 'train.0[0-2]')
 # v3, the model that ships, is one whole epoch: `THREADS=2 scripts/train_gutenberg.sh /root/elmokit-runs/gutenberg-v3`
 # (outside the checkout, so that it outlives a new checkout; resumed by the same command over sessions),
 # packaged from its last model (`FROM=last VERSION=v3 scripts/build_builtin.sh /root/elmokit-runs/gutenberg-v3`).
 # v2 was `MAX_TOKENS=12000000 THREADS=2 scripts/train_gutenberg.sh` (one session). Nothing else may run on the
 # 2 cores beside a 2-thread run: its OpenMP threads then wait on each other (a 1-thread task run beside it,
-# even at nice 19, took it from ~4,400 to under 100 tokens/s); use THREADS=1 when other work must share them.
+# even at nice 19, took it to 73 tokens/s: v3's metrics.jsonl, step 55,560); use THREADS=1 when other work must share them.
 # Shape: 2 x 512 cells -> 128 (scripts/gutenberg-cpu.json), 100k-word vocabulary, sampled softmax
 # of 8,192, batch 32 x 20, float32 (bf16 autocast measured within a few percent of float32 with
 # elmokit's training engine on this CPU: bench/results/train.md vs train-bf16.md).
