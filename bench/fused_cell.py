@@ -1,0 +1,227 @@
+"""Would fused elementwise work make training 2x the nn.LSTM baseline? An upper bound, measured.
+
+The training step's matrix products run through oneDNN at 77% of the roofline
+(bench/results/train.md); the other half of the step is elementwise work and per-operator cost.
+The largest part of it is the recurrence's per-step elementwise work (the gates, the cell, their
+gradients), which `elmokit.training.recurrence` runs as ~10 eager operations a step, layer and
+pass. This program times exactly those groups of operations at the gutenberg-cpu shape, as
+elmokit runs them (eager, `out=` into the pass's buffers) and fused into one kernel each by
+torch.compile (inductor's C++ kernels, the fastest fusion PyTorch offers on a CPU), with the
+results copied into the same buffers as the recurrence needs them. Then
+
+    saving a training step <= U L (forward cell + backward cell, eager - fused)
+                              + L (the backward's all-steps gate factors, eager - fused)
+
+(a group whose fused kernel is slower counts as no saving: it would stay eager)
+
+is compared with what 2x the baseline needs, the step times of elmokit (no clip) and of the
+nn.LSTM baseline measured in the same run (bench/train.py's trainers, the same PTB windows).
+Writes bench/results/fused_cell.md (replaced: one run, one page).
+
+    .venv/bin/python bench/fused_cell.py [--threads 2] [--steps 12] [--note "what else ran"]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from train import PTB, REPO, SHAPES, Trainer, TorchLstmLM, unclipped  # bench/train.py
+
+from elmokit import kernels as elmokit_kernels
+from elmokit.training.data import LMBatcher
+from elmokit.training.lm import LanguageModel
+from elmokit.training.processes import keep_freed_memory
+from elmokit.training.vocab import Vocabulary, make_vocab
+
+
+def eager_forward_cell(pre, acts, cell_prev, cell_next, tanh_cell, cell_output):
+    """The recurrence's forward elementwise work of a step, as elmokit runs it (both directions).
+    pre: the per-direction (B, 4C) products G_t + h W_rec^T; writes acts, c_t, tanh(c_t), m_t."""
+    three = 3 * cell_prev.shape[-1]
+    for d, gates in enumerate(pre):
+        torch.sigmoid(gates[:, :three], out=acts[d, :, :three])
+        torch.tanh(gates[:, three:], out=acts[d, :, three:])
+    input_gate, forget_gate, output_gate, candidate = acts.chunk(4, dim=-1)
+    new_cell = torch.mul(forget_gate, cell_prev, out=cell_next).addcmul_(input_gate, candidate)
+    torch.mul(output_gate, torch.tanh(new_cell, out=tanh_cell), out=cell_output)
+
+
+def fused_forward_cell(pre0, pre1, cell_prev):
+    """The same, one expression for inductor: returns acts, c_t, tanh(c_t), m_t."""
+    pre = torch.stack([pre0, pre1])
+    cell_dim = cell_prev.shape[-1]
+    sig, candidate = torch.sigmoid(pre[..., :3 * cell_dim]), torch.tanh(pre[..., 3 * cell_dim:])
+    cell = sig[..., cell_dim:2 * cell_dim] * cell_prev + sig[..., :cell_dim] * candidate
+    tanh_cell = torch.tanh(cell)
+    return torch.cat([sig, candidate], dim=-1), cell, tanh_cell, sig[..., 2 * cell_dim:] * tanh_cell
+
+
+def eager_backward_cell(grad_m, cell_grad, through_tanh, factors, forget_gate, step_grads):
+    """The recurrence's backward elementwise work of a step (no clipping): the gate gradients into
+    step_grads (D, B, 4, C), returns the cell gradient carried to the step before."""
+    grad_c = torch.addcmul(cell_grad, grad_m, through_tanh)
+    torch.mul(factors[:, :, :2], grad_c.unsqueeze(2), out=step_grads[:, :, :2])
+    torch.mul(factors[:, :, 2], grad_m, out=step_grads[:, :, 2])
+    torch.mul(factors[:, :, 3], grad_c, out=step_grads[:, :, 3])
+    return grad_c.mul_(forget_gate)
+
+
+def fused_backward_cell(grad_m, cell_grad, through_tanh, factors, forget_gate):
+    grad_c = cell_grad + grad_m * through_tanh
+    scale = torch.stack([grad_c, grad_c, grad_m, grad_c], dim=2)
+    return factors * scale, grad_c * forget_gate
+
+
+def eager_factors(acts, cells, tanh_cells):
+    """The backward pass's all-steps gate factors and dc/dm factor, as elmokit computes them."""
+    input_gate, forget_gate, output_gate, candidate = acts.chunk(4, dim=-1)
+    factors = torch.cat([candidate * input_gate * (1 - input_gate), cells[:, :-1] * forget_gate * (1 - forget_gate),
+                         tanh_cells * output_gate * (1 - output_gate), input_gate * (1 - candidate * candidate)],
+                        dim=-1)
+    return factors, output_gate * (1 - tanh_cells * tanh_cells)
+
+
+def median_us(function, repeats: int = 300, warmup: int = 30) -> float:
+    for _ in range(warmup):
+        function()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
+def cell_rows(n_rows: int, cell_dim: int, n_steps: int) -> list[dict]:
+    """Each group eager and fused (with the copies into the pass's buffers), µs a call."""
+    D, B, C, U = 2, n_rows, cell_dim, n_steps
+    pre = [torch.randn(B, 4 * C), torch.randn(B, 4 * C)]
+    acts, cell_prev, cell_next = torch.empty(D, B, 4 * C), torch.randn(D, B, C), torch.empty(D, B, C)
+    tanh_cell, cell_output = torch.empty(D, B, C), torch.empty(D, B, C)
+    forward = torch.compile(fused_forward_cell, dynamic=False)
+
+    def fused_forward():
+        outputs = forward(pre[0], pre[1], cell_prev)
+        for buffer, value in zip((acts, cell_next, tanh_cell, cell_output), outputs):
+            buffer.copy_(value)
+
+    grad_m, cell_grad, through_tanh = torch.randn(D, B, C), torch.randn(D, B, C), torch.rand(D, B, C)
+    factors, forget_gate, step_grads = torch.rand(D, B, 4, C), torch.rand(D, B, C), torch.empty(D, B, 4, C)
+    backward = torch.compile(fused_backward_cell, dynamic=False)
+
+    def fused_backward():
+        grads, carried = backward(grad_m, cell_grad, through_tanh, factors, forget_gate)
+        step_grads.copy_(grads)
+        return carried
+
+    all_acts, cells, tanh_cells = torch.rand(D, U, B, 4 * C), torch.randn(D, U + 1, B, C), torch.rand(D, U, B, C)
+    all_factors = torch.compile(eager_factors, dynamic=False)
+    groups = [("forward cell (a step, both directions)", U,
+               lambda: eager_forward_cell(pre, acts, cell_prev, cell_next, tanh_cell, cell_output), fused_forward),
+              ("backward cell (a step, both directions)", U,
+               lambda: eager_backward_cell(grad_m, cell_grad, through_tanh, factors, forget_gate, step_grads),
+               fused_backward),
+              ("backward gate factors (all steps, once a layer)", 1,
+               lambda: eager_factors(all_acts, cells, tanh_cells), lambda: all_factors(all_acts, cells, tanh_cells))]
+    rows = []
+    for name, per_layer, eager, fused in groups:
+        start = time.perf_counter()
+        fused()  # compiles
+        compile_s = time.perf_counter() - start
+        rows.append({"group": name, "calls_per_layer": per_layer, "eager_us": median_us(eager),
+                     "fused_us": median_us(fused), "compile_s": compile_s})
+        print(f"{name:48s} eager {rows[-1]['eager_us']:7.1f} µs  fused {rows[-1]['fused_us']:7.1f} µs  "
+              f"(compiled in {compile_s:.1f} s)", flush=True)
+    return rows
+
+
+def step_times(vocab: Vocabulary, args) -> dict[str, float]:
+    """Median seconds a training step of elmokit (no clip) and of the nn.LSTM baseline, in turn."""
+    config = SHAPES["gutenberg-cpu"]
+    torch.manual_seed(0)
+    trainers = [Trainer("elmokit (no clip)", LanguageModel(unclipped(config), len(vocab), dropout=0.1), False),
+                Trainer("nn.LSTM baseline", TorchLstmLM(config, len(vocab), dropout=0.1), False)]
+    batches = LMBatcher([PTB / "ptb.train.txt.gz"], vocab, args.batch_size, args.unroll_steps, seed=0)
+    for _ in range(2 + args.steps):
+        batch = next(batches)
+        for trainer in trainers:
+            trainer.step(batch)
+    return {trainer.name: statistics.median(trainer.times[2:]) for trainer in trainers}
+
+
+def saved_ms(row: dict, n_layers: int) -> float:
+    """What fusing the group saves a training step; none where the fused kernel is slower (kept eager)."""
+    return n_layers * row["calls_per_layer"] * max(row["eager_us"] - row["fused_us"], 0.0) / 1e3
+
+
+def write_page(rows: list[dict], steps: dict[str, float], args, lstm, load: tuple[float, float]) -> str:
+    tokens = args.batch_size * args.unroll_steps
+    elmokit_s, baseline_s = steps["elmokit (no clip)"], steps["nn.LSTM baseline"]
+    n_layers = lstm.n_layers
+    saving_s = sum(saved_ms(r, n_layers) for r in rows) * 1e-3
+    lines = ["# Fused elementwise work in the recurrence: an upper bound (bench/fused_cell.py)", "",
+             f"Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} "
+             f"threads; load average {load[0]:.1f} before, {load[1]:.1f} after. {args.note}".rstrip(), "",
+             f"gutenberg-cpu shape (2 directions, {n_layers} layers, {args.unroll_steps} steps, "
+             f"{args.batch_size} rows, {lstm.cell_dim} cells, projection {lstm.projection_dim}), float32, no "
+             "clipping. Each group of the recurrence's elementwise work as elmokit runs it (eager) and as one "
+             "torch.compile (inductor) kernel whose results are copied into the pass's buffers; median of 300 "
+             "calls after 30 warm-up, in a process set up as `elmo train`'s (oneDNN's training caches, "
+             "`keep_freed_memory`). A group whose fused kernel is slower saves nothing (it would stay eager). "
+             "First call: the compile, or less where inductor's on-disk cache already held the kernel.", "",
+             "| group | calls a layer and step | eager (µs) | fused (µs) | saved a training step (ms) "
+             "| first call (s) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['group']} | {n_layers} x {r['calls_per_layer']} | {r['eager_us']:.1f} | "
+                     f"{r['fused_us']:.1f} | {saved_ms(r, n_layers):.1f} | {r['compile_s']:.1f} |")
+    best_s = elmokit_s - saving_s
+    lines += ["", "Training steps in the same run (batch 32 x 20, full PTB softmax, Adam; median of "
+              f"{args.steps} after 2 warm-up, the two models in turn):", "",
+              "| | ms a step | tokens/s | vs nn.LSTM |", "|---|---:|---:|---:|",
+              f"| nn.LSTM baseline | {baseline_s * 1e3:.1f} | {tokens / baseline_s:,.0f} | 1.00x |",
+              f"| elmokit (no clip) | {elmokit_s * 1e3:.1f} | {tokens / elmokit_s:,.0f} | "
+              f"{baseline_s / elmokit_s:.2f}x |",
+              f"| elmokit with every group above fused (bound: measured step - saving) | {best_s * 1e3:.1f} | "
+              f"{tokens / best_s:,.0f} | {baseline_s / best_s:.2f}x |",
+              f"| what 2x the baseline needs | {baseline_s / 2 * 1e3:.1f} | {2 * tokens / baseline_s:,.0f} | 2.00x |",
+              "", f"Fusing the recurrence's elementwise work saves at most {saving_s * 1e3:.1f} ms of the "
+              f"{elmokit_s * 1e3:.1f} ms step; 2x the baseline needs {(elmokit_s - baseline_s / 2) * 1e3:.1f} ms."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=12, help="timed training steps a model (median reported)")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--unroll-steps", type=int, default=20)
+    parser.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "fused_cell.md")
+    parser.add_argument("--note", default="", help="what else ran on the machine, for the page")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    elmokit_kernels.bound_onednn_caches(elmokit_kernels.TRAINING_CACHE_CAPACITY)  # as `elmo train`'s process,
+    keep_freed_memory()  # and its C heap (freed blocks reused, not faulted in again every call)
+    vocab_path = Path(os.environ.get("TMPDIR", "/tmp")) / "elmokit-bench-ptb-vocab.txt"
+    if not vocab_path.exists():
+        make_vocab([PTB / "ptb.train.txt.gz"], vocab_path)
+    load_before = os.getloadavg()[0]
+    lstm = SHAPES["gutenberg-cpu"].lstm
+    rows = cell_rows(args.batch_size, lstm.cell_dim, args.unroll_steps)
+    steps = step_times(Vocabulary.load(vocab_path), args)
+    page = write_page(rows, steps, args, lstm, (load_before, os.getloadavg()[0]))
+    print(page)
+    temporary = args.output.with_suffix(".md.tmp")
+    temporary.write_text(page)
+    temporary.replace(args.output)
+
+
+if __name__ == "__main__":
+    main()
