@@ -4,8 +4,9 @@ The training step's matrix products run through oneDNN at 77% of the roofline
 (bench/results/train.md); the other half of the step is elementwise work and per-operator cost.
 The largest part of it is the recurrence's per-step elementwise work (the gates, the cell, their
 gradients), which `elmokit.training.recurrence` runs as ~10 eager operations a step, layer and
-pass. This program times exactly those groups of operations at the gutenberg-cpu shape, as
-elmokit runs them (eager, `out=` into the pass's buffers) and fused into one kernel each by
+pass. This program times those groups at the gutenberg-cpu shape as elmokit runs them (the
+recurrence's own `forward_cell`, `backward_cell` and `gate_factors`: eager, `out=` into the pass's
+buffers) and fused into one kernel each by
 torch.compile (inductor's C++ kernels, the fastest fusion PyTorch offers on a CPU), with the
 results copied into the same buffers as the recurrence needs them. Then
 
@@ -33,28 +34,19 @@ from pathlib import Path
 import torch
 
 from train import PTB, REPO, SHAPES, Trainer, TorchLstmLM, unclipped  # bench/train.py
+from train_kernels import median_us  # bench/train_kernels.py
 
 from elmokit import kernels as elmokit_kernels
 from elmokit.training.data import LMBatcher
 from elmokit.training.lm import LanguageModel
 from elmokit.training.processes import keep_freed_memory
+from elmokit.training.recurrence import backward_cell, forward_cell, gate_factors
 from elmokit.training.vocab import Vocabulary, make_vocab
 
 
-def eager_forward_cell(pre, acts, cell_prev, cell_next, tanh_cell, cell_output):
-    """The recurrence's forward elementwise work of a step, as elmokit runs it (both directions).
-    pre: the per-direction (B, 4C) products G_t + h W_rec^T; writes acts, c_t, tanh(c_t), m_t."""
-    three = 3 * cell_prev.shape[-1]
-    for d, gates in enumerate(pre):
-        torch.sigmoid(gates[:, :three], out=acts[d, :, :three])
-        torch.tanh(gates[:, three:], out=acts[d, :, three:])
-    input_gate, forget_gate, output_gate, candidate = acts.chunk(4, dim=-1)
-    new_cell = torch.mul(forget_gate, cell_prev, out=cell_next).addcmul_(input_gate, candidate)
-    torch.mul(output_gate, torch.tanh(new_cell, out=tanh_cell), out=cell_output)
-
-
 def fused_forward_cell(pre0, pre1, cell_prev):
-    """The same, one expression for inductor: returns acts, c_t, tanh(c_t), m_t."""
+    """recurrence.forward_cell without clipping as one expression for inductor, per direction's
+    gates pre0, pre1 (B, 4C): returns acts, c_t, tanh(c_t), m_t instead of writing them."""
     pre = torch.stack([pre0, pre1])
     cell_dim = cell_prev.shape[-1]
     sig, candidate = torch.sigmoid(pre[..., :3 * cell_dim]), torch.tanh(pre[..., 3 * cell_dim:])
@@ -63,40 +55,12 @@ def fused_forward_cell(pre0, pre1, cell_prev):
     return torch.cat([sig, candidate], dim=-1), cell, tanh_cell, sig[..., 2 * cell_dim:] * tanh_cell
 
 
-def eager_backward_cell(grad_m, cell_grad, through_tanh, factors, forget_gate, step_grads):
-    """The recurrence's backward elementwise work of a step (no clipping): the gate gradients into
-    step_grads (D, B, 4, C), returns the cell gradient carried to the step before."""
-    grad_c = torch.addcmul(cell_grad, grad_m, through_tanh)
-    torch.mul(factors[:, :, :2], grad_c.unsqueeze(2), out=step_grads[:, :, :2])
-    torch.mul(factors[:, :, 2], grad_m, out=step_grads[:, :, 2])
-    torch.mul(factors[:, :, 3], grad_c, out=step_grads[:, :, 3])
-    return grad_c.mul_(forget_gate)
-
-
 def fused_backward_cell(grad_m, cell_grad, through_tanh, factors, forget_gate):
+    """recurrence.backward_cell without clipping as one expression: returns the gate gradients
+    (D, B, 4, C) and dL/dc_{t-1}."""
     grad_c = cell_grad + grad_m * through_tanh
     scale = torch.stack([grad_c, grad_c, grad_m, grad_c], dim=2)
     return factors * scale, grad_c * forget_gate
-
-
-def eager_factors(acts, cells, tanh_cells):
-    """The backward pass's all-steps gate factors and dc/dm factor, as elmokit computes them."""
-    input_gate, forget_gate, output_gate, candidate = acts.chunk(4, dim=-1)
-    factors = torch.cat([candidate * input_gate * (1 - input_gate), cells[:, :-1] * forget_gate * (1 - forget_gate),
-                         tanh_cells * output_gate * (1 - output_gate), input_gate * (1 - candidate * candidate)],
-                        dim=-1)
-    return factors, output_gate * (1 - tanh_cells * tanh_cells)
-
-
-def median_us(function, repeats: int = 300, warmup: int = 30) -> float:
-    for _ in range(warmup):
-        function()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
 
 
 def cell_rows(n_rows: int, cell_dim: int, n_steps: int) -> list[dict]:
@@ -122,21 +86,21 @@ def cell_rows(n_rows: int, cell_dim: int, n_steps: int) -> list[dict]:
         return carried
 
     all_acts, cells, tanh_cells = torch.rand(D, U, B, 4 * C), torch.randn(D, U + 1, B, C), torch.rand(D, U, B, C)
-    all_factors = torch.compile(eager_factors, dynamic=False)
+    all_factors = torch.compile(gate_factors, dynamic=False)
     groups = [("forward cell (a step, both directions)", U,
-               lambda: eager_forward_cell(pre, acts, cell_prev, cell_next, tanh_cell, cell_output), fused_forward),
+               lambda: forward_cell(pre, acts, cell_prev, cell_next, tanh_cell, cell_output, 0.0), fused_forward),
               ("backward cell (a step, both directions)", U,
-               lambda: eager_backward_cell(grad_m, cell_grad, through_tanh, factors, forget_gate, step_grads),
+               lambda: backward_cell(grad_m, cell_grad, through_tanh, factors, forget_gate, None, step_grads),
                fused_backward),
               ("backward gate factors (all steps, once a layer)", 1,
-               lambda: eager_factors(all_acts, cells, tanh_cells), lambda: all_factors(all_acts, cells, tanh_cells))]
+               lambda: gate_factors(all_acts, cells, tanh_cells), lambda: all_factors(all_acts, cells, tanh_cells))]
     rows = []
     for name, per_layer, eager, fused in groups:
         start = time.perf_counter()
         fused()  # compiles
         compile_s = time.perf_counter() - start
-        rows.append({"group": name, "calls_per_layer": per_layer, "eager_us": median_us(eager),
-                     "fused_us": median_us(fused), "compile_s": compile_s})
+        rows.append({"group": name, "calls_per_layer": per_layer, "eager_us": median_us(eager, 300, 30),
+                     "fused_us": median_us(fused, 300, 30), "compile_s": compile_s})
         print(f"{name:48s} eager {rows[-1]['eager_us']:7.1f} µs  fused {rows[-1]['fused_us']:7.1f} µs  "
               f"(compiled in {compile_s:.1f} s)", flush=True)
     return rows

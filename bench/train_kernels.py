@@ -27,7 +27,7 @@ from elmokit.model.encoder import max_over_windows
 from elmokit.training.processes import keep_freed_memory
 
 
-def _median_us(run: Callable[[], object], repeats: int = 30, warmup: int = 5) -> float:
+def median_us(run: Callable[[], object], repeats: int = 30, warmup: int = 5) -> float:
     for _ in range(warmup):
         run()
     times = []
@@ -47,7 +47,7 @@ def product_rows(cell_dim: int, projection_dim: int, vocab_size: int, rows: int,
 
     def add(part: str, shape: str, flops: float, paths: dict[str, Callable[[], object]]) -> None:
         for path, run in paths.items():
-            microseconds = _median_us(run)
+            microseconds = median_us(run)
             measured.append({"part": part, "shape": shape, "path": path, "us": microseconds,
                              "gflops": flops / microseconds / 1e3})
 
@@ -60,13 +60,13 @@ def product_rows(cell_dim: int, projection_dim: int, vocab_size: int, rows: int,
          "oneDNN": lambda: kernels._onednn_add_linear(gates, hidden, recurrent),
          "oneDNN, weight reordered (elmokit)": lambda: kernels._onednn_add_linear(gates, hidden, packed)})
     measured.append({"part": "LSTM step, forward", "shape": "reordering that weight, once a pass", "path": "oneDNN",
-                     "us": _median_us(lambda: kernels._onednn_reorder(recurrent, rows)), "gflops": float("nan")})
+                     "us": median_us(lambda: kernels._onednn_reorder(recurrent, rows)), "gflops": float("nan")})
     add("LSTM step, backward", f"({rows}, {4 * cell_dim}) x ({4 * cell_dim}, {projection_dim})",
         2.0 * rows * projection_dim * 4 * cell_dim,
         {"MKL (mm)": lambda: torch.mm(gates, recurrent),
          "oneDNN, weight as it is (elmokit)": lambda: linear(gates, recurrent.mT, None)})
     measured.append({"part": "LSTM step, backward", "shape": "reordering W_rec^T (a transposed view)",
-                     "path": "oneDNN", "us": _median_us(lambda: kernels._onednn_reorder(recurrent.mT, rows)),
+                     "path": "oneDNN", "us": median_us(lambda: kernels._onednn_reorder(recurrent.mT, rows)),
                      "gflops": float("nan")})
 
     def matmul_paths(a: torch.Tensor, b: torch.Tensor) -> dict[str, Callable[[], object]]:
@@ -98,7 +98,7 @@ def maxpool_rows(tokens: int = 64, windows: int = 46, filters: int = 128) -> lis
     """The char CNN's max-pool with the window of each max: torch.max(dim=1) against
     `max_over_windows`, on (tokens, windows, filters) window products."""
     products = torch.randn(tokens, windows, filters)
-    return [{"path": path, "us": _median_us(run, repeats=100)} for path, run in
+    return [{"path": path, "us": median_us(run, repeats=100)} for path, run in
             (("torch.max(dim=1)", lambda: products.max(dim=1)), ("max_over_windows (elmokit)",
                                                                 lambda: max_over_windows(products)))]
 

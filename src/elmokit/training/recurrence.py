@@ -60,23 +60,15 @@ class LstmLayerFunction(torch.autograd.Function):
         cell_outputs = inputs.new_empty(n_dirs, n_steps, n_rows, cell_dim)  # m_t
         hiddens = inputs.new_empty(n_dirs, n_steps + 1, n_rows, dim)  # h_0 .. h_U
         hiddens[:, 0] = hidden
-        sigmoid_part, tanh_part = slice(0, 3 * cell_dim), slice(3 * cell_dim, 4 * cell_dim)
         recurrents = [PackedLinear(recurrent_weight[d], n_rows) for d in range(n_dirs)]
         # per-step views made in one call each: (D, B, .) tensors, steps 0 .. U-1 (or U)
         step_acts, step_cells, step_tanh_cells = acts.unbind(1), cells.unbind(1), tanh_cells.unbind(1)
         step_outputs, step_hiddens = cell_outputs.unbind(1), hiddens.unbind(1)
         for step in range(n_steps):
-            gates_now = step_acts[step]  # (D, B, 4C)
-            for d in range(n_dirs):  # the products, a direction at a time
-                gates = recurrents[d].add(gates_now[d], step_hiddens[step][d])  # G_t + h_{t-1} W_rec^T
-                torch.sigmoid(gates[:, sigmoid_part], out=gates_now[d, :, sigmoid_part])
-                torch.tanh(gates[:, tanh_part], out=gates_now[d, :, tanh_part])
-            input_gate, forget_gate, output_gate, candidate = gates_now.chunk(4, dim=-1)  # both directions
-            new_cell = torch.mul(forget_gate, step_cells[step], out=step_cells[step + 1]).addcmul_(input_gate,
-                                                                                                 candidate)
-            if cell_clip:
-                new_cell.clamp_(-cell_clip, cell_clip)
-            torch.mul(output_gate, torch.tanh(new_cell, out=step_tanh_cells[step]), out=step_outputs[step])
+            gates = [recurrents[d].add(step_acts[step][d], step_hiddens[step][d])  # G_t + h_{t-1} W_rec^T,
+                     for d in range(n_dirs)]                                     # a direction at a time
+            forward_cell(gates, step_acts[step], step_cells[step], step_cells[step + 1], step_tanh_cells[step],
+                         step_outputs[step], cell_clip)
             new_hidden = torch.stack([linear(step_outputs[step][d], projection[d]) for d in range(n_dirs)],
                                      out=step_hiddens[step + 1])  # (D, B, P)
             if proj_clip:
@@ -93,16 +85,8 @@ class LstmLayerFunction(torch.autograd.Function):
         cell_clip, proj_clip = ctx.clips
         n_dirs, n_steps, n_rows, cell_dim = tanh_cells.shape
         dim = hiddens.shape[-1]
-        input_gate, forget_gate, output_gate, candidate = acts.chunk(4, dim=-1)  # (D, U, B, C) each
-        # what multiplies each gate's gradient, times its activation's derivative, all steps at once:
-        # i <- dc * j, f <- dc * c_{t-1}, o <- dm * tanh(c_t), j <- dc * i
-        factors = torch.cat([
-            candidate * input_gate * (1 - input_gate),
-            cells[:, :-1] * forget_gate * (1 - forget_gate),
-            tanh_cells * output_gate * (1 - output_gate),
-            input_gate * (1 - candidate * candidate),
-        ], dim=-1).view(n_dirs, n_steps, n_rows, 4, cell_dim)
-        through_tanh = output_gate * (1 - tanh_cells * tanh_cells)  # dc_t += dm_t * o * (1 - tanh(c_t)^2)
+        forget_gate = acts[..., cell_dim:2 * cell_dim]  # (D, U, B, C)
+        factors, through_tanh = gate_factors(acts, cells, tanh_cells)
         cell_mask = (cells[:, 1:].abs() < cell_clip).to(cells.dtype) if cell_clip else None
         hidden_mask = (hiddens[:, 1:].abs() < proj_clip).to(hiddens.dtype) if proj_clip else None
         if grad_outputs is None:
@@ -117,14 +101,9 @@ class LstmLayerFunction(torch.autograd.Function):
             if hidden_mask is not None:
                 grad_h.mul_(hidden_mask[:, step])
             torch.stack([linear(grad_h[d], projection[d].mT) for d in range(n_dirs)], out=grad_m)  # grad_h W_proj
-            grad_c = torch.addcmul(cell_grad, grad_m, through_tanh[:, step])  # (D, B, C)
-            if cell_mask is not None:
-                grad_c.mul_(cell_mask[:, step])
-            step_factors, step_grads = factors[:, step], grad_gates[:, step]  # (D, B, 4, C)
-            torch.mul(step_factors[:, :, :2], grad_c.unsqueeze(2), out=step_grads[:, :, :2])
-            torch.mul(step_factors[:, :, 2], grad_m, out=step_grads[:, :, 2])
-            torch.mul(step_factors[:, :, 3], grad_c, out=step_grads[:, :, 3])
-            cell_grad = grad_c.mul_(forget_gate[:, step])
+            step_grads = grad_gates[:, step]  # (D, B, 4, C)
+            cell_grad = backward_cell(grad_m, cell_grad, through_tanh[:, step], factors[:, step], forget_gate[:, step],
+                                      None if cell_mask is None else cell_mask[:, step], step_grads)
             recurrent_grad = torch.stack([linear(step_grads[d].view(n_rows, 4 * cell_dim), recurrent_weight[d].mT)
                                           for d in range(n_dirs)])  # (D, B, P): grad_g W_rec
         flat_gates = grad_gates.view(n_dirs, n_steps * n_rows, 4 * cell_dim)  # (D, U*B, 4C)
@@ -140,6 +119,64 @@ class LstmLayerFunction(torch.autograd.Function):
             n_dirs, lambda d: matmul(flat_grad_hiddens[d].mT, flat_outputs[d]))
         return (grad_inputs, recurrent_grad, cell_grad, grad_input_weight,
                 grad_recurrent_weight, grad_bias, grad_projection, None, None)
+
+
+def forward_cell(gates: list[torch.Tensor], acts: torch.Tensor, cell_prev: torch.Tensor, cell_next: torch.Tensor,
+                 tanh_cell: torch.Tensor, cell_output: torch.Tensor, cell_clip: float) -> None:
+    """A step's elementwise work forward, both directions, into the pass's buffers.
+
+    gates[d] (B, 4C): direction d's G_t + h_{t-1} W_rec^T. Writes acts (D, B, 4C) = (σ(i), σ(f), σ(o),
+    tanh(j)), cell_next c_t = clip(f * c_{t-1} + i * j) (D, B, C), tanh_cell tanh(c_t) and
+    cell_output m_t = o * tanh(c_t).
+    """
+    three = 3 * cell_prev.shape[-1]
+    for d, pre in enumerate(gates):
+        torch.sigmoid(pre[:, :three], out=acts[d, :, :three])
+        torch.tanh(pre[:, three:], out=acts[d, :, three:])
+    input_gate, forget_gate, output_gate, candidate = acts.chunk(4, dim=-1)
+    new_cell = torch.mul(forget_gate, cell_prev, out=cell_next).addcmul_(input_gate, candidate)
+    if cell_clip:
+        new_cell.clamp_(-cell_clip, cell_clip)
+    torch.mul(output_gate, torch.tanh(new_cell, out=tanh_cell), out=cell_output)
+
+
+def gate_factors(acts: torch.Tensor, cells: torch.Tensor, tanh_cells: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """What multiplies each gate's gradient, times its activation's derivative, all steps at once:
+    i <- dc * j, f <- dc * c_{t-1}, o <- dm * tanh(c_t), j <- dc * i; and o * (1 - tanh(c_t)^2), which
+    carries dm_t into dc_t.
+
+    acts (D, U, B, 4C), cells c_0 .. c_U (D, U+1, B, C), tanh_cells (D, U, B, C)
+    -> factors (D, U, B, 4, C), through_tanh (D, U, B, C)
+    """
+    n_dirs, n_steps, n_rows, cell_dim = tanh_cells.shape
+    input_gate, forget_gate, output_gate, candidate = acts.chunk(4, dim=-1)
+    factors = torch.cat([
+        candidate * input_gate * (1 - input_gate),
+        cells[:, :-1] * forget_gate * (1 - forget_gate),
+        tanh_cells * output_gate * (1 - output_gate),
+        input_gate * (1 - candidate * candidate),
+    ], dim=-1).view(n_dirs, n_steps, n_rows, 4, cell_dim)
+    return factors, output_gate * (1 - tanh_cells * tanh_cells)
+
+
+def backward_cell(grad_m: torch.Tensor, cell_grad: torch.Tensor, through_tanh: torch.Tensor, factors: torch.Tensor,
+                  forget_gate: torch.Tensor, cell_mask: torch.Tensor | None, step_grads: torch.Tensor
+                  ) -> torch.Tensor:
+    """A step's elementwise work backward, both directions: the gate gradients into step_grads
+    (D, B, 4, C); returns dL/dc_{t-1} (D, B, C).
+
+    grad_m dL/dm_t and cell_grad the cell gradient carried from step t+1 (D, B, C); through_tanh,
+    factors and forget_gate: step t of `gate_factors` and of f; cell_mask: where c_t was not
+    clipped (1.0), or None without clipping.
+    """
+    grad_c = torch.addcmul(cell_grad, grad_m, through_tanh)
+    if cell_mask is not None:
+        grad_c.mul_(cell_mask)
+    torch.mul(factors[:, :, :2], grad_c.unsqueeze(2), out=step_grads[:, :, :2])
+    torch.mul(factors[:, :, 2], grad_m, out=step_grads[:, :, 2])
+    torch.mul(factors[:, :, 3], grad_c, out=step_grads[:, :, 3])
+    return grad_c.mul_(forget_gate)
 
 
 def _per_direction(n_dirs: int, product: Callable[[int], torch.Tensor]) -> torch.Tensor:
