@@ -35,7 +35,7 @@ def write_columns(path, sentences, separator="\t", iob1=False):
 
 
 def train(capsys, *args) -> dict:
-    assert main(["task", "train", *args, *TINY]) == 0
+    assert main(["task", "train", *args, *TINY, "--json"]) == 0
     captured = capsys.readouterr()
     return json.loads(captured.out.strip().splitlines()[-1]) | {"stderr": captured.err}
 
@@ -72,7 +72,7 @@ def test_ner_round_trip_without_elmo(tmp_path, ner_files, capsys, monkeypatch):
     output = tmp_path / "predicted.conll"
     assert main(["task", "predict", str(run), str(ner_files["test"]), "-o", str(output), "--no-progress"]) == 0
     examples, _ = read_examples(ner_files["test"], "tagger", resolve_format(ner_files["test"], "tagger"), True)
-    _, eval_predictions = load(run).evaluate(examples)
+    eval_predictions = load(run).evaluate(examples).predictions
     assert column_labels(output) == eval_predictions
     # the predicted file reads back as gold: scoring it against the model gives 100
     assert eval_json(capsys, run, output)["f1"] == pytest.approx(100.0)
@@ -83,7 +83,7 @@ def test_predict_formats_and_api(tmp_path, ner_files, capsys):
     train(capsys, "--task", "ner", "--train", str(ner_files["train"]), "--dev", str(ner_files["dev"]),
           "--out", str(run), "--model", "none", "--max-epochs", "2")
     sentences = [["mr", "smith", "sees", "new", "york"], ["the", "dog"]]
-    expected = load(run).predict(sentences)
+    expected = load(run).predict_labels(sentences)
     assert [len(row) for row in expected] == [5, 2]
     raw = tmp_path / "raw.txt"
     raw.write_text("mr smith sees new york\nthe dog\n", encoding="utf-8")
@@ -101,7 +101,7 @@ def test_predict_formats_and_api(tmp_path, ner_files, capsys):
     assert main(["task", "predict", str(run), str(raw), "--tokenize", "--jsonl", "--no-progress"]) == 0
     assert json.loads(capsys.readouterr().out)["tokens"] == ["Mr", "smith", ",", "sees", "new", "york", "."]
     with pytest.raises(ValueError, match="sentence 1 must be a non-empty list"):
-        load(run).predict([["a"], []])
+        load(run).predict_labels([["a"], []])
 
 
 def test_round_trip_with_the_tiny_bilm_and_its_fingerprint(tiny_model, tmp_path, ner_files, capsys):
@@ -111,21 +111,22 @@ def test_round_trip_with_the_tiny_bilm_and_its_fingerprint(tiny_model, tmp_path,
     trained = train(capsys, "--task", "ner", "--train", str(ner_files["train"]), "--dev", str(ner_files["dev"]),
                     "--test", str(ner_files["test"]), "--out", str(run), "--model", str(model_dir))
     saved = json.loads((run / "task_config.json").read_text())
-    assert saved["bilm"]["path"] == str(model_dir.resolve()) and len(saved["bilm"]["fingerprint"]) == 16
+    assert saved["bilm"]["path"] == "../bilm" and saved["bilm"]["absolute_path"] == str(model_dir.resolve())
+    assert len(saved["bilm"]["fingerprint"]) == 16
     assert saved["chars"][:2] == ["<pad>", "<unk>"] and saved["labels"] == ["B-LOC", "B-PER", "I-LOC", "O"]
     assert eval_json(capsys, run, ner_files["test"])["f1"] == pytest.approx(trained["test"]["f1"])
     output = tmp_path / "predicted.jsonl"
     assert main(["task", "predict", str(run), str(ner_files["test"]), "-o", str(output), "--jsonl",
                  "--no-progress"]) == 0
     examples, _ = read_examples(ner_files["test"], "tagger", resolve_format(ner_files["test"], "tagger"), True)
-    _, eval_predictions = load(run).evaluate(examples)
+    eval_predictions = load(run).evaluate(examples).predictions
     assert [json.loads(line)["labels"] for line in output.read_text().splitlines()] == eval_predictions
     # another biLM saved at the same path: loading the run is an error, not other vectors
     with torch.no_grad():
         next(tiny_model.parameters()).add_(0.01)  # any change to its weights
     save_pretrained(tiny_model, model_dir)
     assert main(["task", "predict", str(run), str(ner_files["test"]), "--no-progress"]) == 2
-    assert f"the biLM at {model_dir.resolve()} changed since this run was trained" in capsys.readouterr().err
+    assert f"the biLM at {model_dir.resolve()} is not the one this run was trained with" in capsys.readouterr().err
 
 
 def test_classify_tsv_round_trip(tmp_path, capsys):
@@ -144,10 +145,10 @@ def test_classify_tsv_round_trip(tmp_path, capsys):
     assert main(["task", "predict", str(run), str(files["test"]), "-o", str(output), "--no-progress"]) == 0
     predicted = [line.split("\t") for line in output.read_text().splitlines()]
     examples, _ = read_examples(files["test"], "classifier", resolve_format(files["test"], "classifier"))
-    assert [row[0] for row in predicted] == load(run).evaluate(examples)[1]
+    assert [row[0] for row in predicted] == load(run).evaluate(examples).predictions
     assert [row[1] for row in predicted] == [line.split("\t")[1] for line in files["test"].read_text().splitlines()]
     assert main(["task", "eval", str(run), str(files["test"]), "--no-progress"]) == 0
-    assert capsys.readouterr().out.startswith(f"{files['test']}: accuracy {trained['test']['accuracy']:.2f}%")
+    assert capsys.readouterr().out.startswith(f"{files['test']} (40 sentences): accuracy {trained['test']['accuracy']:.2f}%")
 
 
 def test_pos_conllu_column_round_trip(tmp_path, capsys):

@@ -226,7 +226,7 @@ def test_cli_task_train_eval_probe(tiny_model, tmp_path, capsys):
                          f"2\tbank\tbank\tNN\tbank%1:1{doc % 2}:00::\t_\n3\tran_off\trun_off\tVB\trun_off%2:38:00::\t_\n\n")
     run = tmp_path / "run"
     assert main(["task", "train", "--task", "pos", "--model", str(model_dir), "--out", str(run),
-                 "--data-dir", str(data), "--max-epochs", "2", "--no-progress", "--hidden-dim", "16"]) == 0
+                 "--data-dir", str(data), "--max-epochs", "2", "--no-progress", "--hidden-dim", "16", "--json"]) == 0
     trained = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert trained["elmo"] and (run / "results.json").is_file()
     assert main(["task", "eval", str(run), "--split", "dev", "--json", "--no-progress"]) == 0

@@ -56,12 +56,13 @@ def load_source(source: Path, last: bool = False):
 
 def run(args: argparse.Namespace) -> int:
     from elmokit.training.checkpoint import PROVENANCE_NAME, VOCAB_NAME, save_model_dir
+    from elmokit.training.model_card import CARD_NAME
     from elmokit.io import refuse_overwrite
     from elmokit.model.weights import CONFIG_NAME, WEIGHTS_NAME, save_original
 
     if args.original is None and args.native is None:
         raise ValueError("nothing to do: give --original OPTIONS_JSON WEIGHTS_HDF5 and/or --native DIR")
-    native = [args.native / name for name in (CONFIG_NAME, WEIGHTS_NAME, VOCAB_NAME, PROVENANCE_NAME)] \
+    native = [args.native / name for name in (CONFIG_NAME, WEIGHTS_NAME, VOCAB_NAME, PROVENANCE_NAME, CARD_NAME)] \
         if args.native is not None else []
     refuse_overwrite([*(args.original or []), *native], args.overwrite)  # before anything is written
     model, vocab_path, card = load_source(args.source, args.last)
@@ -75,7 +76,17 @@ def run(args: argparse.Namespace) -> int:
 
         (args.native / PROVENANCE_NAME).unlink(missing_ok=True)  # it would describe the replaced model
         save_model_dir(model, args.native, vocab_path, card, softmax=not args.no_softmax,
-                       dtype=getattr(torch, args.dtype))
+                       dtype=getattr(torch, args.dtype), command=export_command(args))
         kept = "without the softmax" if args.no_softmax else "with the softmax"
-        print(f"wrote {args.native} (native format {kept}, {args.dtype}, and vocab.txt)")
+        print(f"wrote {args.native} (native format {kept}, {args.dtype}, vocab.txt, and its model card "
+              f"{CARD_NAME})")
     return 0
+
+
+def export_command(args: argparse.Namespace) -> str:
+    """The `elmo export` command that writes --native as these arguments do (for its model card)."""
+    import shlex
+
+    words = ["elmo", "export", str(args.source), *(["--last"] if args.last else []), "--native", str(args.native)]
+    words += [*(["--no-softmax"] if args.no_softmax else []), *(["--dtype", args.dtype] if args.dtype != "float32" else [])]
+    return shlex.join(words)

@@ -4,33 +4,17 @@ with or without ELMo, scoring and predicting files with a trained run, and layer
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from pathlib import Path
 
-from elmokit.devices import DEVICE_HELP, DTYPES
+from elmokit.devices import DEVICE_HELP
 from elmokit.tasks.formats import CONLLU_COLUMNS, FORMATS
-from elmokit.tasks.task_config import DATA_DIR_VARIABLE, DEFAULT_DATA_DIR, TASKS, TaskConfig
+from elmokit.tasks.task_config import DEFAULT_DATA_DIR
 
 
-OPTIONS = [  # (TaskConfig field, type, help)
-    ("max_epochs", int, "stop after this many epochs"),
-    ("patience", int, "stop after this many epochs without a better dev score"),
-    ("batch_size", int, "sentences a batch"),
-    ("word_dim", int, "size of the task's own (randomly initialised) word vectors"),
-    ("hidden_dim", int, "BiLSTM hidden size a direction"),
-    ("min_word_count", int, "task vocabulary: words seen at least this often in train"),
-    ("max_train_sentences", int, "train on a fixed random subset of this many sentences"),
-    ("max_eval_sentences", int, "score dev and test on fixed subsets of this many sentences"),
-    ("lr", float, "Adam learning rate of the task model"),
-    ("dropout", float, "dropout on the BiLSTM input and output"),
-    ("elmo_dropout", float, "dropout on the ELMo representation"),
-    ("elmo_l2", float, "lambda of the L2 penalty on the scalar-mix weights (Peters et al. 2018)"),
-    ("bilm_lr", float, "learning rate of the biLM with --finetune"),
-    ("char_dim", int, "char CNN: character embedding size"),
-    ("char_filters", int, "char CNN: filters (the size of its word vectors)"),
-    ("char_width", int, "char CNN: convolution width in characters (odd)"),
-]
+MODEL_HELP = ("the run's biLM, where the run no longer finds it (moved, or another installation): a name "
+              "(gutenberg-en) or a model directory; it must be the model the run was trained with (its "
+              "fingerprint is checked). Default: the one the run records")
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
@@ -47,51 +31,32 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 
 def _register_train(actions: argparse._SubParsersAction) -> None:
+    from elmokit.tasks.options import REQUIRED, config_fields, default_value, flag
+
     parser = actions.add_parser(
         "train", help="train a task model (early stopping on dev)",
         description="Train on --train with early stopping on --dev, then score dev and --test; without "
                     "files, --task ner/pos/sst5/sst2 read their bundled data set under --data-dir. Files "
                     f"may be {', '.join(FORMATS[:-1])} (detected, or named with --format); entity tags "
                     "in IOB1, BIO or BIOES are read as BIO. Writes OUT/metrics.jsonl (one line an epoch), "
-                    "OUT/results.json, and the self-contained model: OUT/task_config.json and "
-                    "OUT/task_model.safetensors.")
-    defaults = TaskConfig()
-    parser.add_argument("--task", required=True, choices=sorted(TASKS),
-                        help="ner (span F1, char CNN + CRF), pos (any token tagging, accuracy), classify "
-                             "(one label a sentence), or a bundled data set: sst5, sst2")
-    parser.add_argument("--train", dest="train_file", type=Path, help="training file")
-    parser.add_argument("--dev", dest="dev_file", type=Path, help="development file (picks the epoch to keep)")
-    parser.add_argument("--test", dest="test_file", type=Path, help="test file, scored once at the end")
-    parser.add_argument("--format", dest="data_format", choices=("auto", *FORMATS[:-1]), default="auto",
-                        help="format of the files (default: detected from each file)")
-    parser.add_argument("--column", choices=CONLLU_COLUMNS[1:], default=defaults.column,
-                        help=f"CoNLL-U: the column to predict (default {defaults.column})")
-    parser.add_argument("--model", default=None,
-                        help="biLM directory for ELMo (default: the built-in model), or 'none' for the "
-                             "model without ELMo")
-    parser.add_argument("--out", required=True, type=Path, help="run directory to write (new or empty)")
+                    "OUT/results.json, OUT/README.md (the model card) and the self-contained model: "
+                    "OUT/task_config.json and OUT/task_model.safetensors; prints a table of the scores "
+                    "(--json: the results as one JSON object). Every option is also a keyword of "
+                    "elmokit.tasks.train() in Python (--max-epochs 5: max_epochs=5).")
+    for spec in config_fields():  # every field of TaskConfig is an option (elmokit.tasks.options)
+        meta, default = spec.metadata, default_value(spec)
+        shown = "" if spec.name in REQUIRED or default is None else f" (default {default})"
+        kind = {"int": int, "float": float}.get(spec.type.split(" ")[0], str)
+        if spec.type.startswith("bool"):
+            parser.add_argument(flag(spec), dest=spec.name, action=argparse.BooleanOptionalAction, default=default,
+                                help=meta["help"] + shown)
+        else:
+            metavar = None if meta["choices"] else flag(spec)[2:].upper().replace("-", "_")
+            parser.add_argument(flag(spec), dest=spec.name, type=kind, choices=meta["choices"], metavar=metavar,
+                                required=spec.name in REQUIRED, default=None if spec.name in REQUIRED else default,
+                                help=meta["help"] + shown)
     parser.add_argument("--overwrite", action="store_true", help="replace what OUT already holds (an earlier run)")
-    parser.add_argument("--seed", type=int, default=defaults.seed, help=f"random seed (default {defaults.seed})")
-    parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR,
-                        help=f"folder of the bundled data sets (default {DEFAULT_DATA_DIR}, or ${DATA_DIR_VARIABLE})")
-    for name, kind, text in OPTIONS:
-        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=getattr(defaults, name),
-                            help=f"{text} (default {getattr(defaults, name)})")
-    parser.add_argument("--elmo-at-output", action="store_true", help="also concatenate a second mix to the BiLSTM output")
-    parser.add_argument("--crf", action=argparse.BooleanOptionalAction, default=None,
-                        help="CRF output layer for taggers (default: on for NER, off for POS)")
-    parser.add_argument("--chars", action=argparse.BooleanOptionalAction, default=None,
-                        help="char CNN word encoder in the tagger (default: on for NER, off for POS)")
-    parser.add_argument("--pooling", choices=("max", "mean"), default="max", help="sentence pooling (default max)")
-    parser.add_argument("--finetune", action="store_true", help="fine-tune the biLM (with --bilm-lr)")
-    parser.add_argument("--cache-dir", help="keep the frozen biLM's layers here to share between runs")
-    parser.add_argument("--threads", type=int, help="torch threads (default: torch's; 1 is best for small models)")
-    parser.add_argument("--device", default=defaults.device,
-                        help=f"where the biLM and the task model run: {DEVICE_HELP} (default {defaults.device})")
-    parser.add_argument("--bilm-dtype", choices=sorted(DTYPES), default=defaults.bilm_dtype,
-                        help="the frozen biLM's products in bfloat16 (faster on CPUs with AVX512-BF16 and on "
-                             f"GPUs, not exact) or float32 (default {defaults.bilm_dtype})")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars (epoch lines are still printed)")
+    parser.add_argument("--json", action="store_true", help="print the results as one JSON object instead of a table")
     parser.set_defaults(func=run_train)
 
 
@@ -110,6 +75,7 @@ def _register_eval(actions: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--data-dir", help="data folder (default: the one the run was trained with)")
     parser.add_argument("--max-sentences", type=int, help="score only a fixed subset of this many sentences")
+    parser.add_argument("--model", help=MODEL_HELP)
     parser.add_argument("--device", help=f"where to run: {DEVICE_HELP} (default: cpu)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=run_eval)
@@ -130,6 +96,7 @@ def _register_predict(actions: argparse._SubParsersAction) -> None:
     parser.add_argument("--column", choices=CONLLU_COLUMNS[1:], help="CoNLL-U: the column to fill (default: the run's)")
     parser.add_argument("--tokenize", action="store_true", help="raw text: split it with the Moses tokenizer")
     parser.add_argument("--jsonl", action="store_true", help="write JSON Lines ({tokens, labels} or {tokens, label})")
+    parser.add_argument("--model", help=MODEL_HELP)
     parser.add_argument("--device", help=f"where to run: {DEVICE_HELP} (default: cpu)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run_predict)
@@ -157,56 +124,34 @@ def _register_probe(actions: argparse._SubParsersAction) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from elmokit.io import refuse_overwrite, removed_if_unfinished
-    from elmokit.tasks.train import train_task
+    from elmokit.tasks.api import train_into
+    from elmokit.tasks.card import results_table
+    from elmokit.tasks.options import config_fields, config_from_values
 
-    if args.out.exists() and not args.out.is_dir():
-        raise FileExistsError(f"--out {args.out} is a file; give the directory to write the run in")
-    refuse_overwrite(sorted(args.out.iterdir()) if args.out.is_dir() else [], args.overwrite,
-                     f"a run in --out {args.out}")
-    names = {spec.name for spec in dataclasses.fields(TaskConfig)}
-    values = {name: value for name, value in vars(args).items() if name in names}
-    if args.model is None:
-        from elmokit.model.builtin import builtin_model_dir
-
-        model = str(builtin_model_dir())
+    config = config_from_values({spec.name: getattr(args, spec.name) for spec in config_fields()})
+    results = train_into(config, args.overwrite)
+    if args.json:
+        print(json.dumps({name: value for name, value in results.items() if name != "config"}))
     else:
-        model = None if args.model.lower() == "none" else args.model
-    values.update(model=model, out=str(args.out),
-                  progress=not args.no_progress)
-    with removed_if_unfinished(args.out, keep_if="results.json"):  # a failed run leaves nothing half-made
-        results = train_task(TaskConfig(**values))
-    print(json.dumps({name: value for name, value in results.items() if name != "config"}))
+        print(results_table(results, config.out))
     return 0
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    from elmokit.tasks.card import format_scores
     from elmokit.tasks.run import evaluate_run, load
 
     if args.file is None:
         scores = evaluate_run(args.run, args.split, args.data_dir, args.max_sentences, progress=not args.no_progress,
-                              device=args.device)
+                              device=args.device, bilm=args.model)
         scored = {"run": str(args.run), "split": args.split, **scores}
     else:
-        run = load(args.run, args.device)
+        run = load(args.run, args.device, args.model)
         examples, info = run.read_file(args.file, args.data_format, args.column)
-        scores = run.evaluate(examples, progress=not args.no_progress)[0]
+        scores = run.evaluate(examples, progress=not args.no_progress).scores
         scored = {"run": str(args.run), "file": str(args.file), "n": len(examples), **info, **scores}
     print(json.dumps(scored) if args.json else format_scores(scored))
     return 0
-
-
-def format_scores(scored: dict) -> str:
-    """The scores as lines a person reads: overall, then a P/R/F1 table by entity type."""
-    source = scored.get("file") or f"{scored['split']} split"
-    if "accuracy" in scored:
-        return f"{source}: accuracy {scored['accuracy']:.2f}%"
-    lines = [f"{source}: span F1 {scored['f1']:.2f}, precision {scored['precision']:.2f}, "
-             f"recall {scored['recall']:.2f}", f"{'type':<16} {'P':>7} {'R':>7} {'F1':>7} {'gold':>6} {'pred':>6}"]
-    for name, s in scored["per_type"].items():
-        lines.append(f"{name:<16} {s['precision']:7.2f} {s['recall']:7.2f} {s['f1']:7.2f} "
-                     f"{s['n_gold']:6d} {s['n_predicted']:6d}")
-    return "\n".join(lines)
 
 
 def run_predict(args: argparse.Namespace) -> int:
@@ -217,7 +162,7 @@ def run_predict(args: argparse.Namespace) -> int:
     from elmokit.tasks.run import load
 
     refuse_overwrite([args.output] if args.output is not None else [], args.overwrite)
-    run = load(args.run, args.device)
+    run = load(args.run, args.device, args.model)
     done = predict_file(run, args.input, args.output, args.data_format, args.column, args.tokenize, args.jsonl,
                         progress=not args.no_progress)
     if args.output is not None:

@@ -1,4 +1,5 @@
-"""A linear-chain CRF: the forward algorithm (log-partition), the score of a tag path, Viterbi.
+"""A linear-chain CRF: the forward algorithm (log-partition), the score of a tag path, Viterbi,
+and each position's tag marginals (forward-backward).
 
 Vectorised over the batch; the only loop is over time. Sequences are right-padded and every row
 has at least one real position (mask[:, 0] is true).
@@ -44,6 +45,30 @@ class CRF(nn.Module):
     def neg_log_likelihood(self, emissions: torch.Tensor, tags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Mean over the batch of -log p(tags | emissions)."""
         return (self.log_partition(emissions, mask) - self.path_score(emissions, tags, mask)).mean()
+
+    @torch.no_grad()
+    def marginals(self, emissions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """p(y_t = k | x) at every real position, by forward-backward: emissions (B, T, K), mask
+        (B, T) -> (B, T, K), each real position's row summing to 1, zero at padding.
+
+        alpha_t(k) = log sum of the scores of the paths up to t that end in k (as `log_partition`);
+        beta_t(k) = log sum of the scores of the continuations from k at t to the end (end[k] at the
+        last real position); p(y_t = k) = exp(alpha_t(k) + beta_t(k) - log Z)."""
+        alpha = self.start + emissions[:, 0]  # (B, K)
+        alphas = [alpha]
+        for t in range(1, emissions.shape[1]):
+            scores = alpha.unsqueeze(2) + self.transitions + emissions[:, t].unsqueeze(1)  # (B, K, K)
+            alpha = torch.where(mask[:, t:t + 1], torch.logsumexp(scores, dim=1), alpha)
+            alphas.append(alpha)
+        beta = self.end.expand_as(alpha)  # (B, K): a padded row keeps end[k] back to its last real position
+        betas = [beta]
+        for t in range(emissions.shape[1] - 1, 0, -1):
+            scores = self.transitions + (emissions[:, t] + beta).unsqueeze(1)  # (B, K from, K to)
+            beta = torch.where(mask[:, t:t + 1], torch.logsumexp(scores, dim=2), beta)
+            betas.append(beta)
+        log_z = torch.logsumexp(alpha + self.end, dim=1)  # (B,)
+        log_marginals = torch.stack(alphas, 1) + torch.stack(betas[::-1], 1) - log_z[:, None, None]  # (B, T, K)
+        return log_marginals.exp() * mask.unsqueeze(-1)
 
     @torch.no_grad()
     def viterbi(self, emissions: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:

@@ -134,7 +134,7 @@ def _predict_records(run, records: Iterator[Record], writer: PredictionWriter, b
     bar = tqdm(desc="predict", unit="sent", disable=not progress)
     n = 0
     for chunk in chunks(records, CHUNK_BATCHES * batch_size):
-        predictions = run.predict([record.tokens for record in chunk], batch_size)
+        predictions = run.predict_labels([record.tokens for record in chunk], batch_size)
         for record, prediction in zip(chunk, predictions):
             writer.write(record, prediction)
         n += len(chunk)

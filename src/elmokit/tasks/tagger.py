@@ -39,8 +39,13 @@ class Tagger(nn.Module):
     @torch.no_grad()
     def predict(self, batch: Batch) -> list[list[int]]:
         """The predicted tag ids of each sentence (its real length)."""
-        emissions = self(batch)
+        return self.decode(self(batch), batch.mask)
+
+    @torch.no_grad()
+    def decode(self, emissions: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
+        """emissions (B, T, K), mask (B, T) -> the best tag ids of each sentence: the Viterbi path
+        with a CRF, else each token's best tag."""
         if self.crf is not None:
-            return self.crf.viterbi(emissions, batch.mask)
+            return self.crf.viterbi(emissions, mask)
         best = emissions.argmax(dim=-1).tolist()
-        return [row[:n] for row, n in zip(best, batch.mask.sum(dim=1).tolist())]
+        return [row[:n] for row, n in zip(best, mask.sum(dim=1).tolist())]

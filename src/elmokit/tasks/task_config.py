@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from elmokit.devices import DTYPES, check_device_name
+from elmokit.devices import DEVICE_HELP, DTYPES, check_device_name
 from elmokit.tasks.formats import CONLLU_COLUMNS, FORMATS
 
 DATA_DIR_VARIABLE = "ELMOKIT_DATA_DIR"
@@ -40,51 +40,64 @@ TASKS = {
 }
 
 
+def task_option(default, help: str, flag: str | None = None, choices: tuple | None = None):
+    """A TaskConfig field that is also an option of `elmo task train` (`--FLAG`, by default the
+    field's name with dashes) and a keyword of `elmokit.tasks.train` (the flag with underscores):
+    the command line and the Python function are both generated from the fields."""
+    return field(default=default, metadata={"help": help, "flag": flag, "choices": choices})
+
+
 @dataclass
 class TaskConfig:
     """Everything that defines a task run; saved in OUT/task_config.json.
 
     The data are the files `train_file`, `dev_file` (and optionally `test_file`) in any format
     `elmokit.tasks.formats` reads, or, when they are not given, the preset's files under `data_dir`.
-    Paths are stored absolute, so that a run directory can be used from anywhere.
+    Paths are stored absolute, so that a run directory can be used from anywhere. Every field is an
+    option of `elmo task train` and a keyword of `elmokit.tasks.train` (`task_option`).
     """
 
-    task: str = "pos"
-    model: str | None = None  # biLM directory; None = no ELMo
-    out: str = "runs/task"
-    seed: int = 1
-    data_dir: str = DEFAULT_DATA_DIR
-    train_file: str | None = None
-    dev_file: str | None = None
-    test_file: str | None = None
-    data_format: str = "auto"  # one of formats.FORMATS, or auto-detected from each file
-    column: str = "upos"  # CoNLL-U: the column that holds the label
-    max_epochs: int = 50
-    patience: int = 5
-    batch_size: int = 32
-    lr: float = 0.001
-    word_dim: int = 100
-    hidden_dim: int = 128
-    dropout: float = 0.5
-    min_word_count: int = 2
-    chars: bool | None = None  # char CNN word encoder; None: the task's default (NER yes)
-    char_dim: int = 30
-    char_filters: int = 50
-    char_width: int = 3
-    elmo_dropout: float = 0.5
-    elmo_l2: float = 0.001  # lambda of Peters et al. (2018) §3.3
-    elmo_at_output: bool = False
-    crf: bool | None = None  # None: the task's default (NER yes, POS no)
-    pooling: str = "max"
-    finetune: bool = False
-    bilm_lr: float = 1e-4
-    max_train_sentences: int | None = None  # subsample (the same subset for every seed)
-    max_eval_sentences: int | None = None
-    cache_dir: str | None = None  # share the frozen biLM's layers between runs
-    threads: int | None = None  # torch intra-op threads; 1 is fastest for small models on a busy CPU
-    device: str = "cpu"  # where the biLM and the task model run: cpu, cuda, cuda:N, auto
-    bilm_dtype: str = "float32"  # the frozen biLM's products: float32, or bfloat16 (faster, not exact)
-    progress: bool = True
+    task: str = task_option("pos", "ner (span F1, char CNN + CRF), pos (any token tagging, accuracy), classify "
+                            "(one label a sentence), or a bundled data set: sst5, sst2", choices=tuple(sorted(TASKS)))
+    model: str | None = task_option(
+        None, "the biLM whose layers feed the task model: gutenberg-en (the built-in model), a published "
+        "name, or a model directory; none for the model without ELMo")
+    out: str = task_option("runs/task", "run directory to write (new or empty)")
+    seed: int = task_option(1, "random seed")
+    data_dir: str = task_option(DEFAULT_DATA_DIR, f"folder of the bundled data sets (or ${DATA_DIR_VARIABLE})")
+    train_file: str | None = task_option(None, "training file", flag="train")
+    dev_file: str | None = task_option(None, "development file (picks the epoch to keep)", flag="dev")
+    test_file: str | None = task_option(None, "test file, scored once at the end", flag="test")
+    data_format: str = task_option("auto", "format of the files (auto: detected from each file)", flag="format",
+                                   choices=("auto", *FORMATS[:-1]))
+    column: str = task_option("upos", "CoNLL-U: the column that holds the label", choices=CONLLU_COLUMNS[1:])
+    max_epochs: int = task_option(50, "stop after this many epochs")
+    patience: int = task_option(5, "stop after this many epochs without a better dev score")
+    batch_size: int = task_option(32, "sentences a batch")
+    lr: float = task_option(0.001, "Adam learning rate of the task model")
+    word_dim: int = task_option(100, "size of the task's own (randomly initialised) word vectors")
+    hidden_dim: int = task_option(128, "BiLSTM hidden size a direction")
+    dropout: float = task_option(0.5, "dropout on the BiLSTM input and output")
+    min_word_count: int = task_option(2, "task vocabulary: words seen at least this often in train")
+    chars: bool | None = task_option(None, "char CNN word encoder in the tagger (default: on for NER, off for POS)")
+    char_dim: int = task_option(30, "char CNN: character embedding size")
+    char_filters: int = task_option(50, "char CNN: filters (the size of its word vectors)")
+    char_width: int = task_option(3, "char CNN: convolution width in characters (odd)")
+    elmo_dropout: float = task_option(0.5, "dropout on the ELMo representation")
+    elmo_l2: float = task_option(0.001, "lambda of the L2 penalty on the scalar-mix weights (Peters et al. 2018)")
+    elmo_at_output: bool = task_option(False, "also concatenate a second mix to the BiLSTM output")
+    crf: bool | None = task_option(None, "CRF output layer for taggers (default: on for NER, off for POS)")
+    pooling: str = task_option("max", "sentence pooling of the classifier", choices=("max", "mean"))
+    finetune: bool = task_option(False, "fine-tune the biLM (with --bilm-lr)")
+    bilm_lr: float = task_option(1e-4, "learning rate of the biLM with --finetune")
+    max_train_sentences: int | None = task_option(None, "train on a fixed random subset of this many sentences")
+    max_eval_sentences: int | None = task_option(None, "score dev and test on fixed subsets of this many sentences")
+    cache_dir: str | None = task_option(None, "keep the frozen biLM's layers here to share between runs")
+    threads: int | None = task_option(None, "torch threads (default: torch's; 1 is best for small models)")
+    device: str = task_option("cpu", f"where the biLM and the task model run: {DEVICE_HELP}")
+    bilm_dtype: str = task_option("float32", "the frozen biLM's products in bfloat16 (faster on CPUs with "
+                                  "AVX512-BF16 and on GPUs, not exact) or float32", choices=tuple(sorted(DTYPES)))
+    progress: bool = task_option(True, "progress bars (epoch lines are printed either way)")
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:

@@ -23,15 +23,16 @@ from tqdm import tqdm
 
 from elmokit.io import atomic_path, atomic_write_text
 from elmokit.model.bilm import BiLM
+from elmokit.training.model_card import software_versions
+from elmokit.tasks.bilm_ref import bilm_record, open_bilm
+from elmokit.tasks.card import write_run_card
 from elmokit.tasks.charcnn import CharWordEncoder
 from elmokit.tasks.classifier import Classifier
 from elmokit.tasks.data import TaskData, Vocabularies, gold_labels, load_splits  # noqa: F401 (re-exported)
 from elmokit.tasks.encoder import ContextEncoder
-from elmokit.model.weights import model_fingerprint
 from elmokit.tasks.scores import score_predictions
 from elmokit.tasks.tagger import Tagger
 from elmokit.tasks.task_config import DEFAULT_DATA_DIR, SPLITS, TASKS, TaskConfig  # noqa: F401 (re-exported)
-from elmokit.model.weights import load_model
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,7 +159,7 @@ def train_task(config: TaskConfig, bilm: BiLM | None = None, data: TaskData | No
     start_cpu, start_wall = time.process_time(), time.perf_counter()
     out = Path(config.out)
     if bilm is None and config.model is not None:
-        bilm = load_model(config.model)
+        bilm = open_bilm(config.model)
     frozen_bilm = bilm
     if config.finetune:
         bilm = copy.deepcopy(bilm).train().requires_grad_(True)
@@ -196,8 +197,10 @@ def train_task(config: TaskConfig, bilm: BiLM | None = None, data: TaskData | No
         "n_train": len(data.splits["train"]),
         "config": asdict(config),
     }
-    save_run(model, config, data.vocabularies, frozen_bilm, out)
+    record = save_run(model, config, data.vocabularies, frozen_bilm, out)
     atomic_write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
+    write_run_card(out, config, results, record, frozen_bilm, {s: len(e) for s, e in data.splits.items()},
+                   data.vocabularies.labels)
     return results
 
 
@@ -207,15 +210,15 @@ def train_task(config: TaskConfig, bilm: BiLM | None = None, data: TaskData | No
 RUN_CONFIG, RUN_WEIGHTS = "task_config.json", "task_model.safetensors"
 
 
-def save_run(model, config: TaskConfig, vocabularies: Vocabularies, bilm: BiLM | None, out: Path) -> None:
+def save_run(model, config: TaskConfig, vocabularies: Vocabularies, bilm: BiLM | None, out: Path) -> dict | None:
     """The task's own weights and everything needed to rebuild it. A frozen biLM is not copied:
-    its directory and a fingerprint of its weights are recorded, and checked when the run is loaded."""
+    its name (or its path, relative to the run) and a fingerprint of its weights are recorded
+    (`elmokit.tasks.bilm_ref`), and checked when the run is loaded. Returns that record."""
     tensors = {name: t.detach().cpu().contiguous() for name, t in model.state_dict().items()}
     with atomic_path(out / RUN_WEIGHTS) as tmp:
         save_file(tensors, str(tmp))
-    record = None
-    if config.model is not None:
-        record = {"path": str(Path(config.model).resolve()), "fingerprint": model_fingerprint(bilm)[:16]}
+    record = bilm_record(config.model, bilm, out) if config.model is not None else None
     saved = {"config": asdict(config), "vocab": vocabularies.words, "labels": vocabularies.labels,
-             "chars": vocabularies.chars, "bilm": record}
+             "chars": vocabularies.chars, "bilm": record, **software_versions()}
     atomic_write_text(out / RUN_CONFIG, json.dumps(saved) + "\n")
+    return record

@@ -5,8 +5,9 @@
                     Written by torch.save, read with `torch.load(weights_only=True)`: only tensors
                     and plain Python values, never arbitrary pickled objects.
     a model dir     config.json + model.safetensors (the biLM and `softmax.*`) + vocab.txt
-                    (+ provenance.json): what `elmo perplexity`, `elmo export`, `--init-from`
-                    and every embedding command read.
+                    + provenance.json (what made it, and which elmokit and torch) + README.md
+                    (its model card): what `elmo perplexity`, `elmo export`, `--init-from` and
+                    every embedding command read.
 
 Every file is written to a temporary name and renamed into place (`elmokit.io.atomic_path`).
 """
@@ -26,6 +27,7 @@ from elmokit.model.config import ElmoConfig
 from elmokit.io import atomic_path, atomic_write_text
 from elmokit.training.lm import LanguageModel
 from elmokit.training.metrics import read_metrics
+from elmokit.training.model_card import software_versions, write_bilm_card
 from elmokit.model.weights import CONFIG_NAME, WEIGHTS_NAME, WeightFileError, load_pretrained, read_safetensors, save_pretrained
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -144,16 +146,20 @@ def checkpoint_provenance(checkpoint: dict[str, Any], metrics_path: Path) -> dic
 
 def save_model_dir(model: LanguageModel, directory: str | Path, vocab_path: str | Path,
                    provenance: dict[str, Any] | None = None, *, softmax: bool = True,
-                   dtype: torch.dtype | None = None) -> Path:
+                   dtype: torch.dtype | None = None, command: str | None = None) -> Path:
     """Write a native model directory that keeps the softmax (`softmax.weight` (V, P),
     `softmax.bias` (V)) and its vocabulary; `load_pretrained` reads the biLM part of it.
-    `softmax=False` keeps only what embedding needs; `dtype` is the storage precision."""
+    `softmax=False` keeps only what embedding needs; `dtype` is the storage precision.
+    provenance.json records `provenance` and the versions of the software writing it; README.md
+    is its model card (`elmokit.training.model_card`), naming `command` as what wrote it."""
     directory = Path(directory)
     save_pretrained(model.bilm, directory, extra_tensors=model.softmax_tensors() if softmax else None, dtype=dtype)
     with atomic_path(directory / VOCAB_NAME) as tmp:
         shutil.copyfile(vocab_path, tmp)
-    if provenance is not None:
-        atomic_write_text(directory / PROVENANCE_NAME, json.dumps(provenance, indent=2) + "\n")
+    card = {**(provenance or {}), **software_versions()}
+    atomic_write_text(directory / PROVENANCE_NAME, json.dumps(card, indent=2) + "\n")
+    n_parameters = sum(parameter.numel() for parameter in model.bilm.parameters())
+    write_bilm_card(directory, model.bilm.config, card, n_parameters, command)
     return directory
 
 

@@ -1,0 +1,43 @@
+"""Training a task model from Python with the options of `elmo task train`:
+
+    import elmokit.tasks
+
+    run = elmokit.tasks.train(task="ner", train="train.conll", dev="dev.conll", out="runs/ner", max_epochs=10)
+    run.predict("Peter Smith lives in Paris.", tokenize=True)
+
+Every keyword is a flag of `elmo task train` with underscores (`--max-epochs 10` is
+`max_epochs=10`, `--no-crf` is `crf=False`, `--no-progress` is `progress=False`): both are made
+from the fields of `TaskConfig` (`elmokit.tasks.options`), and both run `train_into` below.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from elmokit.io import refuse_overwrite, removed_if_unfinished
+from elmokit.tasks.options import config_from_keywords
+from elmokit.tasks.run import TaskRun, load
+from elmokit.tasks.task_config import TaskConfig
+from elmokit.tasks.train import train_task
+
+
+def train_into(config: TaskConfig, overwrite: bool = False) -> dict:
+    """Train `config` into `config.out`, which must be new or empty unless `overwrite`; a run that
+    fails leaves nothing half-made there. Returns the results (OUT/results.json)."""
+    out = Path(config.out)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--out {out} is a file (out= in Python); give the directory to write the run in")
+    refuse_overwrite(sorted(out.iterdir()) if out.is_dir() else [], overwrite, f"a run in {out}")
+    with removed_if_unfinished(out, keep_if="results.json"):  # a failed run leaves nothing half-made
+        return train_task(config)
+
+
+def train_task_model(*, overwrite: bool = False, **options) -> TaskRun:
+    """Train a task model as `elmo task train` does and return it loaded (`TaskRun`; its
+    `results` hold the scores). Keywords: the flags of `elmo task train` with underscores, e.g.
+    `task="ner", train="train.conll", dev="dev.conll", test=None, out="runs/ner", model="gutenberg-en"`
+    (None or "none": no ELMo), `max_epochs=50`, `crf=None`, `progress=True`; see `elmo task
+    train --help` for all of them and their defaults. `overwrite` replaces a run already in `out`."""
+    config = config_from_keywords(options)
+    train_into(config, overwrite)
+    return load(config.out, config.device)

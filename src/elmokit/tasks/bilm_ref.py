@@ -1,0 +1,118 @@
+"""Which biLM a task run reads, recorded so that the run still finds it after it moves.
+
+A run's task_config.json holds a `bilm` record:
+
+    {"name": "gutenberg-en", "fingerprint": F}          the built-in model, or a published name:
+                                                        found by name wherever elmokit is installed
+    {"path": "../bilm", "absolute_path": "/x/bilm",     a directory given by path: relative to the
+     "fingerprint": F}                                  run directory (they may move together), and
+                                                        where it was when the run was trained
+    {"path": "/x/bilm", "fingerprint": F}               a run written before names were recorded
+
+F is the first 16 hex digits of `model_fingerprint` (config and every weight). Whatever points at
+the biLM (the record, `bilm=` in `elmokit.tasks.load`, `--model` of `elmo task eval|predict`),
+the biLM found must have that fingerprint: a different model is an error, never other vectors.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from elmokit.model.bilm import BiLM
+from elmokit.model.builtin import BUILTIN_MODEL, builtin_model_dir
+from elmokit.model.weights import load_model, model_fingerprint
+
+FINGERPRINT_DIGITS = 16
+
+
+class BiLMMismatchError(ValueError):
+    """The biLM found is not the one a task run was trained with (another fingerprint)."""
+
+
+def short_fingerprint(bilm: BiLM) -> str:
+    return model_fingerprint(bilm)[:FINGERPRINT_DIGITS]
+
+
+def open_bilm(model: str | Path) -> BiLM:
+    """The biLM `model` names: gutenberg-en (the built-in model), a model directory, or any name
+    or URL `elmokit.model.weights.load_model` accepts."""
+    if str(model) == BUILTIN_MODEL and not Path(model).exists():
+        return load_model()  # the built-in model of this installation
+    return load_model(model)
+
+
+def _builtin_dir() -> Path | None:
+    try:
+        return builtin_model_dir().resolve()
+    except FileNotFoundError:
+        return None
+
+
+def bilm_record(model: str, bilm: BiLM, run_dir: Path) -> dict:
+    """The record of the biLM `model` (as the user gave it) for a run written to `run_dir`."""
+    fingerprint = short_fingerprint(bilm)
+    path = Path(model).expanduser()
+    if not path.exists():  # a name: the built-in model's or a published one
+        return {"name": str(model), "fingerprint": fingerprint}
+    resolved = path.resolve()
+    if resolved == _builtin_dir():  # the built-in model given by its path: a name travels better
+        return {"name": BUILTIN_MODEL, "fingerprint": fingerprint}
+    try:
+        relative = os.path.relpath(resolved, Path(run_dir).resolve())
+    except ValueError:  # another drive (Windows): no relative path
+        relative = str(resolved)
+    return {"path": relative, "absolute_path": str(resolved), "fingerprint": fingerprint}
+
+
+def describe(record: dict) -> str:
+    """How a record names its biLM, for messages and model cards."""
+    if "name" in record:
+        return f"{record['name']} (fingerprint {record['fingerprint']})"
+    return f"{record.get('absolute_path') or record['path']} (fingerprint {record['fingerprint']})"
+
+
+def _candidates(record: dict, run_dir: Path) -> list[Path]:
+    places = [run_dir / record["path"]]  # an absolute path stays itself
+    if record.get("absolute_path"):
+        places.append(Path(record["absolute_path"]))
+    return list(dict.fromkeys(places))
+
+
+def find_bilm(record: dict, run_dir: Path, bilm: str | Path | BiLM | None = None) -> BiLM:
+    """The biLM of a run: `bilm` (a BiLM, or a name or directory) where it is given, else the one
+    its record names; checked against the record's fingerprint."""
+    if isinstance(bilm, BiLM):
+        found, where = bilm, "the biLM given"
+    elif bilm is not None:
+        found, where = open_bilm(bilm), str(bilm)
+    elif "name" in record:
+        try:
+            found = open_bilm(record["name"])
+        except FileNotFoundError as error:
+            raise FileNotFoundError(f"{run_dir}: this run reads the biLM {record['name']!r}, which is not "
+                                    f"available here ({error}); give it with bilm= (elmokit.tasks.load) or "
+                                    "--model (elmo task eval|predict)") from None
+        where = record["name"]
+    else:
+        places = _candidates(record, run_dir)
+        existing = [place for place in places if place.exists()]
+        if not existing:
+            raise FileNotFoundError(f"{run_dir}: the biLM this run was trained with is missing: not at "
+                                    f"{' nor '.join(str(p) for p in places)}; give its directory with bilm= "
+                                    "(elmokit.tasks.load) or --model (elmo task eval|predict)")
+        found, where = load_model(existing[0]), str(existing[0].resolve())
+    check_fingerprint(found, record.get("fingerprint"), where, run_dir)
+    return found
+
+
+def check_fingerprint(bilm: BiLM, expected: str | None, where: str, run_dir: Path) -> None:
+    if expected is None:  # a run from before fingerprints were recorded
+        return
+    actual = short_fingerprint(bilm)
+    if actual != expected:
+        raise BiLMMismatchError(
+            f"{run_dir}: the biLM at {where} is not the one this run was trained with (fingerprint "
+            f"{expected} then, {actual} now; it changed since this run was trained, or is another model): the "
+            "task model would read other vectors than it learned from; give the original biLM, or train "
+            "the task model again")
