@@ -17,4 +17,6 @@ from elmokit.model.weights import (
     save_pretrained,
 )
 
+from elmokit import hub  # noqa: E402  (TF-Hub's interface: `from elmokit import hub`)
+
 __version__ = "0.1.0"

@@ -10,24 +10,44 @@ import torch
 
 from elmokit.devices import DEVICE_HELP, DTYPES, resolve_device
 from elmokit.model.bilm import BiLM
+from elmokit.model.published import published_names
 from elmokit.model.weights import load_model
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("model (default: the built-in English model)")
-    group.add_argument("--model", type=Path, help="native model directory (config.json + model.safetensors)")
-    group.add_argument("--options-file", type=Path, help="original options JSON (with --weight-file)")
-    group.add_argument("--weight-file", type=Path, help="original HDF5 weight file (with --options-file)")
+MODEL_HELP = ("a model directory (native, or an ELMoForManyLangs folder), 'gutenberg-en' (built in), a "
+              f"published name ({', '.join(published_names())}) or a TF-Hub ELMo handle "
+              "(https://tfhub.dev/google/elmo/3); published models are downloaded once into the cache "
+              "(ELMOKIT_CACHE, ELMOKIT_MIRROR, ELMOKIT_OFFLINE: docs/loading.md)")
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, positional: bool = False) -> None:
+    """--model (and with `positional`, an optional MODEL argument meaning the same), or the
+    original --options-file with --weight-file (paths or URLs)."""
+    group = parser.add_argument_group("model (default: the built-in English model, gutenberg-en)")
+    if positional:
+        group.add_argument("model_positional", nargs="?", metavar="MODEL", help=f"the model: {MODEL_HELP}")
+    group.add_argument("--model", help=MODEL_HELP)
+    group.add_argument("--options-file", help="original options JSON, a path or an http(s) URL (with --weight-file)")
+    group.add_argument("--weight-file", help="original HDF5 weight file, a path or an http(s) URL (with --options-file)")
+
+
+def model_reference(args: argparse.Namespace) -> str | None:
+    """The model named by MODEL or --model (not both), None if neither."""
+    positional = getattr(args, "model_positional", None)
+    if positional is not None and args.model is not None and positional != args.model:
+        raise ValueError(f"give the model once: MODEL {positional!r} or --model {args.model!r}")
+    return positional if positional is not None else args.model
 
 
 def model_from_args(args: argparse.Namespace) -> BiLM:
-    if args.model is not None and (args.options_file or args.weight_file):
+    model = model_reference(args)
+    if model is not None and (args.options_file or args.weight_file):
         raise ValueError("give either --model or --options-file with --weight-file, not both")
     if (args.options_file is None) != (args.weight_file is None):
         raise ValueError("--options-file and --weight-file go together")
     if args.options_file is not None:
         return load_model(args.options_file, args.weight_file)
-    return load_model(args.model)
+    return load_model(model)
 
 
 def add_device_arguments(parser: argparse.ArgumentParser, dtype: bool = False, cuda_device: bool = False) -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from elmokit.model.builtin import builtin_model_dir
-from elmokit.commands.common import add_model_arguments, model_from_args
+from pathlib import Path
+
+from elmokit.model.builtin import BUILTIN_MODEL, builtin_model_dir
+from elmokit.commands.common import add_model_arguments, model_from_args, model_reference
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
@@ -14,7 +16,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
         "info", help="describe a model: shape, parameters, vocabulary, provenance",
         description="Print a model's configuration, parameter count and, for native directories, "
                     "its vocabulary size and training provenance.")
-    add_model_arguments(parser)
+    add_model_arguments(parser, positional=True)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.set_defaults(func=run)
 
@@ -29,9 +31,14 @@ def run(args: argparse.Namespace) -> int:
         "n_output_layers": config.n_output_layers,
         "parameters": sum(p.numel() for p in model.parameters()),
     }
-    directory = args.model
-    if directory is None and args.options_file is None:
+    reference = model_reference(args)
+    directory = None
+    if reference in (None, BUILTIN_MODEL) and args.options_file is None:
         directory = builtin_model_dir()
+    elif reference is not None and Path(reference).is_dir():
+        directory = Path(reference)
+    elif reference is not None:
+        facts["model"] = reference
     if directory is not None:
         facts["model"] = str(directory)
         vocab = directory / "vocab.txt"

@@ -12,7 +12,7 @@ import torch
 
 from elmokit.inference.elmo import boundary_rows, module_device
 from elmokit.model.bilm import BiLM
-from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN, tokens_to_char_ids
+from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN
 
 class TokenCache:
     """Token string -> its context-free representation (P floats), computed once per word.
@@ -70,8 +70,7 @@ class TokenCache:
     def _add(self, tokens: list[str]) -> None:
         start = len(self.index)
         with torch.no_grad():
-            self.vectors[start:start + len(tokens)] = self.bilm.encode_tokens(
-                torch.from_numpy(tokens_to_char_ids(tokens)).to(self.vectors.device))  # (n, P)
+            self.vectors[start:start + len(tokens)] = self.bilm.encode_words(tokens)  # (n, P)
         self.index.update(zip(tokens, range(start, start + len(tokens))))
 
 

@@ -17,16 +17,17 @@ the carried state) is behind a lock; the biLM's forward pass changes nothing sha
 
 from __future__ import annotations
 
+import inspect
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN, batch_to_ids, token_mask, tokens_to_char_ids
+from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN, token_mask
 from elmokit.devices import dtype_name, resolve_device, resolve_dtype
 from elmokit.model.bilm import BiLM, BiLMOutput, LstmState
 from elmokit.model.mix import ScalarMix
@@ -132,9 +133,10 @@ class Elmo(nn.Module):
     """The biLM plus `num_output_representations` scalar mixes (AllenNLP's `Elmo`).
 
     Args:
-        options_file: original options JSON, or a native model directory (then `weight_file` is
-            None), or None for the built-in English model.
-        weight_file: original HDF5 weights.
+        options_file: original options JSON (a path or an http(s) URL, downloaded into the cache),
+            or a model directory (native or ELMoForManyLangs), a published name ("original", ...)
+            or TF-Hub handle (then `weight_file` is None), or None for the built-in English model.
+        weight_file: original HDF5 weights (a path or URL).
         num_output_representations: how many independent mixes (e.g. one for the input and one
             for the output of a task's RNN).
         requires_grad: fine-tune the biLM.
@@ -158,8 +160,8 @@ class Elmo(nn.Module):
                  num_output_representations: int = 1, requires_grad: bool = False,
                  do_layer_norm: bool = False, dropout: float = 0.5,
                  vocab_to_cache: list[str] | None = None, keep_sentence_boundaries: bool = False,
-                 scalar_mix_parameters: list[float] | None = None, stateful: bool = False,
-                 module: BiLM | None = None, device: str | torch.device | None = None,
+                 scalar_mix_parameters: list[float] | None = None, module: BiLM | None = None, *,
+                 stateful: bool = False, device: str | torch.device | None = None,
                  dtype: str | torch.dtype | None = None):
         super().__init__()
         self.bilm = module if module is not None else load_model(options_file, weight_file)
@@ -176,12 +178,29 @@ class Elmo(nn.Module):
         vectors = None
         if vocab_to_cache is not None:
             with torch.no_grad():
-                words = tokens_to_char_ids([BOS_TOKEN, EOS_TOKEN, *vocab_to_cache])
-                vectors = self.bilm.encode_tokens(torch.from_numpy(words).to(module_device(self.bilm)))  # (2 + V, P)
+                vectors = self.bilm.encode_words([BOS_TOKEN, EOS_TOKEN, *vocab_to_cache])  # (2 + V, P)
         self.register_buffer("word_embedding", vectors, persistent=False)
+
+    @classmethod
+    def from_params(cls, params: Mapping) -> "Elmo":
+        """AllenNLP's `Elmo.from_params`: the constructor's arguments from a mapping (an AllenNLP
+        `Params`, a dict from a JSON config); unknown keys are an error naming them."""
+        params = dict(params.as_dict() if hasattr(params, "as_dict") else params)
+        known = set(inspect.signature(cls.__init__).parameters) - {"self"}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise ValueError(f"Elmo.from_params: unknown keys {unknown}; known: {sorted(known)}")
+        return cls(**params)
 
     def get_output_dim(self) -> int:
         return self.bilm.output_dim
+
+    def __repr__(self) -> str:
+        config = self.bilm.config.lstm
+        return (f"Elmo({config.n_layers} x {config.cell_dim} cells -> {config.projection_dim}, "
+                f"{len(self.scalar_mixes)} mix(es) of {self.bilm.config.n_output_layers} layers -> "
+                f"{self.get_output_dim()}, dropout={self.dropout.p}, "
+                f"{'stateful' if self.carried is not None else 'stateless'}, device={module_device(self.bilm)})")
 
     def reset_states(self) -> None:
         """Forget the carried state (stateful mode)."""
@@ -277,7 +296,7 @@ class HubElmo(nn.Module):
         self.mix = ScalarMix(self.bilm.config.n_output_layers).to(module_device(self.bilm))
 
     def forward(self, sentences: Sequence[Sequence[str]] | torch.Tensor) -> dict[str, torch.Tensor]:
-        char_ids = sentences if isinstance(sentences, torch.Tensor) else batch_to_ids(sentences)
+        char_ids = sentences if isinstance(sentences, torch.Tensor) else self.bilm.batch_ids(sentences)
         char_ids = char_ids.to(module_device(self.bilm))
         output = bilm_forward(self.bilm, char_ids)
         layers = [remove_boundaries(layer, output.mask)[0] for layer in output.layers]

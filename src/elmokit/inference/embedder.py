@@ -10,8 +10,10 @@ state are behind locks).
 from __future__ import annotations
 
 import itertools
+import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 import torch
@@ -30,7 +32,7 @@ from elmokit.inference.elmo import (
 from elmokit.inference.engine import bilm_contextualize, contextualize_sentences
 from elmokit.inference.windows import check_sentences, check_tokens, position_windows
 from elmokit.model.bilm import BiLM, BiLMOutput
-from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN, batch_to_ids, tokens_to_char_ids
+from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN
 from elmokit.model.weights import load_model
 
 # ---------------------------------------------------------------------------------------------
@@ -38,9 +40,11 @@ class ElmoEmbedder:
     """All L+1 layers of every token, as float32 arrays (L+1, n, 2P) (AllenNLP's `ElmoEmbedder`).
 
     Args:
-        options_file: original options JSON, or a native model directory (then `weight_file` is
-            None), or None for the built-in English model.
-        weight_file: original HDF5 weights.
+        options_file: original options JSON (a path or an http(s) URL, downloaded into the cache),
+            or a model directory (native or ELMoForManyLangs), a published name ("original", ...;
+            `elmokit.model.published`) or TF-Hub handle (then `weight_file` is None), or None for
+            the built-in English model.
+        weight_file: original HDF5 weights (a path or URL).
         cuda_device: -1 for the CPU (AllenNLP's argument), else a CUDA device index; an alias of `device`.
         stateful: carry the state between calls as the original did; by default every sentence is
             embedded from a fresh state, so results never depend on batching or order.
@@ -82,7 +86,7 @@ class ElmoEmbedder:
         if self.cache is not None:
             output = self._run_cached(batch)
         else:
-            output = run_bilm(self.bilm, batch_to_ids(batch).to(self.device), self.carried)
+            output = run_bilm(self.bilm, self.bilm.batch_ids(batch).to(self.device), self.carried)
         return token_layers(output), output.mask.sum(dim=1) - 2
 
     def _run_cached(self, batch: Sequence[Sequence[str]]) -> BiLMOutput:
@@ -90,6 +94,14 @@ class ElmoEmbedder:
         token_embeddings = self.cache.embeddings(batch)  # (N, P)
         return run_carried(self.carried, len(batch), lambda state: bilm_contextualize(
             self.bilm, token_embeddings, boundary_mask(lengths), state, self.carried is not None))
+
+    def batch_to_embeddings(self, batch: Sequence[Sequence[str]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """AllenNLP's `batch_to_embeddings`: the activations (B, L+1, T, 2P) float32 and the mask
+        (B, T) bool of a batch of token lists, torch tensors on the embedder's device; zero past
+        each sentence (layer 0 is the token layer twice)."""
+        layers, lengths = self.batch_layers(batch)
+        mask = torch.arange(layers.shape[2], device=layers.device) < lengths.unsqueeze(1)  # (B, T)
+        return layers.float(), mask
 
     def embed_batch(self, batch: Sequence[Sequence[str]]) -> list[np.ndarray]:
         """One float32 array (L+1, n_i, 2P) per sentence; an empty sentence gives (L+1, 0, 2P).
@@ -133,7 +145,7 @@ class ElmoEmbedder:
             token_embeddings = self.cache.embeddings(sentences)  # (N, P)
         else:
             tokens = [BOS_TOKEN, EOS_TOKEN, *itertools.chain.from_iterable(sentences)]
-            table = self.bilm.encode_tokens(torch.from_numpy(tokens_to_char_ids(tokens)).to(self.device))
+            table = self.bilm.encode_words(tokens)
             table_rows = boundary_rows(lengths, np.arange(2, len(tokens)))
             token_embeddings = table[torch.from_numpy(table_rows).to(table.device)]  # (N, P)
         layers = contextualize_sentences(self.bilm, token_embeddings, lengths + 2, rows)
@@ -162,9 +174,12 @@ class ElmoEmbedder:
         for window in position_windows(sentences, batch_size * self.STREAM_WINDOW, self.POSITION_BUDGET):
             yield from self.embed_many(window, rows=batch_size)
 
-    def embed_file(self, input_file: str | Path, output_file_path: str | Path, output_format: str = "all",
+    def embed_file(self, input_file: str | Path | IO, output_file_path: str | Path, output_format: str = "all",
                    batch_size: int = 64, forget_sentences: bool = False, use_sentence_keys: bool = False) -> None:
         """Embed a file of whitespace-tokenized sentences, one per line, into HDF5 (spec §10).
+
+        `input_file` is a path, or an open file (text or binary, as AllenNLP takes it; read to its
+        end and closed).
 
         One dataset per line, keyed by the line number ("0", "1", ...) or by the sentence text
         with `use_sentence_keys`; shape (L+1, n, 2P) for "all", (n, 2P) for "top" and "average";
@@ -176,6 +191,24 @@ class ElmoEmbedder:
 
         options = EmbedOptions(output_format=output_format, batch_size=batch_size,
                                forget_sentences=forget_sentences, use_sentence_keys=use_sentence_keys)
-        embed_file(self, input_file, output_file_path, options)
+        if not hasattr(input_file, "read"):
+            embed_file(self, input_file, output_file_path, options)
+            return
+        output = Path(output_file_path)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        handle, copy = tempfile.mkstemp(prefix=f".{output.name}.input.", suffix=".txt", dir=output.parent)
+        try:
+            with input_file, open(handle, "wb") as file:  # a path the streaming writer can read again
+                for chunk in iter(lambda: input_file.read(2**20), type(input_file.read(0))()):
+                    file.write(chunk.encode("utf-8") if isinstance(chunk, str) else chunk)
+            embed_file(self, copy, output, options)
+        finally:
+            Path(copy).unlink(missing_ok=True)
+
+    def __repr__(self) -> str:
+        config = self.bilm.config.lstm
+        return (f"ElmoEmbedder({config.n_layers} x {config.cell_dim} cells -> {config.projection_dim}, "
+                f"{self.bilm.config.n_output_layers} layers of {self.output_dim}, device={self.device}, "
+                f"{'stateful' if self.carried is not None else 'stateless'})")
 
 

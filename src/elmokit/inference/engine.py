@@ -9,11 +9,12 @@ recurrence at once, each from a zero state, with oneDNN products on the CPU.
 All R rows stay busy until the end instead of idling while the longest sentence of a padded batch
 finishes, and each sentence's vectors are those of the sentence alone (stateless). The products go
 through `elmokit.kernels.PackedLinear` (oneDNN with the weights reordered once, `packed_products`);
-the cell math is done in place (`_lstm_cell_`). `bilm_forward` is `BiLM.forward` for weights in
+the cell (`elmokit.model.cell`) runs in place, one sigmoid for its four gates
+(`activate_doubled_gates_`) and tanh as `tanh_via_sigmoid`. `bilm_forward` is `BiLM.forward` for weights in
 a reduced precision (bfloat16: products in bfloat16, state and outputs in float32).
 
-The weights and the step-loop math are in `elmokit.model.lstm`; training's engine is
-`elmokit.training.recurrence`.
+The weights are in `elmokit.model.lstm`, the cell and the stacking of layers (dropout,
+residual) in `elmokit.model.cell`; training's driver is `elmokit.training.recurrence`.
 
 Shape notation (as in model/bilm.py): B batch, S positions with boundaries, N real positions,
 P projection dim, C cell dim, L layers, D = 2 directions, U steps, R rows of the recurrence.
@@ -29,7 +30,7 @@ import torch
 
 from elmokit.kernels import PackedLinear
 from elmokit.model.bilm import BiLM, BiLMOutput
-from elmokit.model.chars import add_boundaries
+from elmokit.model import cell as lstm_cell
 from elmokit.model.lstm import BiLstm, BiLstmLayer, LstmState
 
 GATE_BUDGET = 1 << 23  # floats of precomputed gate inputs held at once by `stream_layer` (32 MB)
@@ -83,20 +84,6 @@ def stream_layout(sizes: np.ndarray, rows: int) -> StreamLayout:
 # ---------------------------------------------------------------------------------------------
 # One layer over the streams
 # ---------------------------------------------------------------------------------------------
-def _lstm_cell_(gates: torch.Tensor, cell: torch.Tensor, cell_output: torch.Tensor, cell_dim: int,
-                cell_clip: float) -> None:
-    """`_lstm_cell` in place, for inference, with every tanh as tanh(x) = 2 sigmoid(2x) - 1
-    (torch's sigmoid is ~4x faster than its tanh on the CPU): gates (R, 4C) hold (i, f, o, 2j),
-    the candidate pre-doubled by the weights (exact in binary floating point), and are
-    overwritten; cell (R, C) is updated; cell_output (R, C) is set to o * tanh(cell)."""
-    input_gate, forget_gate, output_gate, candidate = gates.sigmoid_().chunk(4, dim=-1)
-    candidate.mul_(2).sub_(1)  # tanh(j)
-    cell.mul_(forget_gate).addcmul_(input_gate, candidate)
-    if cell_clip:
-        cell.clamp_(-cell_clip, cell_clip)
-    torch.mul(cell, 2, out=cell_output).sigmoid_().mul_(2).sub_(1).mul_(output_gate)  # o * tanh(cell)
-
-
 @torch.no_grad()
 def stream_layer(layer: BiLstmLayer, inputs: torch.Tensor, layout: StreamLayout, cell_clip: float,
                  proj_clip: float) -> torch.Tensor:
@@ -117,8 +104,8 @@ def stream_layer(layer: BiLstmLayer, inputs: torch.Tensor, layout: StreamLayout,
     block = max(1, min(n_steps, GATE_BUDGET // (2 * rows * 4 * cell_dim)))  # steps of gate inputs at once
     input_products, recurrent_products, projections = packed_products(layer, rows)
     keep = (~layout.starts).to(device=inputs.device, dtype=inputs.dtype).unsqueeze(-1)  # (U, R, 1)
-    bias = ((layer.bias.to(inputs.dtype) + layer.forget_offset.to(inputs.dtype))
-            * candidate_doubled(layer).to(inputs.dtype)).squeeze(1).to(compute_dtype)  # (D, 4C): (i, f, o, 2j)
+    bias = (layer.gate_bias().to(inputs.dtype) * candidate_doubled(layer).to(inputs.dtype)
+            ).squeeze(1).to(compute_dtype)  # (D, 4C): (i, f, o, 2j)
     outputs = inputs.new_empty(2, n_steps, rows, dim)
     hidden = inputs.new_zeros(2, rows, dim)
     cell = inputs.new_zeros(2, rows, cell_dim)
@@ -138,11 +125,10 @@ def stream_layer(layer: BiLstmLayer, inputs: torch.Tensor, layout: StreamLayout,
                 gates = recurrent_products[d].add(gate_inputs[d][offset], product_hidden[d])  # (R, 4C)
                 if mixed:
                     gates = wide_gates.copy_(gates)
-                _lstm_cell_(gates, cell[d], cell_output[d], cell_dim, cell_clip)
+                lstm_cell.cell_step(lstm_cell.activate_doubled_gates_(gates), cell[d], cell_clip, cell_next=cell[d],
+                                    cell_output=cell_output[d], tanh=lstm_cell.tanh_via_sigmoid)
                 outputs[d, step] = projections[d](cell_output[d].to(compute_dtype))  # (R, P)
-            hidden = outputs[:, step]
-            if proj_clip:
-                hidden.clamp_(-proj_clip, proj_clip)
+            hidden = lstm_cell.clip_(outputs[:, step], proj_clip)
     return outputs
 
 
@@ -155,7 +141,7 @@ def candidate_doubled(layer: BiLstmLayer) -> torch.Tensor:
 
 def packed_products(layer: BiLstmLayer, rows: int) -> tuple[list[PackedLinear], ...]:
     """The input, recurrent and projection products of each direction, their weights
-    reordered for oneDNN (the candidate's rows doubled, see `_lstm_cell_`): made once per
+    reordered for oneDNN (the candidate's rows doubled, see `activate_doubled_gates_`): made once per
     row count, kept until a weight changes."""
     weights = (layer.input_weight, layer.recurrent_weight, layer.projection)
     key = (rows, *((weight.data_ptr(), weight._version, weight.dtype) for weight in weights))
@@ -189,16 +175,16 @@ def forward_sentences(lstm: BiLstm, tokens: torch.Tensor, sizes: np.ndarray, row
     indices = [index.to(tokens.device) for index in (layout.forward_index, layout.backward_index)]
     padded = torch.cat([tokens, tokens.new_zeros(1, dim)])  # position N: the idle tail of a stream
     layer_input = torch.stack([padded[index] for index in indices])  # (D, U, R, P)
+    stacked, _ = lstm_cell.run_layers(  # dropout and residual as every driver (stateless: no final state)
+        lstm.layers, layer_input, lstm.dropout, lstm.training,
+        lambda layer, dropped, _: (stream_layer(layer, dropped, layout, lstm.cell_clip, lstm.proj_clip), None))
     outputs = []
-    for number, layer in enumerate(lstm.layers):
-        output = stream_layer(layer, layer_input, layout, lstm.cell_clip, lstm.proj_clip)
-        if number > 0:
-            output = output + layer_input  # residual from layer 2 on
+    for number, output in enumerate(stacked):  # (D, U, R, P) -> (N, 2P) in input order
+        stacked[number] = None  # each layer's streams freed once unpacked (memory as one layer at a time)
         unpacked = tokens.new_empty(n_positions + 1, 2 * dim)
         for direction, index in enumerate(indices):
             unpacked[:, direction * dim:(direction + 1) * dim][index.flatten()] = output[direction].flatten(0, 1)
         outputs.append(unpacked[:n_positions])
-        layer_input = output
     return outputs
 
 
@@ -255,25 +241,20 @@ def bilm_forward(bilm: BiLM, char_ids: torch.Tensor, state: LstmState | None = N
     """`bilm(char_ids, state)` for inference: stateless calls without gradients (float32 or
     bfloat16 weights) run the streaming engine, one row a sentence (`forward_reduced`; the returned
     state is None); a carried state (`state`, or `carry` to get the final one back) or gradients
-    run `BiLM.forward` (float32 weights only). So
-    `ElmoEmbedder.embed_batch`, `embed_sentences` and `Elmo` share one engine."""
-    if _needs_step_loop(bilm, state, carry):
-        return bilm(char_ids, state)
-    boundary_ids, mask = add_boundaries(char_ids)  # (B, S, W), (B, S)
-    real_positions = mask.flatten().nonzero().squeeze(1)  # (N,)
-    token_embeddings = bilm.encode_tokens(boundary_ids.flatten(0, 1)[real_positions])  # (N, P)
-    return bilm_contextualize(bilm, token_embeddings, mask, state)
+    run `BiLM.forward`'s step loop (float32 weights only). The same `BiLM.forward` either way, only
+    the LSTM's driver differs, so `ElmoEmbedder.embed_batch`, `embed_sentences` and `Elmo` share it."""
+    return bilm(char_ids, state, _lstm_driver(bilm, state, carry))
 
 
 def bilm_contextualize(bilm: BiLM, token_embeddings: torch.Tensor, mask: torch.Tensor,
                        state: LstmState | None = None, carry: bool = False) -> BiLMOutput:
     """`bilm.contextualize(token_embeddings, mask, state)`, whatever the precision of its LSTM
     weights (see `bilm_forward`): token_embeddings (N, P) of the true entries of mask (B, S)."""
-    if _needs_step_loop(bilm, state, carry, token_embeddings):
-        return bilm.contextualize(token_embeddings, mask, state)
-    batch_size, n_positions = mask.shape
-    real_positions = mask.flatten().nonzero().squeeze(1)  # (N,)
-    tokens = token_embeddings.new_zeros(batch_size * n_positions, token_embeddings.shape[-1])
-    tokens = tokens.index_copy(0, real_positions, token_embeddings).view(batch_size, n_positions, -1)
-    lstm_layers = forward_reduced(bilm.lstm, tokens, mask.sum(dim=1), state)
-    return BiLMOutput([torch.cat([tokens, tokens], dim=-1), *lstm_layers], mask, None)
+    return bilm.contextualize(token_embeddings, mask, state, _lstm_driver(bilm, state, carry, token_embeddings))
+
+
+def _lstm_driver(bilm: BiLM, state: LstmState | None, carry: bool, inputs: torch.Tensor | None = None):
+    """None (`bilm.lstm`'s step loop) where `_needs_step_loop`, else the stateless stream engine."""
+    if _needs_step_loop(bilm, state, carry, inputs):
+        return None
+    return lambda tokens, lengths, state: (forward_reduced(bilm.lstm, tokens, lengths, state), None)

@@ -20,12 +20,15 @@ final state is returned, so carrying it (spec §9) is the caller's explicit choi
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 from torch import nn
 
-from elmokit.model.chars import MAX_CHARS, add_boundaries
+import numpy as np
+
+from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN, add_boundaries, batch_to_ids, tokens_to_char_ids
 from elmokit.model.config import ElmoConfig
 from elmokit.model.encoder import TokenEncoder
 from elmokit.model.lstm import BiLstm, LstmState
@@ -43,6 +46,9 @@ class BiLMOutput(NamedTuple):
     layers: list[torch.Tensor]
     mask: torch.Tensor
     state: LstmState | None
+
+
+RunLstm = Callable[[torch.Tensor, torch.Tensor, "LstmState | None"], tuple[list[torch.Tensor], "LstmState | None"]]
 
 
 class BiLM(nn.Module):
@@ -93,41 +99,70 @@ class BiLM(nn.Module):
                 nn.init.uniform_(layer.projection, -bound, bound)
                 layer.bias.zero_()  # the forget gate gets +1 at run time
 
+    # -----------------------------------------------------------------------------------------
+    # Token ids: the model's own scheme. ELMo's is UTF-8 bytes (`elmokit.model.chars`); a model
+    # with a character vocabulary of its own (ELMoForManyLangs) overrides `token_ids`. Every
+    # inference path turns tokens into ids through these, never through `chars` directly.
+    # -----------------------------------------------------------------------------------------
+    def token_ids(self, tokens: list[str]) -> np.ndarray:
+        """int64 (N, W) ids of a flat list of tokens (no zero rows; "<S>"/"</S>" are the boundaries)."""
+        return tokens_to_char_ids(tokens)
+
+    def batch_ids(self, sentences) -> torch.Tensor:
+        """(B, T, W) ids of tokenized sentences, right-padded with zero rows (`batch_to_ids`)."""
+        return batch_to_ids(sentences, self.token_ids)
+
+    @property
+    def boundary_ids(self) -> tuple[np.ndarray, np.ndarray]:
+        """The (W,) ids of `<S>` and `</S>`."""
+        bos, eos = self.token_ids([BOS_TOKEN, EOS_TOKEN])
+        return bos, eos
+
+    def encode_words(self, tokens: list[str]) -> torch.Tensor:
+        """The token layer (n, P) of a flat list of token strings, on the model's device."""
+        ids = torch.from_numpy(self.token_ids(tokens)).to(next(self.parameters()).device)
+        return self.encode_tokens(ids)
+
     ENCODE_CHUNK = 512  # tokens a convolution pass without gradients (its outputs: 50 x F floats a token)
 
     def encode_tokens(self, char_ids: torch.Tensor) -> torch.Tensor:
         """Context-free token representations: (..., W) char ids -> (..., P)."""
-        flat = char_ids.reshape(-1, MAX_CHARS)
+        flat = char_ids.reshape(-1, char_ids.shape[-1])
         if torch.is_grad_enabled() or len(flat) <= self.ENCODE_CHUNK:
             encoded = self.token_encoder(flat)
         else:  # inference: memory bounded however many tokens
             encoded = torch.cat([self.token_encoder(chunk) for chunk in flat.split(self.ENCODE_CHUNK)])
         return encoded.view(*char_ids.shape[:-1], -1)
 
-    def forward(self, char_ids: torch.Tensor, state: LstmState | None = None) -> BiLMOutput:
+    def forward(self, char_ids: torch.Tensor, state: LstmState | None = None,
+                run_lstm: RunLstm | None = None) -> BiLMOutput:
         """Every layer of every position, sentence boundaries added.
 
         Args:
             char_ids: (B, T, W) from `batch_to_ids`, right-padded with all-zero rows.
             state: initial LSTM state for these B rows (spec §9); zeros if None.
+            run_lstm: the driver of the LSTM stacks (see `contextualize`); `self.lstm` if None.
         """
-        boundary_ids, mask = add_boundaries(char_ids)  # (B, S, W), (B, S)
+        boundary_ids, mask = add_boundaries(char_ids, *self.boundary_ids)  # (B, S, W), (B, S)
         flat_mask = mask.flatten()
         real_positions = flat_mask.nonzero().squeeze(1)  # (N,)
         token_embeddings = self.encode_tokens(boundary_ids.flatten(0, 1)[real_positions])  # (N, P)
-        return self.contextualize(token_embeddings, mask, state)
+        return self.contextualize(token_embeddings, mask, state, run_lstm)
 
     def contextualize(self, token_embeddings: torch.Tensor, mask: torch.Tensor,
-                      state: LstmState | None = None) -> BiLMOutput:
+                      state: LstmState | None = None, run_lstm: RunLstm | None = None) -> BiLMOutput:
         """Run the LSTMs on token representations of the real positions.
 
         Args:
             token_embeddings: (N, P), one row per true entry of `mask`, in row-major order.
             mask: (B, S) bool with boundaries, true on each row's first n+2 positions.
+            run_lstm: `(tokens (B, S, P), lengths (B,), state) -> (L layers (B, S, 2P), final state)`,
+                the LSTM stacks' driver: `self.lstm` (the step loop) if None; inference passes the
+                stateless stream engine (`elmokit.inference.engine.bilm_forward`).
         """
         batch_size, n_positions = mask.shape
         real_positions = mask.flatten().nonzero().squeeze(1)
         tokens = token_embeddings.new_zeros(batch_size * n_positions, token_embeddings.shape[-1])
         tokens = tokens.index_copy(0, real_positions, token_embeddings).view(batch_size, n_positions, -1)
-        lstm_layers, state = self.lstm(tokens, mask.sum(dim=1), state)
+        lstm_layers, state = (run_lstm or self.lstm)(tokens, mask.sum(dim=1), state)
         return BiLMOutput([torch.cat([tokens, tokens], dim=-1), *lstm_layers], mask, state)

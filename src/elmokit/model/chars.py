@@ -18,7 +18,7 @@ Everything here is vectorised with NumPy: the only per-token work is `str.encode
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -79,32 +79,35 @@ def tokens_to_char_ids(tokens: Sequence[str]) -> np.ndarray:
     return ids
 
 
-def batch_to_ids(sentences: Sequence[Sequence[str]]) -> torch.Tensor:
+def batch_to_ids(batch: Sequence[Sequence[str]],
+                 token_ids: Callable[[list[str]], np.ndarray] | None = None) -> torch.Tensor:
     """Character ids of a batch of tokenized sentences (AllenNLP's `batch_to_ids`).
 
     Args:
-        sentences: B lists of token strings (no `<S>`/`</S>`: the model adds them).
+        batch: B lists of token strings (no `<S>`/`</S>`: the model adds them).
+        token_ids: the function from a flat token list to its (N, W) ids; default ELMo's
+            `tokens_to_char_ids` (a model with its own scheme passes `bilm.token_ids`).
 
     Returns:
         int64 tensor (B, T, 50), T = the longest sentence; shorter sentences are right-padded
         with all-zero rows. A batch of empty sentences gives (B, 0, 50).
     """
-    if isinstance(sentences, str) or not isinstance(sentences, Sequence):
-        raise TypeError("sentences must be a list of token lists, e.g. [['Hello', 'world']], "
-                        f"got {type(sentences).__name__}")
-    for index, sentence in enumerate(sentences):
+    if isinstance(batch, str) or not isinstance(batch, Sequence):
+        raise TypeError("batch must be a list of sentences (token lists), e.g. [['Hello', 'world']], "
+                        f"got {type(batch).__name__}")
+    for index, sentence in enumerate(batch):
         if isinstance(sentence, str) or not isinstance(sentence, Sequence):
-            raise TypeError(f"sentences[{index}] must be a list of token strings, "
+            raise TypeError(f"batch[{index}] (one of the sentences) must be a list of token strings, "
                             f"got {type(sentence).__name__}: {sentence!r:.60}")
-    lengths = np.fromiter(map(len, sentences), dtype=np.int64, count=len(sentences))
-    longest = int(lengths.max()) if len(sentences) else 0
-    flat = tokens_to_char_ids(list(itertools.chain.from_iterable(sentences)))  # (N, 50)
+    lengths = np.fromiter(map(len, batch), dtype=np.int64, count=len(batch))
+    longest = int(lengths.max()) if len(batch) else 0
+    flat = (token_ids or tokens_to_char_ids)(list(itertools.chain.from_iterable(batch)))  # (N, W)
 
-    batch = np.zeros((len(sentences), longest, MAX_CHARS), dtype=np.int64)  # (B, T, 50)
-    rows = np.repeat(np.arange(len(sentences)), lengths)
+    ids = np.zeros((len(batch), longest, flat.shape[1]), dtype=np.int64)  # (B, T, W)
+    rows = np.repeat(np.arange(len(batch)), lengths)
     positions = np.arange(rows.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    batch[rows, positions] = flat
-    return torch.from_numpy(batch)
+    ids[rows, positions] = flat
+    return torch.from_numpy(ids)
 
 
 def token_mask(char_ids: torch.Tensor) -> torch.Tensor:
@@ -112,11 +115,14 @@ def token_mask(char_ids: torch.Tensor) -> torch.Tensor:
     return (char_ids > 0).any(dim=-1)
 
 
-def add_boundaries(char_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def add_boundaries(char_ids: torch.Tensor, bos_ids: np.ndarray = BOS_IDS, eos_ids: np.ndarray = EOS_IDS
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Wrap every sentence in `<S>` ... `</S>` (spec §4).
 
     Args:
-        char_ids: (B, T, 50) right-padded ids, on any device.
+        char_ids: (B, T, W) right-padded ids, on any device.
+        bos_ids, eos_ids: (W,) the ids of `<S>` and `</S>` (a model with its own character
+            vocabulary has its own; `BiLM.boundary_ids`).
 
     Returns (on the device of `char_ids`):
         ids: (B, T+2, 50) with BOS at 0, the n tokens at 1..n, EOS at n+1, zeros after.
@@ -124,9 +130,9 @@ def add_boundaries(char_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """
     batch_size, n_tokens, _ = char_ids.shape
     lengths = token_mask(char_ids).sum(dim=1)  # (B,)
-    ids = char_ids.new_zeros(batch_size, n_tokens + 2, MAX_CHARS)  # (B, T+2, 50)
+    ids = char_ids.new_zeros(batch_size, n_tokens + 2, char_ids.shape[-1])  # (B, T+2, W)
     ids[:, 1:-1] = char_ids
-    ids[:, 0] = ids.new_tensor(BOS_IDS)
-    ids[torch.arange(batch_size, device=ids.device), lengths + 1] = ids.new_tensor(EOS_IDS)
+    ids[:, 0] = ids.new_tensor(bos_ids)
+    ids[torch.arange(batch_size, device=ids.device), lengths + 1] = ids.new_tensor(eos_ids)
     mask = torch.arange(n_tokens + 2, device=ids.device) < (lengths + 2).unsqueeze(1)  # (B, T+2)
     return ids, mask

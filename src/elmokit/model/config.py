@@ -157,13 +157,16 @@ class ElmoConfig:
     def from_dict(cls, data: dict[str, Any], source: str = "elmokit config") -> "ElmoConfig":
         """The native JSON form (`to_dict`); errors name `source` (the file) and the key."""
         _require(isinstance(data, dict), f"{source}: expected a JSON object, got {type(data).__name__}")
-        unknown = set(data) - {"char_cnn", "lstm"}
+        unknown = set(data) - {"char_cnn", "lstm", "manylangs"}
         _require(not unknown, f"{source}: unknown config keys: {sorted(unknown)}")
-        for key in ("char_cnn", "lstm"):
+        for key in ("char_cnn", "lstm", *(("manylangs",) if "manylangs" in data else ())):
             _require(key in data, f"{source}: missing key {key!r}")
             _require(isinstance(data[key], dict), f"{source}: {key} must be a JSON object, got {data[key]!r}")
         try:
-            return cls(char_cnn=CharCNNConfig(**data["char_cnn"]), lstm=LSTMConfig(**data["lstm"]))
+            sections = {"char_cnn": CharCNNConfig(**data["char_cnn"]), "lstm": LSTMConfig(**data["lstm"])}
+            if "manylangs" in data:  # an ELMoForManyLangs model (elmokit.model.manylangs)
+                return ManyLangsConfig(**sections, **data["manylangs"])
+            return cls(**sections)
         except TypeError as error:  # an unknown or missing key of a section
             raise ConfigError(f"{source}: invalid elmokit config: {error}") from None
         except ConfigError as error:
@@ -279,6 +282,57 @@ class ElmoConfig:
         _require(layers <= MAX_ORIGINAL_LAYERS,
                  f"cannot write the original format: lstm.n_layers = {layers}, but bilm-tf loads at most "
                  f"{MAX_ORIGINAL_LAYERS} layers")
+
+
+@dataclass(frozen=True)
+class ManyLangsConfig(ElmoConfig):
+    """An ELMoForManyLangs model (`elmokit.model.manylangs`): ELMo's char CNN and LSTMs, with a
+    character vocabulary of its own instead of UTF-8 bytes, and optionally a word embedding whose
+    vectors are concatenated with the highway output before the projection.
+
+    Args (beside ELMo's `char_cnn` and `lstm`):
+        n_char_ids: rows of their character table (their ids 0..n-1; elmokit's table has one more,
+            row 0 for "no token").
+        max_characters_per_token: W, the character ids of a token (their `max_characters_per_token`).
+        word_dim: size of the word embedding; 0 for none.
+        n_word_ids: rows of their word table (0 without a word embedding).
+    """
+
+    n_char_ids: int = 1
+    max_characters_per_token: int = 50
+    word_dim: int = 0
+    n_word_ids: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("n_char_ids", "max_characters_per_token"):
+            value = getattr(self, name)
+            _require(_is_int(value) and value > 0, f"manylangs.{name} must be a positive int, got {value!r}")
+        for name in ("word_dim", "n_word_ids"):
+            value = getattr(self, name)
+            _require(_is_int(value) and value >= 0, f"manylangs.{name} must be an int >= 0, got {value!r}")
+        _require((self.word_dim > 0) == (self.n_word_ids > 0),
+                 f"manylangs: word_dim ({self.word_dim}) and n_word_ids ({self.n_word_ids}) must both be 0 "
+                 "(no word embedding) or both positive")
+        widest = max(width for width, _ in self.char_cnn.filters)
+        _require(widest <= self.max_characters_per_token,
+                 f"char_cnn.filters: width {widest} is wider than manylangs.max_characters_per_token = "
+                 f"{self.max_characters_per_token}")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = super().to_dict()
+        manylangs = {name: data.pop(name) for name in ("n_char_ids", "max_characters_per_token",
+                                                        "word_dim", "n_word_ids")}
+        return {**data, "manylangs": manylangs}
+
+    def check_original_format(self) -> None:
+        """Always raises: `to_options` (and so `save_original`) refuse this model before writing."""
+        raise ConfigError(
+            "cannot write the original bilm-tf format (options JSON + HDF5): this is an ELMoForManyLangs "
+            f"model, and that format cannot hold its character vocabulary ({self.n_char_ids:,} characters of "
+            "its own, where bilm-tf reads UTF-8 bytes)"
+            + (f" nor its word embedding ({self.n_word_ids:,} x {self.word_dim})" if self.word_dim else "")
+            + "; convert it to elmokit's native format instead (elmo convert --model DIR --to-native OUT)")
 
 
 _REQUIRED = object()

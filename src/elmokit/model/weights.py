@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import h5py
@@ -21,9 +22,15 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from elmokit.model.config import ConfigError, ElmoConfig, read_options
+from elmokit.model.config import ConfigError, ElmoConfig, ManyLangsConfig, read_options
 from elmokit.io import atomic_path, atomic_write_text
 from elmokit.model.bilm import BiLM
+from elmokit.model.published import published_model, published_names
+
+
+def is_url(reference: object) -> bool:
+    """An http(s) URL (a str): downloaded into the cache (`elmokit.download`), not read as a path."""
+    return isinstance(reference, str) and reference.split("://", 1)[0].lower() in ("http", "https")
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -88,32 +95,51 @@ def _read_hdf5(path: Path, config: ElmoConfig, options_name: str) -> dict[str, n
         raise WeightFileError(f"{path}: is a directory, expected an HDF5 weight file")
     try:
         with h5py.File(path, "r") as file:
-            datasets = _hdf5_datasets(path, file)
-            _check_layer_counts(config, len(datasets), f"the options in {options_name}", path)
-            expected = expected_datasets(config)
-            missing = sorted(set(expected) - set(datasets))
-            extra = sorted(set(datasets) - set(expected))
-            if missing or extra:
-                raise WeightFileError(
-                    f"{path}: datasets do not match the options in {options_name}: "
-                    + (f"missing {missing}" if missing else "")
-                    + ("; " if missing and extra else "")
-                    + (f"unexpected {extra}" if extra else "")
-                )
-            for name, shape in expected.items():
-                if tuple(datasets[name].shape) != shape:
-                    raise WeightFileError(
-                        f"{path}: dataset {name!r} has shape {tuple(datasets[name].shape)}, but the options "
-                        f"in {options_name} imply {shape}"
-                    )
-                _check_hdf5_storage(path, name, datasets[name])
+            datasets = _checked_datasets(path, file, config, options_name)
             with np.errstate(over="ignore"):  # a float64 beyond float32's range: inf, refused below
-                arrays = {name: np.asarray(datasets[name][...], dtype=np.float32) for name in expected}
+                arrays = {name: np.asarray(dataset[...], dtype=np.float32) for name, dataset in datasets.items()}
     except OSError as error:
         raise WeightFileError(f"{path}: not a readable HDF5 weight file ({error})") from error
     for name, array in arrays.items():
         _check_finite(path, f"dataset {name!r}", array)
     return arrays
+
+
+def check_weight_file(path: str | Path, config: ElmoConfig, options_name: str = "the options") -> None:
+    """Raise WeightFileError unless `path` is an HDF5 file holding exactly the datasets (names,
+    shapes, storage) that `config` implies; no value is read (a downloaded file's check)."""
+    path = Path(path)
+    try:
+        with h5py.File(path, "r") as file:
+            _checked_datasets(path, file, config, options_name)
+    except OSError as error:
+        raise WeightFileError(f"{path}: not a readable HDF5 weight file ({error})") from error
+
+
+def _checked_datasets(path: Path, file: h5py.File, config: ElmoConfig, options_name: str
+                      ) -> dict[str, h5py.Dataset]:
+    """The datasets of an open weight file, in `expected_datasets` order, after checking names,
+    shapes and storage against the options."""
+    datasets = _hdf5_datasets(path, file)
+    _check_layer_counts(config, len(datasets), f"the options in {options_name}", path)
+    expected = expected_datasets(config)
+    missing = sorted(set(expected) - set(datasets))
+    extra = sorted(set(datasets) - set(expected))
+    if missing or extra:
+        raise WeightFileError(
+            f"{path}: datasets do not match the options in {options_name}: "
+            + (f"missing {missing}" if missing else "")
+            + ("; " if missing and extra else "")
+            + (f"unexpected {extra}" if extra else "")
+        )
+    for name, shape in expected.items():
+        if tuple(datasets[name].shape) != shape:
+            raise WeightFileError(
+                f"{path}: dataset {name!r} has shape {tuple(datasets[name].shape)}, but the options "
+                f"in {options_name} imply {shape}"
+            )
+        _check_hdf5_storage(path, name, datasets[name])
+    return {name: datasets[name] for name in expected}
 
 
 def _hdf5_datasets(path: Path, file: h5py.File) -> dict[str, h5py.Dataset]:
@@ -275,6 +301,8 @@ def save_pretrained(model: BiLM, directory: str | Path, extra_tensors: dict[str,
                for name, t in tensors.items()}
     with atomic_path(directory / WEIGHTS_NAME) as tmp:
         save_file(tensors, str(tmp), metadata={"format": "pt", "library": "elmokit"})
+    if hasattr(model, "save_vocabulary"):  # a model with a vocabulary of its own (ELMoForManyLangs)
+        model.save_vocabulary(directory)
     model.config.save(directory / CONFIG_NAME)
 
 
@@ -327,9 +355,10 @@ def load_pretrained(directory: str | Path) -> BiLM:
         if not (directory / name).is_file():
             raise FileNotFoundError(f"{directory}: not an elmokit model directory (no {name})")
     config = ElmoConfig.load(directory / CONFIG_NAME)
+    build = _model_builder(config, directory)
     path = directory / WEIGHTS_NAME
     shapes = {name: shape for name, (_, shape) in safetensors_header(path).items() if not name.startswith("softmax.")}
-    expected = _expected_tensors(config, len(shapes), directory / CONFIG_NAME)
+    expected = _expected_tensors(config, len(shapes), directory / CONFIG_NAME, build)
     missing, extra = sorted(set(expected) - set(shapes)), sorted(set(shapes) - set(expected))
     if missing or extra:
         raise WeightFileError(f"{path}: tensors do not match {CONFIG_NAME}: missing {missing}, unexpected {extra}")
@@ -337,42 +366,83 @@ def load_pretrained(directory: str | Path) -> BiLM:
         if shapes[name] != shape:
             raise WeightFileError(f"{path}: tensor {name!r} has shape {shapes[name]}, {CONFIG_NAME} implies {shape}")
     tensors = _read_tensors(path, list(expected))
-    model = BiLM(config)  # its sizes are now those of the file's tensors
+    model = build(config)  # its sizes are now those of the file's tensors
     model.load_state_dict({name: t.float() for name, t in tensors.items()})  # fp16 storage -> fp32
     return model.eval()
 
 
-def _expected_tensors(config: ElmoConfig, n_tensors: int, config_path: Path) -> dict[str, tuple[int, ...]]:
+def _model_builder(config: ElmoConfig, directory: Path) -> Callable[[ElmoConfig], BiLM]:
+    """What builds the model of a native directory: `BiLM`, or for an ELMoForManyLangs model
+    (a `ManyLangsConfig`) its class with the vocabulary saved beside the config."""
+    if isinstance(config, ManyLangsConfig):
+        from elmokit.model.manylangs import build_native
+
+        return build_native(config, directory)
+    return BiLM
+
+
+def _expected_tensors(config: ElmoConfig, n_tensors: int, config_path: Path,
+                      build: Callable[[ElmoConfig], BiLM] = BiLM) -> dict[str, tuple[int, ...]]:
     """name -> shape of a BiLM's state dict, from a skeleton on the meta device: nothing is
     allocated, and no more modules are built than the file has tensors."""
     _check_layer_counts(config, n_tensors, str(config_path), config_path.parent / WEIGHTS_NAME)
     try:
         with torch.device("meta"):
-            return {name: tuple(t.shape) for name, t in BiLM(config).state_dict().items()}
+            return {name: tuple(t.shape) for name, t in build(config).state_dict().items()}
     except RuntimeError as error:  # sizes whose product overflows
         raise WeightFileError(f"{config_path}: sizes too large for any model ({error})") from None
 
 
-def load_model(options_or_directory: str | Path | None = None, weight_file: str | Path | None = None) -> BiLM:
+def load_model(model: str | Path | None = None, weight_file: str | Path | None = None) -> BiLM:
     """Load a biLM from whichever form it comes in.
 
-    * `(options_file, weight_file)`: the original JSON + HDF5 pair;
-    * `directory`: a native model directory;
-    * nothing: the built-in English model shipped with elmokit.
+    * nothing, or `"gutenberg-en"`: the built-in English model shipped with elmokit;
+    * `(options_file, weight_file)`: the original JSON + HDF5 pair, as paths or http(s) URLs
+      (downloaded into the cache, `elmokit.download`);
+    * a directory: a native model directory, or an ELMoForManyLangs model folder;
+    * a published name (`small`, `medium`, `original`, `original-5.5B`, `pubmed`, `pt`;
+      `elmokit.model.published`) or a TF-Hub handle (`https://tfhub.dev/google/elmo/3`).
     """
-    if options_or_directory is None:
-        from elmokit.model.builtin import builtin_model_dir
+    from elmokit.model.builtin import BUILTIN_MODEL, builtin_model_dir
 
-        return load_pretrained(builtin_model_dir())
-    path = Path(options_or_directory)
     if weight_file is not None:
-        return load_original(path, weight_file)
-    if path.is_dir():
+        if model is None:
+            raise ValueError("a weight file needs its options file: give both")
+        options_path = resolve_file(model, read_options)
+        config = read_options(options_path)
+        weights_path = resolve_file(weight_file, lambda path: check_weight_file(path, config, str(model)))
+        return load_original(options_path, weights_path)
+    if model is None or str(model) == BUILTIN_MODEL:
+        return load_pretrained(builtin_model_dir())
+    path = Path(model)
+    if not is_url(str(model)) and path.is_dir():
+        if not (path / WEIGHTS_NAME).is_file():  # not native: perhaps an ELMoForManyLangs folder
+            from elmokit.model import manylangs
+
+            if manylangs.is_manylangs_dir(path):
+                return manylangs.load_manylangs(path)
         return load_pretrained(path)
+    published = published_model(str(model))
+    if published is not None:
+        return load_model(published.options_url, published.weight_url)
+    if is_url(str(model)):
+        raise ValueError(f"{model}: a URL needs its pair (an options JSON URL with a weight file URL), or a "
+                         f"published name ({', '.join(published_names())}) or TF-Hub ELMo handle")
     if not path.exists():
-        raise FileNotFoundError(f"model not found: {path} (give a model directory, or an options "
-                                "JSON file and an HDF5 weight file)")
+        raise FileNotFoundError(f"model not found: {path} (give a model directory, an options JSON file and an "
+                                f"HDF5 weight file, {BUILTIN_MODEL!r}, or a published name: "
+                                f"{', '.join(published_names())})")
     raise ConfigError(f"{path}: an options file needs its weight file; give both, or a model directory")
+
+
+def resolve_file(reference: str | Path, check: Callable[[Path], object] | None = None) -> Path:
+    """A local path for a file given as a path or an http(s) URL (downloaded into the cache,
+    `check`ed before it enters it)."""
+    if is_url(str(reference)):
+        from elmokit.download import fetch
+
+        return fetch(str(reference), check)
+    return Path(reference)
 
 
 def model_fingerprint(bilm) -> str:

@@ -18,7 +18,6 @@ from safetensors.torch import save_file
 from torch import nn
 from tqdm import tqdm
 
-from elmokit.model.chars import batch_to_ids
 from elmokit.devices import dtype_name, resolve_dtype
 from elmokit.inference.elmo import module_device, token_layers
 from elmokit.inference.embedder import ElmoEmbedder
@@ -101,7 +100,7 @@ def pad_layers(layers: Sequence[torch.Tensor]) -> torch.Tensor:
 
 def bilm_layers(bilm: BiLM, sentences: Sequence[Sequence[str]]) -> torch.Tensor:
     """Run the biLM with gradients (fine-tuning): (B, L+1, T, 2P) without <S> and </S>."""
-    char_ids = batch_to_ids(sentences).to(next(bilm.parameters()).device)
+    char_ids = bilm.batch_ids(sentences).to(next(bilm.parameters()).device)
     return token_layers(bilm(char_ids))
 
 

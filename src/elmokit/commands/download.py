@@ -1,0 +1,89 @@
+"""`elmo download` (fill the model cache ahead, for machines that go offline) and `elmo cache`
+(list and remove what it holds). The cache and its settings: `elmokit.download`."""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+
+from elmokit.download import ENV_CACHE, ENV_MIRROR, ENV_OFFLINE, cache_dir, cache_entries, remove_entry
+from elmokit.model.published import PUBLISHED, published_model
+from elmokit.model.weights import is_url, load_model, read_options, resolve_file
+
+SETTINGS = (f"Settings: {ENV_CACHE} (the cache folder), {ENV_MIRROR} (a base URL or folder replacing the "
+            f"published host), {ENV_OFFLINE}=1 (cache only).")
+
+
+def register(subcommands: argparse._SubParsersAction) -> None:
+    parser = subcommands.add_parser(
+        "download", help="download published models into the cache (for offline use)",
+        description="Download models into the cache, checked before they enter it, so that later loads "
+                    "(and machines without a network, with ELMOKIT_OFFLINE=1) read them from there. "
+                    f"Published names: {', '.join(PUBLISHED)}; also TF-Hub ELMo handles, and URLs "
+                    f"(an options JSON URL and its weight file URL as a pair). {SETTINGS}")
+    parser.add_argument("models", nargs="+", metavar="NAME|URL",
+                        help="a published name, a TF-Hub handle, or an options URL followed by its weights URL")
+    parser.set_defaults(func=run_download)
+
+    parser = subcommands.add_parser(
+        "cache", help="list or remove cached model files",
+        description=f"List the files in the model cache, or remove some. {SETTINGS}")
+    parser.add_argument("--remove", nargs="+", metavar="NAME|PATTERN",
+                        help="remove the files of these published names, or whose URL matches these "
+                             "shell patterns (e.g. '*5.5B*'; '*' removes all)")
+    parser.set_defaults(func=run_cache)
+
+
+def download_requests(references: list[str]) -> list[tuple[str, str | None]]:
+    """(options, weights) pairs to fetch: a name or handle gives its pair; URLs come as pairs (an
+    options URL, then its weights URL); a lone URL is fetched as it is (weights None)."""
+    pairs: list[tuple[str, str | None]] = []
+    queue = list(references)
+    while queue:
+        reference = queue.pop(0)
+        published = published_model(reference)
+        if published is not None:
+            pairs.append((published.options_url, published.weight_url))
+        elif is_url(reference):
+            if reference.split("?")[0].endswith(".json") and queue and is_url(queue[0]) and published_model(queue[0]) is None:
+                pairs.append((reference, queue.pop(0)))
+            else:
+                pairs.append((reference, None))
+        else:
+            raise ValueError(f"{reference!r} is neither a published name ({', '.join(PUBLISHED)}), a TF-Hub "
+                             "ELMo handle nor an http(s) URL")
+    return pairs
+
+
+def run_download(args: argparse.Namespace) -> int:
+    for options_url, weights_url in download_requests(args.models):
+        if weights_url is None:
+            path = resolve_file(options_url, read_options if options_url.endswith(".json") else None)
+            print(f"{options_url}\n  -> {path}")
+            continue
+        model = load_model(options_url, weights_url)  # downloads both, checks them, and loads once
+        print(f"{options_url}\n{weights_url}\n  -> {resolve_file(weights_url).parent} "
+              f"({sum(p.numel() for p in model.parameters()):,} parameters, loads)")
+    return 0
+
+
+def run_cache(args: argparse.Namespace) -> int:
+    entries = cache_entries()
+    if args.remove:
+        patterns = []
+        for reference in args.remove:
+            published = published_model(reference)
+            patterns += [published.options_url, published.weight_url] if published else [reference]
+        chosen = [entry for entry in entries if any(fnmatch.fnmatchcase(entry.url, pattern) for pattern in patterns)]
+        for entry in chosen:
+            remove_entry(entry)
+            print(f"removed {entry.url} ({entry.size / 1e6:,.1f} MB)")
+        if not chosen:
+            print(f"nothing in {cache_dir()} matches {' '.join(args.remove)}")
+        return 0
+    print(f"cache: {cache_dir()}")
+    for entry in entries:
+        print(f"{entry.size / 1e6:>10,.1f} MB  {entry.url}")
+    print(f"{len(entries)} file(s), {sum(entry.size for entry in entries) / 1e6:,.1f} MB")
+    return 0
+

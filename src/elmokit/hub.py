@@ -1,0 +1,143 @@
+"""TF-Hub's ELMo module, called the way TF-Hub's users call it, in PyTorch.
+
+    from elmokit import hub                                   # was: import tensorflow_hub as hub
+    elmo = hub.Module("https://tfhub.dev/google/elmo/3", trainable=True)
+    elmo(["the cat is on the mat", "dogs are in the fog"], signature="default", as_dict=True)["elmo"]
+    elmo(inputs={"tokens": tokens, "sequence_len": lengths}, signature="tokens", as_dict=True)["elmo"]
+    hub.load("https://tfhub.dev/google/elmo/3").signatures["default"](strings)["elmo"]   # TF2's way
+
+A handle is a TF-Hub ELMo URL (google/elmo/1, 2 and 3 are the published `original` biLM:
+`elmokit.model.published`), a published name, a URL pair (options, weights), a local model folder,
+or None for the built-in model. Outputs, as TF-Hub's, with padding zero:
+
+    word_emb (B, T, P)   lstm_outputs1, lstm_outputs2 (B, T, 2P)   elmo (B, T, 2P): the trainable
+    mix (equal weights and gamma 1 before training)   default (B, 2P): the mean of `elmo` over
+    the real tokens   sequence_len (B,)
+
+`trainable=True` trains the 4 scalars of the mix (3 layer weights and gamma), as google/elmo/2
+and 3 do; google/elmo/1 also trains the LSTM cells. Tensors are torch tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from elmokit.inference.elmo import HubElmo
+from elmokit.model.bilm import BiLM
+from elmokit.model.published import tfhub_name
+from elmokit.model.weights import load_model
+
+SIGNATURES = ("default", "tokens")
+OUTPUTS = ("word_emb", "lstm_outputs1", "lstm_outputs2", "elmo", "default", "sequence_len")
+
+
+def load_handle(handle: str | tuple[str, str] | None) -> BiLM:
+    """The biLM a handle names (see the module docstring)."""
+    if isinstance(handle, (tuple, list)):
+        if len(handle) != 2:
+            raise ValueError(f"a handle pair is (options, weights), got {len(handle)} items")
+        return load_model(*handle)
+    return load_model(handle)
+
+
+class Module(nn.Module):
+    """`hub.Module(handle, trainable=False)`: call it with `signature="default"` (untokenized
+    strings, split on spaces) or `signature="tokens"` (`inputs={"tokens": (B, T) strings with ""
+    padding, "sequence_len": (B,)}`); `as_dict=True` gives every output, else `default`.
+    `device` and `dtype` as for `Elmo`."""
+
+    def __init__(self, handle: str | tuple[str, str] | None = None, trainable: bool = False, *,
+                 device: str | torch.device | None = None, dtype: str | torch.dtype | None = None):
+        super().__init__()
+        self.handle = handle
+        train_lstm = trainable and isinstance(handle, str) and handle.rstrip("/").endswith("google/elmo/1")
+        self.elmo = HubElmo(module=load_handle(handle), trainable=train_lstm, device=device, dtype=dtype)
+        self.elmo.mix.requires_grad_(trainable)
+        if train_lstm:  # google/elmo/1 trains "all variables of the LSTM cells", not the char CNN
+            self.elmo.bilm.token_encoder.requires_grad_(False)
+
+    def forward(self, inputs=None, signature: str = "default", as_dict: bool = False,
+                **kwargs) -> torch.Tensor | dict[str, torch.Tensor]:
+        if inputs is None and kwargs:  # TF2's keyword form: tokens=..., sequence_len=...
+            inputs = kwargs
+        sentences, width = _sentences(inputs, signature)
+        outputs = self.elmo(sentences)
+        if width is not None:
+            outputs = _pad_to(outputs, width)
+        return dict(outputs) if as_dict else outputs["default"]
+
+    def get_signature_names(self) -> list[str]:
+        return list(SIGNATURES)
+
+    def get_output_info_dict(self, signature: str = "default") -> dict[str, tuple[int | None, ...]]:
+        """Each output's shape, None for the batch and token dimensions (TF-Hub's method)."""
+        _check_signature(signature)
+        projection, output_dim = self.elmo.bilm.config.lstm.projection_dim, self.elmo.bilm.output_dim
+        return {"word_emb": (None, None, projection), "lstm_outputs1": (None, None, output_dim),
+                "lstm_outputs2": (None, None, output_dim), "elmo": (None, None, output_dim),
+                "default": (None, output_dim), "sequence_len": (None,)}
+
+    def __repr__(self) -> str:
+        config = self.elmo.bilm.config
+        return (f"hub.Module({self.handle!r}, {config.lstm.n_layers} x {config.lstm.cell_dim} cells -> "
+                f"{config.lstm.projection_dim}, outputs {self.elmo.bilm.output_dim}-dim)")
+
+
+def load(handle: str | tuple[str, str] | None = None, trainable: bool = False, **kwargs) -> Module:
+    """TF2's `hub.load(handle)`: the module, whose `signatures["default"](strings)` and
+    `signatures["tokens"](tokens=..., sequence_len=...)` return the dict of outputs."""
+    module = Module(handle, trainable, **kwargs)
+    module.signatures = {
+        "default": lambda strings: module(strings, signature="default", as_dict=True),
+        "tokens": lambda tokens, sequence_len: module({"tokens": tokens, "sequence_len": sequence_len},
+                                                      signature="tokens", as_dict=True),
+    }
+    return module
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs as TF-Hub takes them
+# ---------------------------------------------------------------------------------------------
+def _check_signature(signature: str) -> None:
+    if signature not in SIGNATURES:
+        raise ValueError(f"signature must be one of {', '.join(SIGNATURES)}, got {signature!r}")
+
+
+def _text(value) -> str:
+    return value.decode("utf-8") if isinstance(value, (bytes, np.bytes_)) else str(value)
+
+
+def _sentences(inputs, signature: str) -> tuple[list[list[str]], int | None]:
+    """Token lists from a signature's inputs, and the width the outputs keep (the `tokens` input's
+    T, else None: the longest sentence)."""
+    _check_signature(signature)
+    if signature == "default":
+        if isinstance(inputs, (str, bytes)) or not isinstance(inputs, (Sequence, np.ndarray)):
+            raise TypeError(f"signature 'default' takes a list of strings (B,), got {type(inputs).__name__}")
+        return [[token for token in _text(text).split(" ") if token] for text in inputs], None
+    if not isinstance(inputs, Mapping) or set(inputs) != {"tokens", "sequence_len"}:
+        raise TypeError("signature 'tokens' takes inputs={'tokens': (B, T) strings, 'sequence_len': (B,) ints}, "
+                        f"got {type(inputs).__name__}" + (f" with keys {sorted(inputs)}" if isinstance(inputs, Mapping) else ""))
+    tokens, lengths = inputs["tokens"], np.asarray(inputs["sequence_len"]).reshape(-1)
+    if len(tokens) != len(lengths):
+        raise ValueError(f"tokens has {len(tokens)} rows but sequence_len {len(lengths)}")
+    width = max((len(row) for row in tokens), default=0)
+    for index, (row, length) in enumerate(zip(tokens, lengths.tolist())):
+        if not 0 <= length <= len(row):
+            raise ValueError(f"sequence_len[{index}] = {length}, but tokens[{index}] has {len(row)} entries")
+    return [[_text(token) for token in row[:length]] for row, length in zip(tokens, lengths.tolist())], width
+
+
+def _pad_to(outputs: dict[str, torch.Tensor], width: int) -> dict[str, torch.Tensor]:
+    """Token outputs (B, T', D) zero-padded to the `tokens` input's width T >= T'."""
+    padded = {}
+    for name, value in outputs.items():
+        if value.dim() == 3 and value.shape[1] < width:
+            value = torch.cat([value, value.new_zeros(value.shape[0], width - value.shape[1], value.shape[2])], 1)
+        padded[name] = value
+    return padded
+
