@@ -7,7 +7,8 @@ rest is imported only where it is used, after `require` has checked it is there:
 | --- | --- | --- |
 | `plot` | matplotlib | `curves.png` of `elmo train`, `elmo similar --plot`, the task and probe figures |
 | `prepare` | sacremoses, sentencex | `elmo prepare`, Moses tokenization (`--tokenize`) |
-| `all` | both of the above | |
+| `zh` | jieba, sentencex | `elmo prepare --lang zh`: Chinese word segmentation |
+| `all` | all of the above | |
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import importlib
 EXTRAS: dict[str, tuple[str, ...]] = {
     "plot": ("matplotlib",),
     "prepare": ("sacremoses", "sentencex"),
+    "zh": ("jieba", "sentencex"),
 }
 """The packages of each optional extra (import names, the same as their pip names)."""
 

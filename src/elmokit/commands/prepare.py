@@ -16,6 +16,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
                     "globs), split it into sentences (sentencex) and Moses tokens (sacremoses), "
                     "and write OUT/shard-00000.txt.gz, ... with one sentence per line, tokens "
                     "separated by single spaces, plus OUT/prepare.json with the counts. "
+                    "Chinese (--lang zh) is segmented into words with jieba instead of Moses. "
                     "Already tokenized input (PTB-like) is detected and only has its whitespace "
                     "normalised. A line that is not valid UTF-8 stops the run with its file and "
                     "line number, unless --skip-bad-lines.")
@@ -29,7 +30,9 @@ def register(subcommands: argparse._SubParsersAction) -> None:
                       help="input is already one tokenized sentence per line: pass it through")
     form.add_argument("--raw", dest="pretokenized", action="store_false",
                       help="input is raw text: always split and tokenize (default: detect)")
-    parser.add_argument("--lang", default="en", help="language for sentence splitting and Moses (default: en)")
+    parser.add_argument("--lang", default="en",
+                        help="language for sentence splitting and Moses (default: en); zh: Chinese, "
+                             "segmented into words with jieba (pip install 'elmokit[zh]')")
     parser.add_argument("--plain", action="store_true", help="write plain .txt shards instead of .txt.gz")
     parser.add_argument("--skip-bad-lines", action="store_true",
                         help="skip lines that are not valid UTF-8 (counted, the first one reported) "

@@ -7,7 +7,7 @@ The pipeline, in the order text travels:
       -> lines, decoded as strict UTF-8            (`read_raw_lines`; bad bytes: error or skip)
       -> chunks of lines, on all cores              (`multiprocessing.Pool`, order kept)
       -> sentences                                  (sentencex, rule-based, no model download)
-      -> Moses tokens                               (sacremoses, `escape=False`)
+      -> Moses tokens                               (sacremoses, `escape=False`; Chinese: jieba words)
       -> "tok tok tok" lines in OUT/shard-00000.txt.gz, ...   (`ShardWriter`, atomic per shard)
 
 Pre-tokenized input (e.g. PTB: one sentence per line, tokens split by spaces) only has its
@@ -176,15 +176,37 @@ def read_raw_lines(path: Path, skip_bad_lines: bool, stats: PrepareStats) -> Ite
 # ---------------------------------------------------------------------------------------------
 
 _worker_lang: str = "en"
-_worker_moses = None  # sacremoses.MosesTokenizer, one per process
+_worker_moses = None  # the tokenizer of each process: sacremoses.MosesTokenizer, or Chinese words
+
+
+def is_chinese(lang: str) -> bool:
+    """`--lang zh` (or zh-cn, zh_Hans, ...): words come from a Chinese segmenter, not Moses."""
+    return lang.lower().replace("_", "-").split("-")[0] == "zh"
+
+
+class ChineseWords:
+    """Chinese word segmentation with jieba (accurate mode, its bundled dictionary: nothing is
+    downloaded), in MosesTokenizer's `tokenize(text, escape=False)` shape."""
+
+    def __init__(self):
+        import jieba
+
+        jieba.setLogLevel(60)  # no "Building prefix dict" messages on stderr
+        self._tokenizer = jieba.Tokenizer()
+
+    def tokenize(self, text: str, escape: bool = False) -> list[str]:
+        return self._tokenizer.lcut(text)
 
 
 def _init_worker(lang: str) -> None:
     global _worker_lang, _worker_moses
-    from sacremoses import MosesTokenizer
-
     _worker_lang = lang
-    _worker_moses = MosesTokenizer(lang=lang)
+    if is_chinese(lang):
+        _worker_moses = ChineseWords()
+    else:
+        from sacremoses import MosesTokenizer
+
+        _worker_moses = MosesTokenizer(lang=lang)
 
 
 def tokenize_paragraphs(paragraphs: Sequence[str]) -> list[str]:
@@ -195,7 +217,7 @@ def tokenize_paragraphs(paragraphs: Sequence[str]) -> list[str]:
         _init_worker(_worker_lang)
     sentences = []
     for paragraph in paragraphs:
-        for sentence in sentencex.segment(_worker_lang, paragraph):
+        for sentence in sentencex.segment(_worker_lang.split("-")[0].split("_")[0], paragraph):
             tokens = _worker_moses.tokenize(sentence, escape=False)
             line = " ".join(" ".join(tokens).split())  # tokens never hold Unicode spaces
             if line:
@@ -211,16 +233,20 @@ def normalise_pretokenized(lines: Sequence[str]) -> list[str]:
 _ATTACHED_PUNCTUATION = re.compile(r"\w[,;:!?\"”’)\]]$|^[\"“‘(\[]\w")
 
 
-def looks_pretokenized(lines: Sequence[str]) -> bool:
+def looks_pretokenized(lines: Sequence[str], lang: str = "en") -> bool:
     """True when a sample of lines reads like tokenized text (PTB, 1B Word Benchmark).
 
     Raw prose has punctuation glued to words ("world," "(see"); tokenized text has it split off.
     The sample is taken as pre-tokenized when under 0.5 % of its tokens carry glued punctuation
-    (a trailing "." is ignored: "mr." and "u.s." stay whole in tokenized text).
+    (a trailing "." is ignored: "mr." and "u.s." stay whole in tokenized text). Chinese is written
+    without spaces: segmented Chinese has words of a few characters (under 4 on average; the
+    raw text's space-separated runs are whole clauses).
     """
     tokens = list(itertools.chain.from_iterable(map(str.split, lines)))
     if not tokens:
         return False
+    if is_chinese(lang):
+        return sum(map(len, tokens)) < 4 * len(tokens)
     glued = sum(map(bool, map(_ATTACHED_PUNCTUATION.search, tokens)))
     return glued < 0.005 * len(tokens)
 
@@ -340,7 +366,8 @@ def prepare_corpus(
         the counts, also written to `out_dir/prepare.json`.
 
     Raises:
-        MissingExtraError: raw input and sacremoses or sentencex not installed (the `prepare` extra).
+        MissingExtraError: raw input and sacremoses or sentencex not installed (the `prepare` extra;
+            for Chinese, `lang="zh"`, jieba or sentencex: the `zh` extra).
     """
     from tqdm import tqdm
 
@@ -349,9 +376,12 @@ def prepare_corpus(
     stats = PrepareStats(input_files=list(map(str, paths)))
     if pretokenized is None:
         pretokenized = looks_pretokenized(list(itertools.islice(
-            _all_lines(paths, True, PrepareStats()), 200)))
+            _all_lines(paths, True, PrepareStats()), 200)), lang)
     if not pretokenized:  # checked here, before old shards are removed and workers start
-        require("prepare", "elmo prepare")
+        if is_chinese(lang):
+            require("zh", f"elmo prepare --lang {lang}")
+        else:
+            require("prepare", "elmo prepare")
     _clear_old_shards(out_dir, overwrite)
     stats.pretokenized = pretokenized
     workers = max(1, workers or os.cpu_count() or 1)

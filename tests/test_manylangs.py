@@ -1,0 +1,252 @@
+"""ELMoForManyLangs model folders (elmokit.model.manylangs): their numbers, their quirks, safe
+loading, conversion; and `elmo prepare --lang zh`.
+
+The expected vectors in tests/fixtures/manylangs/ come from their own `Embedder.sents2elmo` on
+models their own training script wrote (scripts/make_manylangs_fixture.py says how).
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from elmokit import ElmoEmbedder
+from elmokit.cli import main
+from elmokit.extras import MissingExtraError
+from elmokit.model.config import ConfigError, ManyLangsConfig
+from elmokit.model.manylangs import (
+    KNOWN_CONFIGS, ManyLangsBiLM, is_manylangs_dir, load_manylangs, read_dictionary, read_model_config)
+from elmokit.model.weights import WeightFileError, load_model, load_pretrained
+from elmokit.training.corpus import prepare_corpus
+from tests.conftest import DATA, require_shared
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "manylangs"
+MODELS = ("words", "chars-only")  # with a word embedding (zip pickles); without (legacy pickles)
+OUTPUT_LAYERS = (-1, -2, 0, 1, 2)  # theirs: average, all, token layer, LSTM 1, LSTM 2
+TOLERANCE = 1e-5
+SENTENCES = json.loads((FIXTURES / "sentences.json").read_text(encoding="utf-8"))
+
+
+def their_output(layers: np.ndarray, output_layer: int) -> np.ndarray:
+    """What their sents2elmo returns for one sentence, from elmokit's (L+1, n, 2P)."""
+    if output_layer == -1:
+        return layers.mean(axis=0)
+    return layers if output_layer == -2 else layers[output_layer]
+
+
+def max_difference(per_sentence: list[np.ndarray], name: str, output_layer: int, shaped: bool = False) -> float:
+    """Largest |elmokit - theirs| over the fixture sentences; `per_sentence` holds elmokit's
+    (L+1, n, 2P) arrays, or with `shaped` arrays already in their output_layer's shape."""
+    with np.load(FIXTURES / f"{name}-expected.npz") as expected:
+        differences = []
+        for index, ours in enumerate(per_sentence):
+            theirs = expected[f"layer{output_layer}_{index}"]
+            ours = ours if shaped else their_output(ours, output_layer)
+            assert ours.shape == theirs.shape, (name, output_layer, index)
+            differences.append(float(np.abs(ours - theirs).max()))
+    return max(differences)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_their_numbers_through_elmo_embedder(name):
+    """Every output_layer they offer, within 1e-5, ElmoEmbedder given the folder itself."""
+    embedder = ElmoEmbedder(str(FIXTURES / name))
+    assert isinstance(embedder.bilm, ManyLangsBiLM)
+    batched = embedder.embed_batch(SENTENCES)
+    one_by_one = [embedder.embed_sentence(sentence) for sentence in SENTENCES]
+    streamed = embedder.embed_many(SENTENCES, rows=2)
+    for output_layer in OUTPUT_LAYERS:
+        for vectors in (batched, one_by_one, streamed):
+            assert max_difference(vectors, name, output_layer) < TOLERANCE, output_layer
+
+
+def test_their_numbers_through_the_cli(tmp_path):
+    """`elmo embed --model FOLDER`: all layers, and --average (their output_layer=-1)."""
+    source = tmp_path / "in.txt"
+    source.write_text("".join(" ".join(sentence) + "\n" for sentence in SENTENCES), encoding="utf-8")
+    model = str(FIXTURES / "words")
+    assert main(["embed", str(source), str(tmp_path / "all.npz"), "--all", "--model", model, "--quiet"]) == 0
+    assert main(["embed", str(source), str(tmp_path / "avg.npz"), "--average", "--model", model, "--quiet"]) == 0
+    with np.load(tmp_path / "all.npz") as all_layers, np.load(tmp_path / "avg.npz") as average:
+        layers = [all_layers[str(index)] for index in range(len(SENTENCES))]
+        for output_layer in OUTPUT_LAYERS:
+            assert max_difference(layers, "words", output_layer) < TOLERANCE
+        averaged = [average[str(index)] for index in range(len(SENTENCES))]
+        assert max_difference(averaged, "words", -1, shaped=True) < TOLERANCE
+
+
+def test_load_model_and_folder_detection():
+    assert is_manylangs_dir(FIXTURES / "words") and not is_manylangs_dir(FIXTURES) and not is_manylangs_dir(None)
+    model = load_model(FIXTURES / "chars-only")
+    assert isinstance(model, ManyLangsBiLM) and model.config.word_dim == 0
+
+
+@pytest.mark.parametrize("change", ["forget bias", "highway gate", "begin/end of word"])
+def test_each_quirk_matters(change):
+    """The fixture tells each convention from its alternative: a model loaded with the bilm-tf
+    forget-bias convention kept (+1 more), an unnegated highway gate, or bilm-tf's begin/end-of-word
+    order is off by far more than the tolerance."""
+    model = load_manylangs(FIXTURES / "words")
+    with torch.no_grad():
+        if change == "forget bias":
+            for layer in model.lstm.layers:
+                layer.bias[:, :, layer.cell_dim:2 * layer.cell_dim] += 1.0
+        elif change == "highway gate":
+            for layer in model.token_encoder.highway.layers:
+                n_filters = layer.weight.shape[1]
+                layer.weight[n_filters:] *= -1
+                layer.bias[n_filters:] *= -1
+    if change == "begin/end of word":
+        vocabulary = model.vocabulary
+        swapped = dict(vocabulary.chars, **{"<bow>": vocabulary.chars["<eow>"], "<eow>": vocabulary.chars["<bow>"]})
+        model.vocabulary = type(vocabulary)(swapped, vocabulary.words, vocabulary.max_chars)
+    vectors = ElmoEmbedder(module=model).embed_batch(SENTENCES)
+    assert max_difference(vectors, "words", -2) > 100 * TOLERANCE
+
+
+def test_token_ids_follow_their_create_one_batch():
+    model = load_manylangs(FIXTURES / "words")
+    chars = read_dictionary(FIXTURES / "words" / "char.dic")
+    words = read_dictionary(FIXTURES / "words" / "word.dic")
+    ids = model.token_ids(["天气", "supercalifragilistic", "𠀀😀", "<S>", "</S>"]) - 1  # theirs
+    assert ids.shape == (5, 10 + 1)  # W = 10 chars + the word id
+    eow, bow, pad, oov = chars["<eow>"], chars["<bow>"], chars["<pad>"], chars["<oov>"]
+    assert ids[0].tolist() == [eow, chars["天"], chars["气"], bow] + [pad] * 6 + [words["天气"]]
+    cut = "supercal"  # W - 2 code points, before both lookups
+    assert ids[1, :10].tolist() == [eow, *(chars[c] for c in cut), bow] and ids[1, 10] == words["supercal"]
+    assert ids[2].tolist() == [eow, oov, chars["😀"], bow] + [pad] * 6 + [words["<oov>"]]
+    assert ids[3].tolist() == [eow, chars["<bos>"], bow] + [pad] * 7 + [words["<bos>"]]
+    assert ids[4].tolist() == [eow, chars["<eos>"], bow] + [pad] * 7 + [words["<eos>"]]
+    assert (model.batch_ids([["好"], []])[1] == 0).all()  # padding rows stay zero
+
+
+def test_dictionary_reading_quirks(tmp_path):
+    """Their reader strips each line, so an entry that is whitespace loses itself: the id goes to
+    "\\u3000"; a later line for the same entry wins; a malformed line names file and line."""
+    path = tmp_path / "char.dic"
+    path.write_text("a\t0\n \t1\nb\t2\na\t3\n", encoding="utf-8")
+    assert read_dictionary(path) == {"a": 3, "\u3000": 1, "b": 2}
+    path.write_text("a\t0\nb\tc\t2\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"char.dic:2: expected 'entry<TAB>id'"):
+        read_dictionary(path)
+
+
+def test_published_config_found_as_their_embedder_finds_it(tmp_path):
+    """A published folder's config.json names their package's config by a path outside the folder."""
+    folder = tmp_path / "zhs.model"
+    shutil.copytree(FIXTURES / "words", folder)
+    (folder / "cnn_tiny.json").unlink()
+    options = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**options, "config_path": "../configs/cnn_50_100_512_4096_sample.json"}))
+    assert read_model_config(folder) == KNOWN_CONFIGS["cnn_50_100_512_4096_sample.json"]
+    with pytest.raises(WeightFileError, match=r"token_embedder.pkl: tensors do not match the model config: missing \['convolutions.3.bias'"):
+        load_manylangs(folder)  # the tiny weights do not fit the published shape: said, not crashed
+    (folder / "config.json").write_text(json.dumps({**options, "config_path": "elsewhere/unknown.json"}))
+    with pytest.raises(FileNotFoundError, match="unknown.json"):
+        load_manylangs(folder)
+
+
+class _Planted:
+    """Unpickling this would run os.system: a safe loader never builds it."""
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {_Planted.marker}",)
+
+
+def test_a_pickle_with_objects_is_refused_unrun(tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(FIXTURES / "words", folder)
+    _Planted.marker = tmp_path / "ran"
+    state = torch.load(folder / "encoder.pkl", weights_only=True)
+    with open(folder / "encoder.pkl", "wb") as handle:
+        pickle.dump({**state, "extra": _Planted()}, handle, protocol=2)
+    with pytest.raises(WeightFileError, match=r"encoder.pkl: refused: it holds something other than tensors"):
+        load_manylangs(folder)
+    assert not _Planted.marker.exists()
+    torch.save({"weights": [1, 2]}, folder / "encoder.pkl")  # plain data, but not a state dict of tensors
+    with pytest.raises(WeightFileError, match=r"encoder.pkl: expected a state dict"):
+        load_manylangs(folder)
+
+
+def test_convert_to_native_rebuilds_the_same_model(tmp_path):
+    out = tmp_path / "native"
+    assert main(["convert", "--model", str(FIXTURES / "words"), "--to-native", str(out)]) == 0
+    assert sorted(path.name for path in out.iterdir()) == ["config.json", "manylangs_vocab.json", "model.safetensors"]
+    native = load_pretrained(out)
+    assert isinstance(native.config, ManyLangsConfig) and native.config == load_manylangs(FIXTURES / "words").config
+    for output_layer in OUTPUT_LAYERS:
+        assert max_difference(ElmoEmbedder(str(out)).embed_batch(SENTENCES), "words", output_layer) < TOLERANCE
+
+
+def test_convert_to_original_is_refused(tmp_path, capsys):
+    options, weights = tmp_path / "options.json", tmp_path / "weights.hdf5"
+    assert main(["convert", "--model", str(FIXTURES / "words"), "--to-original", str(options), str(weights)]) != 0
+    message = capsys.readouterr().err
+    assert "cannot hold its character vocabulary" in message and "word embedding" in message
+    assert not options.exists() and not weights.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# elmo prepare --lang zh
+# ---------------------------------------------------------------------------------------------
+def _prepare(tmp_path, lines: list[str], *extra: str) -> list[list[str]]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    source = tmp_path / "raw.txt"
+    source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    out = tmp_path / "out"
+    assert main(["prepare", str(source), "-o", str(out), "--lang", "zh", "--plain", "--workers", "1",
+                 "--quiet", *extra]) == 0
+    return [line.split() for line in (out / "shard-00000.txt").read_text(encoding="utf-8").splitlines()]
+
+
+def test_prepare_zh_segments_words(tmp_path):
+    pytest.importorskip("jieba")
+    lines = ["我们喜欢学习中文。他在北京大学学习！", "北京大学成立于1898年。"]
+    sentences = _prepare(tmp_path, lines)
+    assert sentences[:2] == [["我们", "喜欢", "学习", "中文", "。"], ["他", "在", "北京大学", "学习", "！"]]
+    assert "1898" in sentences[2] and "".join(sum(sentences, [])) == "".join(lines)  # nothing lost
+
+
+def test_prepare_zh_agrees_with_gold_segmentation(tmp_path):
+    """On UD Chinese GSDSimp (gold words): jieba finds most word boundaries (F1 of the words)."""
+    pytest.importorskip("jieba")
+    conllu = require_shared(DATA / "ud-chinese-gsdsimp" / "zh_gsdsimp-ud-dev.conllu")
+    gold, words = [], []
+    for line in conllu.read_text(encoding="utf-8").splitlines():
+        if line and line[0].isdigit() and "-" not in line.split("\t")[0]:
+            words.append(line.split("\t")[1])
+        elif not line and words:
+            gold.append(words)
+            words = []
+    gold = [sentence for sentence in gold if not any(" " in word for word in sentence)][:50]
+    predicted = sum(_prepare(tmp_path, ["".join(sentence) for sentence in gold], "--raw"), [])
+    gold_words = sum(gold, [])
+    assert "".join(predicted) == "".join(gold_words)
+
+    def spans(words: list[str]) -> set[tuple[int, int]]:
+        ends = np.cumsum([len(word) for word in words])
+        return set(zip((ends - [len(word) for word in words]).tolist(), ends.tolist()))
+
+    hits = len(spans(gold_words) & spans(predicted))
+    precision, recall = hits / len(predicted), hits / len(gold_words)
+    assert 2 * precision * recall / (precision + recall) > 0.75
+
+
+def test_prepare_zh_detects_segmented_input_and_names_its_extra(tmp_path, monkeypatch, capsys):
+    assert _prepare(tmp_path, ["我们 喜欢 学习 中文 。"]) == [["我们", "喜欢", "学习", "中文", "。"]]  # passed through
+    monkeypatch.setitem(sys.modules, "jieba", None)  # not installed
+    raw = tmp_path / "raw.txt"
+    raw.write_text("我们喜欢学习中文。\n", encoding="utf-8")
+    assert main(["prepare", str(raw), "-o", str(tmp_path / "again"), "--lang", "zh", "--quiet"]) == 2
+    assert "pip install 'elmokit[zh]'" in capsys.readouterr().err
+    with pytest.raises(MissingExtraError, match=r"elmo prepare --lang zh needs jieba"):
+        prepare_corpus([raw], tmp_path / "again", lang="zh", progress=False)
