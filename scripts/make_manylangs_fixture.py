@@ -6,6 +6,7 @@ script at it (any folder holding their `elmoformanylangs/` package):
 
     git clone https://github.com/HIT-SCIR/ELMoForManyLangs /tmp/efml   # or: git archive of a mirror
     .venv/bin/python scripts/make_manylangs_fixture.py --efml /tmp/efml
+    .venv/bin/python scripts/make_manylangs_fixture.py --check   # elmokit vs the fixture, per output_layer
 
 (The committed fixture was made from their commit b3de5f1, "Bells and whistle for a pypi
 release (#88)", with torch 2.13.0 on the CPU.)
@@ -153,12 +154,37 @@ def expected_outputs(model_dir: Path) -> dict[str, np.ndarray]:
     return arrays
 
 
+def check(fixture: Path) -> None:
+    """Print elmokit's largest difference from their vectors, per model and output_layer (no
+    need for their code): the parity figure docs/manylangs.md quotes."""
+    from elmokit import ElmoEmbedder
+
+    sentences = json.loads((fixture / "sentences.json").read_text(encoding="utf-8"))
+    print("| model | " + " | ".join(f"output_layer {layer}" for layer in OUTPUT_LAYERS) + " |")
+    print("|---|" + "---:|" * len(OUTPUT_LAYERS))
+    for name in ("words", "chars-only"):
+        vectors = ElmoEmbedder(str(fixture / name)).embed_batch(sentences)  # (3, n, 2P) each
+        shaped = {-1: [v.mean(axis=0) for v in vectors], -2: vectors,
+                  **{layer: [v[layer] for v in vectors] for layer in (0, 1, 2)}}
+        with np.load(fixture / f"{name}-expected.npz") as expected:
+            worst = [max(float(np.abs(ours - expected[f"layer{layer}_{i}"]).max()) for i, ours in enumerate(shaped[layer]))
+                     for layer in OUTPUT_LAYERS]
+        print(f"| {name} | " + " | ".join(f"{value:.1e}" for value in worst) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--efml", type=Path, required=True,
+    parser.add_argument("--efml", type=Path,
                         help="a checkout of HIT-SCIR/ELMoForManyLangs (the folder holding elmoformanylangs/)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"fixture folder (default: {DEFAULT_OUT})")
+    parser.add_argument("--check", action="store_true",
+                        help="print elmokit's largest difference from the fixture's vectors instead (no --efml needed)")
     args = parser.parse_args()
+    if args.check:
+        check(args.out)
+        return
+    if args.efml is None:
+        parser.error("--efml is required to make the fixture")
     if not (args.efml / "elmoformanylangs" / "frontend.py").is_file():
         parser.error(f"--efml {args.efml}: no elmoformanylangs/frontend.py there")
     sys.path.insert(0, str(args.efml.resolve()))

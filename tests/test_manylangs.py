@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from elmokit import ElmoEmbedder
+from elmokit import Elmo, ElmoEmbedder, batch_to_ids, hub
 from elmokit.cli import main
 from elmokit.extras import MissingExtraError
 from elmokit.model.config import ConfigError, ManyLangsConfig
@@ -80,6 +80,24 @@ def test_their_numbers_through_the_cli(tmp_path):
             assert max_difference(layers, "words", output_layer) < TOLERANCE
         averaged = [average[str(index)] for index in range(len(SENTENCES))]
         assert max_difference(averaged, "words", -1, shaped=True) < TOLERANCE
+
+
+def test_elmo_and_hub_take_the_folder():
+    """AllenNLP's Elmo and TF-Hub's module take the folder; ELMo's byte ids are refused."""
+    model = str(FIXTURES / "words")
+    elmo = Elmo(model, None, 1, dropout=0.0)
+    representations = elmo(elmo.bilm.batch_ids(SENTENCES[:2]))["elmo_representations"][0]  # (B, T, 2P)
+    outputs = hub.load(model)([" ".join(sentence) for sentence in SENTENCES[:2]], signature="default", as_dict=True)
+    with np.load(FIXTURES / "words-expected.npz") as expected:
+        for index, sentence in enumerate(SENTENCES[:2]):
+            token_layer = outputs["word_emb"][index, :len(sentence)].detach().numpy()  # (n, P)
+            assert np.abs(np.tile(token_layer, 2) - expected[f"layer0_{index}"]).max() < TOLERANCE
+            mixed = representations[index, :len(sentence)].detach().numpy()  # equal weights, gamma 1: the average
+            assert np.abs(mixed - expected[f"layer-1_{index}"]).max() < TOLERANCE
+    with pytest.raises((ValueError, RuntimeError)):  # 50 byte ids a token, not 11 of theirs: an error, not numbers
+        elmo(batch_to_ids(SENTENCES[:2]))
+    with pytest.raises(ValueError, match="not ELMo's byte-level batch_to_ids"):
+        elmo.bilm.encode_tokens(batch_to_ids(SENTENCES[:2]))
 
 
 def test_load_model_and_folder_detection():

@@ -219,6 +219,11 @@ class ManyLangsTokenEncoder(nn.Module):
         self.projection = nn.Linear(config.word_dim + cnn.n_filters, config.lstm.projection_dim)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        width = self.max_chars + (self.word_embedding is not None)
+        if ids.shape[-1] != width:
+            raise ValueError(f"token ids of width {ids.shape[-1]}, but this ELMoForManyLangs model takes {width} "
+                             "a token: make them with the model's own batch_ids (bilm.batch_ids(sentences)), "
+                             "not ELMo's byte-level batch_to_ids")
         features = self.highway(self.char_cnn(ids[:, :self.max_chars]))  # (N, F)
         if self.word_embedding is not None:
             words = self.word_embedding(ids[:, self.max_chars]).to(features.dtype)  # (N, word_dim)
