@@ -154,6 +154,9 @@ def test_dictionary_reading_quirks(tmp_path):
     path.write_text("a\t0\nb\tc\t2\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=r"char.dic:2: expected 'entry<TAB>id'"):
         read_dictionary(path)
+    path.write_text("a\t0\nb\t-1\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"char.dic:2: expected 'entry<TAB>id' with an id >= 0"):
+        read_dictionary(path)
 
 
 def test_published_config_found_as_their_embedder_finds_it(tmp_path):

@@ -190,9 +190,13 @@ def read_dictionary(path: Path) -> dict[str, int]:
         fields = line.strip().split("\t")
         if len(fields) == 1:
             fields.insert(0, "\u3000")
-        if len(fields) != 2 or not fields[1].isdecimal():
-            raise ConfigError(f"{path}:{number}: expected 'entry<TAB>id', got {line!r:.80}")
-        table[fields[0]] = int(fields[1])
+        try:
+            entry, index = fields[0], int(fields[-1])  # int() as theirs: " 5" and "٥" are ids too
+        except ValueError:
+            index = -1
+        if len(fields) != 2 or index < 0:
+            raise ConfigError(f"{path}:{number}: expected 'entry<TAB>id' with an id >= 0, got {line!r:.80}")
+        table[entry] = index
     return table
 
 
