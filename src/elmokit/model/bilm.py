@@ -110,7 +110,7 @@ class BiLM(nn.Module):
 
     def batch_ids(self, sentences) -> torch.Tensor:
         """(B, T, W) ids of tokenized sentences, right-padded with zero rows (`batch_to_ids`)."""
-        return batch_to_ids(sentences, self.token_ids)
+        return batch_to_ids(sentences, token_ids=self.token_ids)
 
     @property
     def boundary_ids(self) -> tuple[np.ndarray, np.ndarray]:

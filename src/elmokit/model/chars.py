@@ -79,7 +79,7 @@ def tokens_to_char_ids(tokens: Sequence[str]) -> np.ndarray:
     return ids
 
 
-def batch_to_ids(batch: Sequence[Sequence[str]],
+def batch_to_ids(batch: Sequence[Sequence[str]], *,
                  token_ids: Callable[[list[str]], np.ndarray] | None = None) -> torch.Tensor:
     """Character ids of a batch of tokenized sentences (AllenNLP's `batch_to_ids`).
 

@@ -381,4 +381,8 @@ PRESETS: dict[str, ElmoConfig] = {
     "medium": ElmoConfig(CharCNNConfig(16, RELEASED_FILTERS, 1), LSTMConfig(2048, 256)),
     # 2x4096_512_2048cnn_2xhighway: 93.6M parameters
     "original": ElmoConfig(CharCNNConfig(16, RELEASED_FILTERS, 2), LSTMConfig(4096, 512)),
+    # the built-in gutenberg-en's shape (4.4M parameters with a 10k softmax): what trains at the
+    # speed of bench/results/train.md on a small CPU (scripts/gutenberg-cpu.json is the same)
+    "gutenberg-cpu": ElmoConfig(CharCNNConfig(16, ((1, 32), (2, 64), (3, 96), (4, 128), (5, 128), (6, 128)), 1),
+                                LSTMConfig(512, 128, cell_clip=0.0, proj_clip=0.0)),
 }
