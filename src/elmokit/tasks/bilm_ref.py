@@ -21,6 +21,7 @@ from pathlib import Path
 
 from elmokit.model.bilm import BiLM
 from elmokit.model.builtin import BUILTIN_MODEL, builtin_model_dir
+from elmokit.model.published import published_model
 from elmokit.model.weights import load_model, model_fingerprint
 
 FINGERPRINT_DIGITS = 16
@@ -35,11 +36,15 @@ def short_fingerprint(bilm: BiLM) -> str:
 
 
 def open_bilm(model: str | Path) -> BiLM:
-    """The biLM `model` names: gutenberg-en (the built-in model), a model directory, or any name
-    or URL `elmokit.model.weights.load_model` accepts."""
-    if str(model) == BUILTIN_MODEL and not Path(model).exists():
-        return load_model()  # the built-in model of this installation
+    """The biLM `model` names: gutenberg-en (the built-in model of this installation), a published
+    name or URL, or a model directory: whatever `elmokit.model.weights.load_model` accepts."""
     return load_model(model)
+
+
+def is_name(model: str) -> bool:
+    """Whether `load_model` reads `model` as a name (the built-in model, a published name, a URL)
+    rather than as a path: a name is recorded as it is, and found by name wherever the run goes."""
+    return model == BUILTIN_MODEL or published_model(model) is not None or not Path(model).expanduser().exists()
 
 
 def _builtin_dir() -> Path | None:
@@ -52,10 +57,9 @@ def _builtin_dir() -> Path | None:
 def bilm_record(model: str, bilm: BiLM, run_dir: Path) -> dict:
     """The record of the biLM `model` (as the user gave it) for a run written to `run_dir`."""
     fingerprint = short_fingerprint(bilm)
-    path = Path(model).expanduser()
-    if not path.exists():  # a name: the built-in model's or a published one
+    if is_name(str(model)):
         return {"name": str(model), "fingerprint": fingerprint}
-    resolved = path.resolve()
+    resolved = Path(model).expanduser().resolve()
     if resolved == _builtin_dir():  # the built-in model given by its path: a name travels better
         return {"name": BUILTIN_MODEL, "fingerprint": fingerprint}
     try:

@@ -28,6 +28,7 @@ def tag_probabilities(tagger, emissions: torch.Tensor, mask: torch.Tensor) -> to
     return torch.softmax(emissions, dim=-1) * mask.unsqueeze(-1)
 
 
+@torch.no_grad()
 def span_probability(tagger, emissions: torch.Tensor, allowed: torch.Tensor) -> float:
     """The probability that every token i takes one of its `allowed[i]` tags: emissions (n, K) of
     one sentence, allowed (n, K) bool."""

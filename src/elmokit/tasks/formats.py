@@ -91,7 +91,9 @@ def detect_format(path: str | Path, kind: str) -> str:
     if separated or any("\t" in line or line.startswith("-DOCSTART-") for line in sample):
         return "columns"
     widths = {len(line.split()) for line in token_lines}
-    return "columns" if len(token_lines) > 1 and len(widths) == 1 and widths != {1} else "text"
+    # a column file without blank lines (one sentence) has 2 to 4 columns (CoNLL-2003's 4) on every
+    # line; lines of text that happen to have the same number of words (5 and 5) are text
+    return "columns" if len(token_lines) > 1 and len(widths) == 1 and widths <= {2, 3, 4} else "text"
 
 
 def resolve_format(path: str | Path, kind: str, name: str = "auto", column: str = "upos") -> FileFormat:

@@ -113,10 +113,11 @@ def bilm_card(config, card: dict[str, Any], n_parameters: int, files: dict[str, 
 
 
 def write_bilm_card(directory: str | Path, config, card: dict[str, Any], n_parameters: int,
-                    command: str | None = None) -> Path:
+                    command: str | None = None, softmax: bool = True) -> Path:
     """Write `bilm_card` as DIRECTORY/README.md (temp + rename), describing the files there."""
     directory = Path(directory)
-    described = {"config.json": "the shapes (ElmoConfig)", "model.safetensors": "the weights",
+    weights = "the weights of the biLM and its softmax" if softmax else "the weights of the biLM (no softmax: for embedding)"
+    described = {"config.json": "the shapes (ElmoConfig)", "model.safetensors": weights,
                  "vocab.txt": "the vocabulary of the softmax, one word a line",
                  "provenance.json": "what made it: training files, tokens, perplexity, software versions"}
     files = {name: text for name, text in described.items() if (directory / name).is_file()}
