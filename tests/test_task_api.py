@@ -248,3 +248,16 @@ def test_lines_of_text_with_equal_lengths_are_text(tmp_path):
     columns = tmp_path / "one-sentence.txt"
     columns.write_text("mr O\nsmith B-PER\n", encoding="utf-8")
     assert detect_format(columns, "tagger") == "columns"
+
+
+def test_the_tasks_page_is_on_the_site_and_types_no_figure():
+    """docs/tasks.md is in the site's nav (the strict build in test_docs builds it) and shows no
+    score: figures are on the results page, written by scripts/task_results.py."""
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    assert "  - Tasks: tasks.md\n" in (repo / "mkdocs.yml").read_text(encoding="utf-8")
+    page = (repo / "docs" / "tasks.md").read_text(encoding="utf-8")
+    assert not re.findall(r"\d+\.\d+|\d+ ?%", page), "a figure typed on docs/tasks.md"
+    assert "(results.md)" in page and "::: elmokit.tasks.api.train_task_model" in page
