@@ -10,6 +10,9 @@ is replaced by the 1st markdown table of that file (a run of lines starting with
 of those models, a row each: a model directory's row is written from its config.json, vocab.txt,
 files and provenance.json (what scripts/build_builtin.sh records); a JSON record keeps the row of
 a model that is no longer shipped (written by --record from its directory before it was replaced).
+A block `<!-- demo: docs/results/demo.txt -->` ... `<!-- /demo -->` is replaced by the layer sections of
+`elmo demo`'s recorded output (scripts/demo_page.py writes the record) and a sentence that says which
+senses of "play" come nearest at each layer.
 A block `<!-- results-bilm -->` ... `<!-- /results-bilm -->` (in the README and docs/results.md) is
 replaced by a line that says which built-in model made docs/results.json, and whether it is the one
 that ships now (a new version keeps the directory's path, so an old table would pass for the new one).
@@ -110,8 +113,21 @@ def results_bilm_line() -> str:
             f"{shipped} replaced it; they have not been remade with {shipped} yet** {REMAKE}\n")
 
 
+DEMO_BLOCK = re.compile(r"(<!-- demo: (\S+) -->\n)(.*?)(<!-- /demo -->)", re.S)
+
+
+def demo_block(record: str) -> str:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("demo_page", REPO / "scripts" / "demo_page.py")
+    demo_page = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo_page)
+    return demo_page.block((REPO / record).read_text(encoding="utf-8"))
+
+
 def synced(text: str) -> str:
     text = BLOCK.sub(lambda m: m.group(1) + nth_table(REPO / m.group(2), int(m.group(3))) + m.group(5), text)
+    text = DEMO_BLOCK.sub(lambda m: m.group(1) + demo_block(m.group(2)) + m.group(4), text)
     text = RESULTS_BILM_BLOCK.sub(lambda m: m.group(1) + results_bilm_line() + m.group(3), text)
     return MODEL_BLOCK.sub(lambda m: m.group(1) + model_table(m.group(2)) + m.group(4), text)
 

@@ -92,3 +92,36 @@ def test_the_results_pages_say_which_builtin_model_made_them():
         assert record["fingerprint"] == model_fingerprint(load_model(builtin_model_dir()))[:16], (
             "docs/results.md was made with other weights than the built-in model's: rerun scripts/task_results.py")
         assert f"weights fingerprint `{record['fingerprint']}`" in pages[1]
+
+
+def _demo_page_module():
+    spec = importlib.util.spec_from_file_location("demo_page", REPO / "scripts" / "demo_page.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_demo_record_is_what_elmo_demo_prints_now():
+    """docs/results/demo.txt (quoted in the README with its reading) is the output of `elmo demo`
+    with the model that ships: the same ranking at every layer, cosines within 1e-3."""
+    demo_page = _demo_page_module()
+    recorded = demo_page.ranked(demo_page.RECORD.read_text(encoding="utf-8"))
+    fresh = demo_page.ranked(demo_page.run_demo())
+    assert sorted(recorded) == sorted(fresh) == [0, 1, 2]
+    for layer in fresh:
+        assert [line for line, _ in recorded[layer]] == [line for line, _ in fresh[layer]], layer
+        for (_, old), (_, new) in zip(recorded[layer], fresh[layer]):
+            assert abs(old - new) < 1e-3, (layer, old, new)
+
+
+def test_the_demo_reading_follows_the_ranking():
+    """The README's sentence is computed from the ranks: another ranking gives another sentence."""
+    demo_page = _demo_page_module()
+    output = demo_page.RECORD.read_text(encoding="utf-8")
+    assert "sport or game, sport or game" in demo_page.reading(output)
+    theatre_first = output.replace("line 1: The children", "line 9: The children")  # every layer
+    assert demo_page.reading(theatre_first) != demo_page.reading(output)
+    assert "not always a sport sense" in demo_page.reading(theatre_first)
+    sync = _sync_module()
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert sync.synced(text.replace("sport or game, sport or game, theatre", "sport or game, sport, theatre", 1)) == text
