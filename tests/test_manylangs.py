@@ -16,13 +16,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from elmokit import Elmo, ElmoEmbedder, batch_to_ids, hub
 from elmokit.cli import main
 from elmokit.extras import MissingExtraError
 from elmokit.model.config import ConfigError, ManyLangsConfig
-from elmokit.model.manylangs import (
-    KNOWN_CONFIGS, ManyLangsBiLM, is_manylangs_dir, load_manylangs, read_dictionary, read_model_config)
+from elmokit.model.manylangs import ManyLangsBiLM, is_manylangs_dir, load_manylangs
+from elmokit.model.manylangs_files import KNOWN_CONFIGS, read_dictionary, read_model_config
 from elmokit.model.weights import WeightFileError, load_model, load_pretrained
 from elmokit.training.corpus import prepare_corpus
 from tests.conftest import DATA, require_shared
@@ -145,6 +147,41 @@ def test_token_ids_follow_their_create_one_batch():
     assert (model.batch_ids([["好"], []])[1] == 0).all()  # padding rows stay zero
 
 
+def their_ids(tokens: list[str], chars: dict[str, int], words: dict[str, int], width: int) -> list[list[int]]:
+    """Their read_list + create_one_batch for one token at a time, written out plainly (for the
+    property test below), with elmokit's "<S>"/"</S>" as their "<bos>"/"<eos>"."""
+    rows = []
+    for token in tokens:
+        cut = token[:width - 2]
+        name = "<bos>" if "<bos>" in (cut, {"<S>": "<bos>"}.get(token)) else \
+            "<eos>" if "<eos>" in (cut, {"</S>": "<eos>"}.get(token)) else None
+        row = [chars["<eow>"]] + [chars["<pad>"]] * (width - 1)
+        letters = [chars[name]] if name else [chars.get(c, chars["<oov>"]) for c in cut]
+        row[1:len(letters) + 1] = letters
+        row[len(letters) + 1] = chars["<bow>"]
+        rows.append(row + [words.get(name or cut, words["<oov>"])])
+    return rows
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.text(st.sampled_from("今天气真好我们学习中文😀<>bos/Sx 𠀀\ud800é") | st.characters(), max_size=12)
+                | st.sampled_from(["<S>", "</S>", "<bos>", "<eos>", "<oov>", ""]), max_size=8))
+def test_token_ids_match_their_batching_for_any_text(tokens):
+    model = _words_model()
+    vocabulary = model.vocabulary
+    expected = their_ids(tokens, vocabulary.chars, vocabulary.words, vocabulary.max_chars)
+    assert (model.token_ids(tokens) - 1).tolist() == (expected or np.zeros((0, 11), np.int64).tolist())
+
+
+_MODELS: dict[str, ManyLangsBiLM] = {}
+
+
+def _words_model() -> ManyLangsBiLM:
+    if "words" not in _MODELS:
+        _MODELS["words"] = load_manylangs(FIXTURES / "words")
+    return _MODELS["words"]
+
+
 def test_dictionary_reading_quirks(tmp_path):
     """Their reader strips each line, so an entry that is whitespace loses itself: the id goes to
     "\\u3000"; a later line for the same entry wins; a malformed line names file and line."""
@@ -206,6 +243,8 @@ def test_convert_to_native_rebuilds_the_same_model(tmp_path):
     assert isinstance(native.config, ManyLangsConfig) and native.config == load_manylangs(FIXTURES / "words").config
     for output_layer in OUTPUT_LAYERS:
         assert max_difference(ElmoEmbedder(str(out)).embed_batch(SENTENCES), "words", output_layer) < TOLERANCE
+    assert main(["convert", "--model", str(out), "--to-original", str(tmp_path / "o.json"), str(tmp_path / "w.hdf5")]) != 0
+    assert not (tmp_path / "o.json").exists()
 
 
 def test_convert_to_original_is_refused(tmp_path, capsys):

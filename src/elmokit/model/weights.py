@@ -23,6 +23,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from elmokit.model.config import ConfigError, ElmoConfig, ManyLangsConfig, read_options
+from elmokit.model.errors import WeightFileError, check_finite
 from elmokit.io import atomic_path, atomic_write_text
 from elmokit.model.bilm import BiLM
 from elmokit.model.published import published_model, published_names
@@ -34,10 +35,6 @@ def is_url(reference: object) -> bool:
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
-
-
-class WeightFileError(ValueError):
-    """A weight file is missing, unreadable, or does not match its options."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -101,7 +98,7 @@ def _read_hdf5(path: Path, config: ElmoConfig, options_name: str) -> dict[str, n
     except OSError as error:
         raise WeightFileError(f"{path}: not a readable HDF5 weight file ({error})") from error
     for name, array in arrays.items():
-        _check_finite(path, f"dataset {name!r}", array)
+        check_finite(path, f"dataset {name!r}", array)
     return arrays
 
 
@@ -180,13 +177,6 @@ def _check_hdf5_storage(path: Path, name: str, dataset: h5py.Dataset) -> None:
     if stored == 0 or declared > MAX_DEFLATE_RATIO * stored:
         raise WeightFileError(f"{path}: dataset {name!r} declares {declared:,} bytes but stores only "
                               f"{stored:,}: its values are not in the file")
-
-
-def _check_finite(path: Path, what: str, array: np.ndarray | torch.Tensor) -> None:
-    finite = np.isfinite(array) if isinstance(array, np.ndarray) else torch.isfinite(array)
-    if not finite.all():
-        count = int(array.size if isinstance(array, np.ndarray) else array.numel()) - int(finite.sum())
-        raise WeightFileError(f"{path}: {what} holds {count:,} NaN or infinite values")
 
 
 def _check_layer_counts(config: ElmoConfig, n_arrays: int, source: str, weight_file: Path) -> None:
@@ -340,7 +330,7 @@ def _read_tensors(path: Path, names: list[str]) -> dict[str, torch.Tensor]:
     except Exception as error:
         raise WeightFileError(f"{path}: not a readable safetensors file ({error})") from error
     for name, tensor in tensors.items():
-        _check_finite(path, f"tensor {name!r}", tensor)
+        check_finite(path, f"tensor {name!r}", tensor)
     return tensors
 
 
