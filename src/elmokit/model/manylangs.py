@@ -4,8 +4,8 @@ elmokit's `BiLM`, giving the numbers of their `Embedder.sents2elmo`.
 A model folder of theirs holds `config.json` (their training options; `config_path` names the
 model config), the model config (`cnn_50_100_512_4096_sample.json` for the published models),
 `char.dic` and `word.dic` ("entry<TAB>id" lines) and two `torch.save` pickles of state dicts,
-`token_embedder.pkl` and `encoder.pkl`. Only tensors are unpickled here (`torch.load(...,
-weights_only=True)`); anything else in a .pkl is refused.
+`token_embedder.pkl` and `encoder.pkl`. `elmokit.model.manylangs_files` reads them, unpickling
+only tensors (`torch.load(..., weights_only=True)`): anything else in a .pkl is refused.
 
 Their model is ELMo's char CNN and LSTMs (AllenNLP's code) with these differences, all part of
 their numbers and reproduced here:
@@ -32,6 +32,9 @@ numbers for every sentence of a first batch (a fresh `Embedder`).
 
 elmokit's ids: every id is theirs + 1, so that 0 stays "no token"; with a word embedding a token's
 row has W + 1 ids, the last one its word id.
+
+Shape notation: N tokens, W their characters a token (`max_characters_per_token`), E char
+embedding dim, F total CNN filters, D_w word embedding dim (0: none), P projection dim.
 """
 
 from __future__ import annotations
@@ -170,7 +173,8 @@ class ManyLangsTokenEncoder(nn.Module):
     """Their context-free token representation: char CNN over their character vocabulary ->
     highway -> [word vector, highway output] -> projection to P.
 
-    Input (N, W) ids, or (N, W + 1) with the word id last; output (N, P).
+    Input (N, W) ids, or (N, W + 1) with the word id last; output (N, P). Row 0 of both tables is
+    "no token" (never read: only real positions are encoded).
     """
 
     def __init__(self, config: ManyLangsConfig):
@@ -193,8 +197,8 @@ class ManyLangsTokenEncoder(nn.Module):
                              "not ELMo's byte-level batch_to_ids")
         features = self.highway(self.char_cnn(ids[:, :self.max_chars]))  # (N, F)
         if self.word_embedding is not None:
-            words = self.word_embedding(ids[:, self.max_chars]).to(features.dtype)  # (N, word_dim)
-            features = torch.cat([words, features], dim=-1)  # (N, word_dim + F), their order
+            words = self.word_embedding(ids[:, self.max_chars]).to(features.dtype)  # (N, D_w)
+            features = torch.cat([words, features], dim=-1)  # (N, D_w + F), their order
         return linear(features, self.projection.weight, self.projection.bias)  # (N, P)
 
 
