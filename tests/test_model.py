@@ -3,17 +3,15 @@ written from the formulas of spec §5-§7 (independent of elmokit's packed layou
 
 from __future__ import annotations
 
-import h5py
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from elmokit import BiLM, ScalarMix, batch_to_ids, save_original
-from elmokit.model.chars import tokens_to_char_ids
 from elmokit.inference.engine import contextualize_sentences, stream_layout
 from elmokit.training.recurrence import forward_streams
 from tests.conftest import SENTENCES, tiny_config
+from tests.reference import read_weights, reference_bilm
 
 
 def test_output_shapes_and_padding(tiny_model):
@@ -76,57 +74,14 @@ def test_streams_match_sentences(tiny_model):
         assert torch.allclose(layer[1].flip(1), output.layers[k][..., 6:], atol=1e-6)
 
 
-def _reference_bilm(weights: dict[str, np.ndarray], config, tokens: list[str]) -> list[np.ndarray]:
-    """Spec §5-§7 in float64, one position at a time, from the TF-layout arrays."""
-    sig = lambda x: 1 / (1 + np.exp(-x))  # noqa: E731
-    ids = tokens_to_char_ids(["<S>", *tokens, "</S>"])
-    table = np.concatenate([np.zeros((1, weights["char_embed"].shape[1])), weights["char_embed"]])
-    reps = []
-    for word in ids:
-        chars = table[word]  # (50, E)
-        pooled = []
-        for i, (width, _) in enumerate(config.char_cnn.filters):
-            kernel, bias = weights[f"CNN/W_cnn_{i}"][0], weights[f"CNN/b_cnn_{i}"]  # (w, E, n)
-            conv = np.stack([np.einsum("we,wen->n", chars[t:t + width], kernel) for t in range(51 - width)])
-            pooled.append(np.maximum((conv + bias).max(0), 0))
-        x = np.concatenate(pooled)
-        for k in range(config.char_cnn.n_highway):
-            carry = sig(x @ weights[f"CNN_high_{k}/W_carry"] + weights[f"CNN_high_{k}/b_carry"])
-            transform = np.maximum(x @ weights[f"CNN_high_{k}/W_transform"] + weights[f"CNN_high_{k}/b_transform"], 0)
-            x = carry * transform + (1 - carry) * x
-        reps.append(x @ weights["CNN_proj/W_proj"] + weights["CNN_proj/b_proj"])
-    reps = np.stack(reps)
-    layers = [np.concatenate([reps, reps], -1)]
-    inputs = {0: reps, 1: reps[::-1]}
-    C, clip = config.lstm.cell_dim, config.lstm.cell_clip
-    for layer in range(config.lstm.n_layers):
-        outs = {}
-        for d in (0, 1):
-            prefix = f"RNN_{d}/RNN/MultiRNNCell/Cell{layer}/LSTMCell"
-            h, c, out = np.zeros(config.lstm.projection_dim), np.zeros(C), []
-            for x in inputs[d]:
-                z = np.concatenate([x, h]) @ weights[f"{prefix}/W_0"] + weights[f"{prefix}/B"]
-                i, j, f, o = z[:C], z[C:2 * C], z[2 * C:3 * C], z[3 * C:]
-                c = np.clip(sig(f + 1.0) * c + sig(i) * np.tanh(j), -clip, clip)
-                h = np.clip((sig(o) * np.tanh(c)) @ weights[f"{prefix}/W_P_0"], -clip, clip)
-                out.append(h + x if layer > 0 else h)
-            outs[d] = np.stack(out)
-        layers.append(np.concatenate([outs[0], outs[1][::-1]], -1))
-        inputs = outs
-    return layers
-
-
 def test_matches_float64_reference_of_the_spec(tiny_model, tmp_path):
     save_original(tiny_model, tmp_path / "options.json", tmp_path / "weights.hdf5")
-    with h5py.File(tmp_path / "weights.hdf5") as file:
-        weights = {}
-        file.visititems(lambda n, o: weights.__setitem__(n, o[...].astype(np.float64))
-                        if isinstance(o, h5py.Dataset) else None)
+    weights = read_weights(tmp_path / "weights.hdf5")
     sentences = [["Hello", "wörld", "!"], ["x"]]
     with torch.no_grad():
         output = tiny_model(batch_to_ids(sentences))
     for row, sentence in enumerate(sentences):
-        expected = _reference_bilm(weights, tiny_model.config, sentence)
+        expected = reference_bilm(weights, tiny_model.config, sentence, 3.0, 3.0)
         for k, layer in enumerate(expected):
             got = output.layers[k][row, :len(sentence) + 2].double().numpy()
             np.testing.assert_allclose(got, layer, atol=1e-5)

@@ -29,8 +29,8 @@ import numpy as np
 import torch
 
 from elmokit.kernels import PackedLinear
-from elmokit.model.bilm import BiLM, BiLMOutput
 from elmokit.model import cell as lstm_cell
+from elmokit.model.bilm import BiLM, BiLMOutput
 from elmokit.model.lstm import BiLstm, BiLstmLayer, LstmState
 
 GATE_BUDGET = 1 << 23  # floats of precomputed gate inputs held at once by `stream_layer` (32 MB)

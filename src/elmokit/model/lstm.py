@@ -3,7 +3,7 @@
     token representations (D, ..., P) -> BiLstmLayer x L (cell and projection clipping,
     residual from layer 2 on) -> one (.., 2P) output per layer, [forward | backward]
 
-The weights and the cell math live here; three engines run them:
+The weights live here and the cell math in `elmokit.model.cell`; three drivers run them:
     BiLstm.forward                      right-padded sentences, packed so rows that have ended
                                         drop out; an optional carried state (spec §9);
                                         differentiable (autograd over the step loop)
@@ -20,10 +20,11 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from elmokit.model import cell as lstm_cell
 from elmokit.model.config import ElmoConfig
+
 
 # ---------------------------------------------------------------------------------------------
 # Forward and backward LSTM stacks with projection, clipping and residuals
@@ -62,25 +63,15 @@ def _packed_order(lengths: torch.Tensor, n_positions: int) -> _PackedOrder:
     )
 
 
-def _lstm_cell(gates: torch.Tensor, cell: torch.Tensor, cell_dim: int, cell_clip: float
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gates (D, b, 4C) in the order (i, f, o, j) and the previous cell -> (new cell, o * tanh(cell))."""
-    input_gate, forget_gate, output_gate = torch.sigmoid(gates[..., :3 * cell_dim]).chunk(3, -1)
-    cell = torch.addcmul(forget_gate * cell, input_gate, torch.tanh(gates[..., 3 * cell_dim:]))
-    if cell_clip:
-        cell = cell.clamp(-cell_clip, cell_clip)
-    return cell, output_gate * torch.tanh(cell)
-
-
 class BiLstmLayer(nn.Module):
     """One LSTM layer with projection for both directions, weights stacked on a leading D axis.
 
     Gates are kept in the order (i, f, o, j): the three sigmoid gates, then the candidate j.
     As in the original, the stored bias excludes the forget-gate offset: +1 is added to the forget
-    gate at run time (`FORGET_BIAS`), so the original files round-trip bit for bit.
+    gate at run time (`FORGET_BIAS`, `gate_bias`), so the original files round-trip bit for bit.
     """
 
-    FORGET_BIAS = 1.0
+    FORGET_BIAS = lstm_cell.FORGET_BIAS
 
     def __init__(self, input_dim: int, cell_dim: int, projection_dim: int):
         super().__init__()
@@ -90,9 +81,11 @@ class BiLstmLayer(nn.Module):
         self.recurrent_weight = nn.Parameter(torch.empty(2, 4 * cell_dim, projection_dim))  # (D, 4C, P)
         self.bias = nn.Parameter(torch.empty(2, 1, 4 * cell_dim))  # (D, 1, 4C)
         self.projection = nn.Parameter(torch.empty(2, projection_dim, cell_dim))  # (D, P, C)
-        offset = torch.zeros(4 * cell_dim)
-        offset[cell_dim:2 * cell_dim] = self.FORGET_BIAS
-        self.register_buffer("forget_offset", offset, persistent=False)  # (4C,)
+        self.register_buffer("forget_offset", lstm_cell.forget_offset(cell_dim), persistent=False)  # (4C,)
+
+    def gate_bias(self) -> torch.Tensor:
+        """(D, 1, 4C): the stored bias plus the forget-gate offset, what every driver adds to the gates."""
+        return self.bias + self.forget_offset
 
     def forward(
         self,
@@ -104,7 +97,7 @@ class BiLstmLayer(nn.Module):
         proj_clip: float,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Returns the packed outputs (D, N, P) and the final hidden (D, B, P) and cell (D, B, C)."""
-        gate_inputs = torch.baddbmm(self.bias + self.forget_offset, inputs, self.input_weight.mT)  # (D, N, 4C)
+        gate_inputs = torch.baddbmm(self.gate_bias(), inputs, self.input_weight.mT)  # (D, N, 4C)
         recurrent_weight, projection = self.recurrent_weight.mT, self.projection.mT
         outputs, finished = [], []
         # split (not slicing per step): its backward does not zero a full-size gradient per step
@@ -114,10 +107,8 @@ class BiLstmLayer(nn.Module):
                 finished.append((hidden[:, batch_size:], cell[:, batch_size:]))
                 hidden, cell = hidden[:, :batch_size], cell[:, :batch_size]
             gates = torch.baddbmm(step_inputs, hidden, recurrent_weight)  # (D, b, 4C)
-            cell, cell_output = _lstm_cell(gates, cell, self.cell_dim, cell_clip)  # (D, b, C)
-            hidden = torch.bmm(cell_output, projection)  # (D, b, P)
-            if proj_clip:
-                hidden = hidden.clamp(-proj_clip, proj_clip)
+            cell, cell_output = lstm_cell.cell_step(lstm_cell.activate_gates(gates), cell, cell_clip)  # (D, b, C)
+            hidden = lstm_cell.clip_(torch.bmm(cell_output, projection), proj_clip)  # (D, b, P)
             outputs.append(hidden)
         finished.append((hidden, cell))
         final_hidden = torch.cat([h for h, _ in reversed(finished)], dim=1)  # (D, B, P)
@@ -192,18 +183,13 @@ class BiLstm(nn.Module):
     def _run_layers(self, layer_input: torch.Tensor, batch_sizes: list[int], state: LstmState
                     ) -> tuple[list[torch.Tensor], LstmState]:
         """All layers over packed time-major inputs (D, N, P); state rows in packed order."""
-        outputs, final_hidden, final_cell = [], [], []
-        for index, layer in enumerate(self.layers):
-            dropped = F.dropout(layer_input, self.dropout, self.training) if self.dropout else layer_input
+        def run_layer(layer: BiLstmLayer, dropped: torch.Tensor, index: int):
             output, hidden, cell = layer(dropped, batch_sizes, state.hidden[index], state.cell[index],
                                          self.cell_clip, self.proj_clip)
-            if index > 0:
-                output = output + dropped  # residual from layer 2 on, of the dropped input (bilm-tf)
-            outputs.append(output)
-            final_hidden.append(hidden)
-            final_cell.append(cell)
-            layer_input = output
-        return outputs, LstmState(torch.stack(final_hidden), torch.stack(final_cell))
+            return output, (hidden, cell)
+
+        outputs, finals = lstm_cell.run_layers(self.layers, layer_input, self.dropout, self.training, run_layer)
+        return outputs, LstmState(torch.stack([h for h, _ in finals]), torch.stack([c for _, c in finals]))
 
     @staticmethod
     def _unpack(packed: torch.Tensor, forward_index: torch.Tensor, backward_index: torch.Tensor,

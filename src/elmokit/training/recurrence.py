@@ -22,7 +22,10 @@ product), while each elementwise operation of a step covers both directions (a l
 The forward pass's recurrent product has its weight reordered once a pass (`PackedLinear`, G_t
 added in the same call); the other per-step products take their weights as they are (reordering
 a transposed weight costs several of the 20 steps' products it would speed up: the same page).
-Gates are in elmokit's order (i, f, o, j), the forget-gate offset already in `bias`. Clipping
+The forward pass is `elmokit.model.cell`'s (gates in its order (i, f, o, j), the forget-gate
+offset already in `bias`, its `cell_step` and `clip_`, its `run_layers` for dropout and the
+residual); the backward pass is their derivative written out (tests/test_lm.py checks it against
+autograd through the step loop of `elmokit.model.lstm`, which runs the same functions). Clipping
 follows `torch.clamp`: the gradient passes where the value was not clipped.
 
 Shape notation: D 2 directions, U steps, B rows, P projection dim, C cell dim.
@@ -33,9 +36,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
 from elmokit.kernels import PackedLinear, linear, matmul
+from elmokit.model import cell as lstm_cell
 from elmokit.model.lstm import BiLstm, LstmState
 
 
@@ -69,10 +72,8 @@ class LstmLayerFunction(torch.autograd.Function):
                      for d in range(n_dirs)]                                     # a direction at a time
             forward_cell(gates, step_acts[step], step_cells[step], step_cells[step + 1], step_tanh_cells[step],
                          step_outputs[step], cell_clip)
-            new_hidden = torch.stack([linear(step_outputs[step][d], projection[d]) for d in range(n_dirs)],
-                                     out=step_hiddens[step + 1])  # (D, B, P)
-            if proj_clip:
-                new_hidden.clamp_(-proj_clip, proj_clip)
+            lstm_cell.clip_(torch.stack([linear(step_outputs[step][d], projection[d]) for d in range(n_dirs)],
+                                        out=step_hiddens[step + 1]), proj_clip)  # h_t (D, B, P)
         ctx.save_for_backward(flat_inputs, input_weight, recurrent_weight, projection, acts, cells, tanh_cells,
                               cell_outputs, hiddens)
         ctx.clips = (cell_clip, proj_clip)
@@ -129,15 +130,9 @@ def forward_cell(gates: list[torch.Tensor], acts: torch.Tensor, cell_prev: torch
     tanh(j)), cell_next c_t = clip(f * c_{t-1} + i * j) (D, B, C), tanh_cell tanh(c_t) and
     cell_output m_t = o * tanh(c_t).
     """
-    three = 3 * cell_prev.shape[-1]
     for d, pre in enumerate(gates):
-        torch.sigmoid(pre[:, :three], out=acts[d, :, :three])
-        torch.tanh(pre[:, three:], out=acts[d, :, three:])
-    input_gate, forget_gate, output_gate, candidate = acts.chunk(4, dim=-1)
-    new_cell = torch.mul(forget_gate, cell_prev, out=cell_next).addcmul_(input_gate, candidate)
-    if cell_clip:
-        new_cell.clamp_(-cell_clip, cell_clip)
-    torch.mul(output_gate, torch.tanh(new_cell, out=tanh_cell), out=cell_output)
+        lstm_cell.activate_gates(pre, out=acts[d])
+    lstm_cell.cell_step(acts, cell_prev, cell_clip, cell_next=cell_next, tanh_cell=tanh_cell, cell_output=cell_output)
 
 
 def gate_factors(acts: torch.Tensor, cells: torch.Tensor, tanh_cells: torch.Tensor
@@ -150,7 +145,7 @@ def gate_factors(acts: torch.Tensor, cells: torch.Tensor, tanh_cells: torch.Tens
     -> factors (D, U, B, 4, C), through_tanh (D, U, B, C)
     """
     n_dirs, n_steps, n_rows, cell_dim = tanh_cells.shape
-    input_gate, forget_gate, output_gate, candidate = acts.chunk(4, dim=-1)
+    input_gate, forget_gate, output_gate, candidate = lstm_cell.split_gates(acts)
     factors = torch.cat([
         candidate * input_gate * (1 - input_gate),
         cells[:, :-1] * forget_gate * (1 - forget_gate),
@@ -215,17 +210,13 @@ def forward_streams(lstm: BiLstm, inputs: torch.Tensor, state: LstmState | None 
     if state is None:
         state = lstm.zero_state(batch_size, inputs.to(dtype))
     layer_input = inputs.to(dtype).transpose(1, 2)  # (D, U, B, P) time-major
-    outputs, final_hidden, final_cell = [], [], []
-    for index, layer in enumerate(lstm.layers):
-        dropped = F.dropout(layer_input, lstm.dropout, lstm.training) if lstm.dropout else layer_input
+
+    def run_layer(layer, dropped: torch.Tensor, index: int):
         output, hidden, cell = lstm_layer(dropped, state.hidden[index].to(dtype), state.cell[index].to(dtype),
-                                          layer.input_weight, layer.recurrent_weight,
-                                          layer.bias + layer.forget_offset, layer.projection,
-                                          lstm.cell_clip, lstm.proj_clip)
-        if index > 0:
-            output = output + dropped  # residual from layer 2 on
-        outputs.append(output.transpose(1, 2))  # (D, B, U, P)
-        final_hidden.append(hidden)
-        final_cell.append(cell)
-        layer_input = output
-    return outputs, LstmState(torch.stack(final_hidden), torch.stack(final_cell))
+                                          layer.input_weight, layer.recurrent_weight, layer.gate_bias(),
+                                          layer.projection, lstm.cell_clip, lstm.proj_clip)
+        return output, (hidden, cell)
+
+    outputs, finals = lstm_cell.run_layers(lstm.layers, layer_input, lstm.dropout, lstm.training, run_layer)
+    return ([output.transpose(1, 2) for output in outputs],  # (D, B, U, P)
+            LstmState(torch.stack([h for h, _ in finals]), torch.stack([c for _, c in finals])))

@@ -1,0 +1,111 @@
+"""The ELMo LSTM cell and how its layers stack (spec §6-§7): the one definition of each.
+
+    pre-activations   g = x W_in^T + h_{t-1} W_rec^T + b + FORGET_BIAS on f       gates (i, f, o, j)
+    cell              c_t = clip(σ(f) * c_{t-1} + σ(i) * tanh(j), cell_clip)
+    output            m_t = σ(o) * tanh(c_t)
+    projection        h_t = clip(m_t W_proj^T, proj_clip)          (the recurrent state, before any residual)
+    layers            every layer's input dropped (bilm-tf's DropoutWrapper); from layer 2 on the
+                      output adds that dropped input (ResidualWrapper inside the DropoutWrapper)
+
+A clip of 0 means none. Three drivers run these functions, none re-states them:
+
+    elmokit.model.lstm                  the stateful step loop (autograd, carried state)
+    elmokit.inference.engine            the stateless streams (in place, oneDNN products)
+    elmokit.training.recurrence         training's forward/backward through time (its backward is
+                                        the derivative of these functions, checked against autograd)
+
+The drivers choose where results go (`out=` buffers, in place) and how the products run; the
+formulas are here. Shape notation: C cell dim, P projection dim; `...` any leading axes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+FORGET_BIAS = 1.0  # added to the forget gate at run time; the stored bias excludes it (as the original files)
+N_GATES = 4  # (i, f, o, j): input, forget, output gates (sigmoid), then the candidate (tanh)
+
+
+def forget_offset(cell_dim: int) -> torch.Tensor:
+    """(4C,): FORGET_BIAS at the forget gate's slots, 0 elsewhere (added to the stored bias)."""
+    offset = torch.zeros(N_GATES * cell_dim)
+    offset[cell_dim:2 * cell_dim] = FORGET_BIAS
+    return offset
+
+
+def split_gates(gates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(..., 4C) -> four (..., C) views: input, forget, output, candidate."""
+    return gates.chunk(N_GATES, dim=-1)
+
+
+def activate_gates(gates: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """(..., 4C) pre-activations -> (σ(i), σ(f), σ(o), tanh(j)), into `out` when given."""
+    three = 3 * (gates.shape[-1] // N_GATES)
+    if out is None:
+        return torch.cat([torch.sigmoid(gates[..., :three]), torch.tanh(gates[..., three:])], dim=-1)
+    torch.sigmoid(gates[..., :three], out=out[..., :three])
+    torch.tanh(gates[..., three:], out=out[..., three:])
+    return out
+
+
+def tanh_via_sigmoid(values: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """tanh(x) = 2 σ(2x) - 1 (torch's sigmoid is ~4x faster than its tanh on the CPU)."""
+    return torch.mul(values, 2, out=out).sigmoid_().mul_(2).sub_(1)
+
+
+def activate_doubled_gates_(gates: torch.Tensor) -> torch.Tensor:
+    """`activate_gates` in place for gates whose candidate arrives doubled, (i, f, o, 2j) (the
+    engine doubles the candidate's weight rows, exact in binary floating point), so that one
+    sigmoid covers all four: tanh(j) = 2 σ(2j) - 1."""
+    gates.sigmoid_()
+    split_gates(gates)[3].mul_(2).sub_(1)
+    return gates
+
+
+def clip_(values: torch.Tensor, limit: float) -> torch.Tensor:
+    """values clamped in place to [-limit, limit]; a limit of 0 is no clip. The gradient passes
+    where a value was not clipped (`torch.clamp`)."""
+    return values.clamp_(-limit, limit) if limit else values
+
+
+def cell_step(acts: torch.Tensor, cell_prev: torch.Tensor, cell_clip: float, *,
+              cell_next: torch.Tensor | None = None, tanh_cell: torch.Tensor | None = None,
+              cell_output: torch.Tensor | None = None,
+              tanh: Callable[..., torch.Tensor] = torch.tanh) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of the cell from its activated gates: acts (..., 4C) = (σ(i), σ(f), σ(o), tanh(j)),
+    cell_prev (..., C) -> (c_t, m_t), both (..., C).
+
+    c_t = clip(f * c_{t-1} + i * j, cell_clip), m_t = o * tanh(c_t). The optional buffers receive
+    c_t (may be `cell_prev` itself: updated in place), tanh(c_t) and m_t; without them the results
+    are new tensors (differentiable). `tanh` is torch.tanh or `tanh_via_sigmoid`.
+    """
+    input_gate, forget_gate, output_gate, candidate = split_gates(acts)
+    cell = torch.mul(forget_gate, cell_prev, out=cell_next).addcmul_(input_gate, candidate)
+    clip_(cell, cell_clip)
+    tanh_of_cell = tanh(cell, out=tanh_cell if tanh_cell is not None else cell_output)
+    return cell, torch.mul(output_gate, tanh_of_cell, out=cell_output)
+
+
+def run_layers(layers: Any, inputs: torch.Tensor, dropout: float, training: bool,
+               run_layer: Callable[[Any, torch.Tensor, int], tuple[torch.Tensor, Any]]
+               ) -> tuple[list[torch.Tensor], list[Any]]:
+    """The stack: each layer's input dropped (in training, p = dropout), the layer run by
+    `run_layer(layer, dropped_input, index) -> (output, final)`, and from layer 2 on the output
+    plus that dropped input (the residual); the next layer reads that sum.
+
+    Returns every layer's output (with its residual) and every `final` (a driver's final state)."""
+    outputs, finals = [], []
+    layer_input = inputs
+    for index, layer in enumerate(layers):
+        dropped = F.dropout(layer_input, dropout, training) if dropout and training else layer_input
+        output, final = run_layer(layer, dropped, index)
+        if index > 0:
+            output = output + dropped  # residual from layer 2 on, of the dropped input (bilm-tf)
+        outputs.append(output)
+        finals.append(final)
+        layer_input = output
+    return outputs, finals
