@@ -74,7 +74,8 @@ def test_layer_norm_follows_the_spec_formula(tiny_model, raw_weights):
         var = sum((v - mean) ** 2 for v in values) / len(values)
         expected += s[k] * (act - mean) / np.sqrt(var + 1e-13)
     for b, sentence in enumerate(SENTENCES):  # gamma = 1; boundaries removed, padding zero
-        np.testing.assert_allclose(mixed[b, :len(sentence)].numpy(), expected[b, 1:len(sentence) + 1], atol=1e-5)
+        np.testing.assert_allclose(mixed[b, :len(sentence)].numpy(), expected[b, 1:len(sentence) + 1], atol=1e-5,
+                                   rtol=1e-4)  # normalised: float32 rounding of the layers over their std
         assert (mixed[b, len(sentence):] == 0).all()
     # the statistics are the batch's: the same sentence alone is normalised differently
     with torch.no_grad():

@@ -312,10 +312,26 @@ def test_log_uniform_sampler_probabilities_and_draws():
     torch.testing.assert_close(frequencies[:5], probabilities[:5], atol=3e-3, rtol=0)
     ids, n_tries = sampler.sample(100)
     assert ids.numel() == 100 and ids.unique().numel() == 100 and n_tries >= 100
-    expected = sampler.expected_count(ids, n_tries)
+    expected = sampler.expected_count(ids, n_tries, 100)
     torch.testing.assert_close(expected, 1 - (1 - sampler.probability(ids)) ** n_tries)
+    torch.testing.assert_close(sampler.expected_count(ids, 100, 100), sampler.probability(ids) * 100)
     with pytest.raises(ValueError, match="n_samples"):
         sampler.sample(1000)
+
+
+def test_sampler_counts_every_draw_up_to_the_kth_distinct_id():
+    """`sample(K)` returns the K distinct ids in order of first draw and the number of draws up to
+    and including the one that found the K-th (TF's num_tries): with the draws fixed, exactly."""
+    sampler = LogUniformSampler(50)
+    stream = iter([3, 3, 5, 3, 7, 9, 3, 5, 11, 5, 5, 12, 40, 41])
+    sampler._draw = lambda n: torch.tensor([next(stream) for _ in range(n)])  # 2K draws, then K more at a time
+    ids, n_tries = sampler.sample(3)  # first 6 draws: 3 3 5 3 7 9 -> 3, 5, 7 found at draw 5
+    assert ids.tolist() == [3, 5, 7] and n_tries == 5
+    ids, n_tries = sampler.sample(3)  # 3 5 11 | 5 5 12 ... -> 3 found in draw 1, 5 in 2, 11 in 3
+    assert ids.tolist() == [3, 5, 11] and n_tries == 3
+    stream = iter([4, 4, 4, 4, 4, 4, 4, 6, 8])  # six draws, one id: K = 3 more, 6 found at draw 8
+    ids, n_tries = sampler.sample(3)
+    assert ids.tolist() == [4, 6, 8] and n_tries == 9
 
 
 class FixedSample(LogUniformSampler):
@@ -330,6 +346,19 @@ class FixedSample(LogUniformSampler):
         return self.ids.clone(), self.n_tries
 
 
+def plain_sampled_nll(model: LanguageModel, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The sampled softmax's NLL of each target (N,), the plain autograd way (the (N, 1+K) logits
+    whole): the reference of the one-pass `nll_sums(sampled=True)`; one sample from the RNG."""
+    negatives, n_tries = model.sampler.sample(model.n_samples)  # (K,)
+    weight, bias = model.softmax.weight, model.softmax.bias
+    log_q = lambda ids: torch.log(model.sampler.expected_count(ids, n_tries, model.n_samples)).float()  # noqa: E731
+    true_logits = (hidden * weight[targets]).sum(-1) + bias[targets] - log_q(targets)  # (N,)
+    sampled_logits = hidden @ weight[negatives].t() + bias[negatives] - log_q(negatives)  # (N, K)
+    hits = targets.unsqueeze(1) == negatives.unsqueeze(0)  # accidental hits are removed
+    logits = torch.cat([true_logits.unsqueeze(1), sampled_logits.masked_fill(hits, float("-inf"))], dim=1)
+    return -torch.log_softmax(logits, dim=1)[:, 0]
+
+
 def test_sampled_softmax_is_tensorflows_formula_on_a_fixed_sample():
     """tf.nn.sampled_softmax_loss as bilm-tf calls it (log-uniform unique sampler, subtract_log_q,
     remove_accidental_hits), computed by hand in plain Python floats for a fixed sample:
@@ -338,8 +367,13 @@ def test_sampled_softmax_is_tensorflows_formula_on_a_fixed_sample():
         true logit = w_t . h + b_t - log Q(t);  sampled logit = w_s . h + b_s - log Q(s), dropped if s == t
         NLL = log(exp(true) + sum exp(sampled)) - true
 
-    (The training loss, nll_sum, is held to target_nll by test_one_pass_softmax_matches_cross_entropy.)"""
-    negatives, n_tries = [0, 3, 7, 12, 31], 9
+    When the K ids took exactly K draws, TF's expected count is P(k) K instead (`ExpectedCountHelper`).
+    The training loss (`nll_sums`) is checked here; test_softmax holds its gradients to autograd's."""
+    for n_tries in (9, 5):
+        _check_sampled_softmax([0, 3, 7, 12, 31], n_tries)
+
+
+def _check_sampled_softmax(negatives: list[int], n_tries: int) -> None:
     model = make_model(n_samples=len(negatives)).train()
     model.sampler = FixedSample(VOCAB, negatives, n_tries)
     generator = torch.Generator().manual_seed(4)
@@ -350,7 +384,7 @@ def test_sampled_softmax_is_tensorflows_formula_on_a_fixed_sample():
 
     def log_q(k: int) -> float:
         p = math.log((k + 2) / (k + 1)) / math.log(VOCAB + 1)
-        return math.log(1 - (1 - p) ** n_tries)
+        return math.log(p * n_tries if n_tries == len(negatives) else 1 - (1 - p) ** n_tries)
 
     def logit(h: list[float], k: int) -> float:
         return sum(a * b for a, b in zip(h, weight[k])) + bias[k] - log_q(k)
@@ -360,13 +394,14 @@ def test_sampled_softmax_is_tensorflows_formula_on_a_fixed_sample():
         true = logit(h, target)
         sampled = [logit(h, k) for k in negatives if k != target]
         expected.append(math.log(math.exp(true) + sum(math.exp(s) for s in sampled)) - true)
-    torch.testing.assert_close(model.target_nll(hidden, targets, sampled=True), torch.tensor(expected),
+    torch.testing.assert_close(plain_sampled_nll(model, hidden, targets), torch.tensor(expected), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(model.nll_sums([hidden], [targets], sampled=True)[0], torch.tensor(expected).sum(),
                                atol=1e-5, rtol=1e-5)
     # and not the uncorrected formula: without log Q the numbers differ
     uncorrected = [math.log(math.exp(logit(h, t) + log_q(t)) + sum(math.exp(logit(h, k) + log_q(k))
                                                                   for k in negatives if k != t)) - logit(h, t) - log_q(t)
                    for h, t in zip(rows, targets.tolist())]
-    assert not torch.allclose(model.target_nll(hidden, targets, sampled=True), torch.tensor(uncorrected), atol=1e-3)
+    assert not torch.allclose(plain_sampled_nll(model, hidden, targets), torch.tensor(uncorrected), atol=1e-3)
 
 
 @pytest.mark.skipif(not kernels.onednn_active(),

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from elmokit.training import softmax
-from tests.test_lm import VOCAB, make_model, random_streams, window
+from tests.test_lm import VOCAB, make_model, plain_sampled_nll, random_streams, window
 
 
 @pytest.mark.parametrize("n_samples", [0, 25])
 def test_one_pass_softmax_matches_cross_entropy(n_samples, monkeypatch):
-    """nll_sum (logits a block at a time, gradients in the forward pass) equals the plain
-    log-softmax computation of target_nll: the loss and every gradient, full and sampled
+    """nll_sums (logits a block at a time, gradients in the forward pass) equals the plain
+    log-softmax computation (target_nll, plain_sampled_nll): the loss and every gradient, full and sampled
     (the same sample drawn from the same RNG state)."""
     monkeypatch.setattr(softmax, "LOGIT_BUDGET", 64 * VOCAB)  # blocks of 64 rows
     model = make_model(n_samples=n_samples).train()
@@ -23,8 +23,10 @@ def test_one_pass_softmax_matches_cross_entropy(n_samples, monkeypatch):
     results = []
     for fused in (True, False):
         torch.manual_seed(5)
-        loss = model.nll_sum(hidden, targets, sampled=True) if fused else \
-            model.target_nll(hidden, targets, sampled=True).sum()
+        if fused:
+            loss = model.nll_sums([hidden], [targets], sampled=True)[0]
+        else:
+            loss = (plain_sampled_nll(model, hidden, targets) if n_samples else model.target_nll(hidden, targets)).sum()
         grads = torch.autograd.grad(2.5 * loss, [hidden, model.softmax.weight, model.softmax.bias])
         results.append((loss, grads))
     (loss, grads), (ref_loss, ref_grads) = results
@@ -94,8 +96,8 @@ def test_no_gradient_is_computed_without_grad_mode(n_samples):
     counts = {}
     for grad in (True, False):
         with torch.set_grad_enabled(grad):
-            model.nll_sum(hidden, targets, sampled=True)  # the kernels' one-time checks happen here
+            model.nll_sums([hidden], [targets], sampled=True)  # the kernels' one-time checks happen here
         with torch.set_grad_enabled(grad), profile(activities=[ProfilerActivity.CPU]) as prof:
-            model.nll_sum(hidden, targets, sampled=True)
+            model.nll_sums([hidden], [targets], sampled=True)
         counts[grad] = sum(event.count for event in prof.key_averages() if event.key in products)
     assert counts == {True: 3, False: 1}

@@ -51,9 +51,11 @@ def resolve_device(device: str | torch.device | None = None, cuda_device: int | 
         if re.fullmatch(DEVICE_PATTERN, name) is None:  # torch.device would also take meta, xla, ...
             raise ValueError(f"device must be {DEVICE_HELP}; got {device!r}")
         device = torch.device(name)
+    if not isinstance(device, torch.device) or device.type not in ("cpu", "cuda"):  # torch.device("mps") too
+        raise ValueError(f"device must be {DEVICE_HELP}; got {device!r}")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device} asked for, but torch sees no CUDA GPU "
-                         f"(torch {torch.__version__}); use --device cpu")
+                         f"(torch {torch.__version__}); use device='cpu' (or 'auto')")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
         raise ValueError(f"device {device} asked for, but torch sees {torch.cuda.device_count()} CUDA GPU(s)")
     return device

@@ -74,15 +74,20 @@ class BiLM(nn.Module):
         return self.config.output_dim
 
     def reset_parameters(self) -> None:
-        """Initialise as the original training code did (spec §13): uniform char embeddings,
-        scaled normal convolutions and highway weights, carry-gate bias -2, Glorot LSTMs."""
+        """Initialise as the original training code did (bilm-tf's `_build_word_char_embeddings`,
+        spec §13): uniform char embeddings; convolutions uniform in ±0.05 for relu, normal with
+        std sqrt(1 / (w E)) for tanh; normal highway and projection weights, carry-gate bias -2;
+        Glorot LSTMs."""
         cnn, lstm = self.config.char_cnn, self.config.lstm
         encoder = self.token_encoder
         with torch.no_grad():
             nn.init.uniform_(encoder.char_cnn.char_embedding.weight, -1.0, 1.0)
             encoder.char_cnn.char_embedding.weight[0].zero_()
             for conv, (width, _) in zip(encoder.char_cnn.convolutions, cnn.filters):
-                nn.init.normal_(conv.weight, 0.0, math.sqrt(1.0 / (width * cnn.embedding_dim)))
+                if cnn.activation == "relu":
+                    nn.init.uniform_(conv.weight, -0.05, 0.05)
+                else:
+                    nn.init.normal_(conv.weight, 0.0, math.sqrt(1.0 / (width * cnn.embedding_dim)))
                 nn.init.zeros_(conv.bias)
             n_filters = cnn.n_filters
             for layer in encoder.highway.layers:

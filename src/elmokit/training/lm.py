@@ -49,8 +49,9 @@ class LogUniformSampler:
     """P(k) = log((k + 2) / (k + 1)) / log(V + 1) over a vocabulary sorted by descending frequency.
 
     `sample(K)` draws until K distinct ids are found (TF's `unique=True`) and returns them with the
-    expected count of every id in those draws, 1 - (1 - P(k))^tries, whose log the sampled softmax
-    subtracts from the logits. Uses the global torch RNG, so a checkpoint's RNG state replays it.
+    number of draws it took; `expected_count` is TF's expected count of an id in those draws, whose
+    log the sampled softmax subtracts from the logits. Uses the global torch RNG, so a checkpoint's
+    RNG state replays it.
     """
 
     def __init__(self, vocab_size: int):
@@ -61,7 +62,11 @@ class LogUniformSampler:
         ids = ids.double()
         return (torch.log1p(1.0 / (ids + 1.0)) / self.log_range)
 
-    def expected_count(self, ids: torch.Tensor, n_tries: int) -> torch.Tensor:
+    def expected_count(self, ids: torch.Tensor, n_tries: int, n_samples: int) -> torch.Tensor:
+        """TF's `ExpectedCountHelper`: P(k) K when the K ids took K draws (no repeat), else
+        1 - (1 - P(k))^tries, float64."""
+        if n_tries == n_samples:
+            return self.probability(ids) * n_samples
         return -torch.expm1(n_tries * torch.log1p(-self.probability(ids)))
 
     def sample(self, n_samples: int) -> tuple[torch.Tensor, int]:
@@ -189,17 +194,12 @@ class LanguageModel(nn.Module):
         layers, state = forward_streams(self.bilm.lstm, tokens, state)
         return layers[-1], state
 
-    def nll_sum(self, hidden: torch.Tensor, targets: torch.Tensor, sampled: bool = False) -> torch.Tensor:
-        """Summed negative log-likelihood of the targets: hidden (N, P), targets (N,) -> scalar.
-
-        The same loss as `target_nll(...).sum()` (with `sampled`, the same sample for the same RNG
-        state), computed by `elmokit.training.softmax` without holding the (N, V) logits.
-        """
-        return self.nll_sums([hidden], [targets], sampled)[0]
-
     def nll_sums(self, hiddens: list[torch.Tensor], targets: list[torch.Tensor], sampled: bool = False
                  ) -> list[torch.Tensor]:
-        """`nll_sum` of several (hidden, targets) parts (the two directions), each with its own sample.
+        """Summed negative log-likelihood of each (hidden (N, P), targets (N,)) part (the two
+        directions): the full softmax, or with `sampled` (and n_samples > 0) the sampled softmax,
+        each part with its own sample; computed by `elmokit.training.softmax` without holding the
+        (N, V) logits.
 
         Sampled, the rows of the softmax that all parts need (their negatives and their targets)
         are taken out of the (V, P) weight by one index (`GatherRows`), so the backward pass adds
@@ -215,7 +215,8 @@ class LanguageModel(nn.Module):
         rows = torch.cat(pieces)  # one gather of everything the parts use
         weight_rows = GatherRows.apply(weight, rows, self.sparse_softmax_grad).split(sizes)
         bias_rows = bias[rows].split(sizes)
-        log_q = lambda ids, n_tries: torch.log(self.sampler.expected_count(ids, n_tries)).float()  # noqa: E731
+        log_q = lambda ids, n_tries: torch.log(  # noqa: E731
+            self.sampler.expected_count(ids, n_tries, self.n_samples)).float()
         sums = []
         for index, (hidden, part, (_, n_tries)) in enumerate(zip(hiddens, targets, draws)):
             negatives = pieces[2 * index]  # on the targets' device
@@ -228,28 +229,11 @@ class LanguageModel(nn.Module):
                                                 true_logits, column[part]))
         return sums
 
-    def target_nll(self, hidden: torch.Tensor, targets: torch.Tensor, sampled: bool = False) -> torch.Tensor:
-        """Negative log-likelihood of each target: hidden (N, P), targets (N,) -> (N,) float32.
-
-        With `sampled` (and n_samples > 0) the normaliser is the sampled-softmax estimate.
-        """
-        if sampled and self.sampler is not None:
-            return self._sampled_nll(hidden, targets)
+    def target_nll(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Negative log-likelihood of each target under the full softmax: hidden (N, P), targets
+        (N,) -> (N,) float32 (scoring: `elmokit.training.perplexity`)."""
         logits = self.softmax(hidden).float()  # (N, V)
         return F.cross_entropy(logits, targets, reduction="none")
-
-    def _sampled_nll(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        negatives, n_tries = self.sampler.sample(self.n_samples)  # (K,)
-        negatives = negatives.to(hidden.device)
-        weight, bias = self.softmax.weight, self.softmax.bias
-        true_logits = (hidden * weight[targets]).sum(-1) + bias[targets]  # (N,)
-        sampled_logits = hidden @ weight[negatives].t() + bias[negatives]  # (N, K)
-        true_logits = true_logits.float() - torch.log(self.sampler.expected_count(targets, n_tries)).float()
-        sampled_logits = sampled_logits.float() - torch.log(self.sampler.expected_count(negatives, n_tries)).float()
-        hits = targets.unsqueeze(1) == negatives.unsqueeze(0)  # accidental hits are removed
-        sampled_logits = sampled_logits.masked_fill(hits, float("-inf"))
-        logits = torch.cat([true_logits.unsqueeze(1), sampled_logits], dim=1)  # (N, 1+K)
-        return -torch.log_softmax(logits, dim=1)[:, 0]
 
     def softmax_tensors(self) -> dict[str, torch.Tensor]:
         """The softmax under the names a native model directory stores it (`softmax.`)."""

@@ -7,12 +7,14 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import random
 import signal
 import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -25,6 +27,14 @@ from elmokit.training.config import TrainConfig
 # ---------------------------------------------------------------------------------------------
 # Processes and devices
 # ---------------------------------------------------------------------------------------------
+def seed_everything(seed: int) -> None:
+    """Seed every generator a run draws from: Python's `random`, NumPy's global one and torch's
+    (the CPU's and every GPU's)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
 @dataclass
 class Dist:
     rank: int = 0
