@@ -183,3 +183,86 @@ def test_the_doubled_activation_is_the_activation():
     doubled[:, 15:] *= 2
     torch.testing.assert_close(lstm_cell.activate_doubled_gates_(doubled), lstm_cell.activate_gates(gates))
     torch.testing.assert_close(lstm_cell.tanh_via_sigmoid(gates), torch.tanh(gates))
+
+
+def test_the_language_model_drops_the_top_layer_before_the_softmax(monkeypatch):
+    """In training, the LM's loss is the full softmax's NLL of the top layer with dropout applied
+    (bilm-tf's dropout before the softmax), the LSTM's own dropout as the drivers above."""
+    from tests.test_lm import make_model, random_streams, window
+
+    model = make_model(dropout=RATE).train()  # full softmax
+    monkeypatch.setattr(F, "dropout", sign_dropout)
+    batch = window(*random_streams(3, 6), 0, 6)
+    loss = model(batch).loss
+    hidden, _ = model.contextualize(batch.forward_char_ids, batch.backward_char_ids, None)  # (D, B, U, P)
+    targets = (batch.forward_targets, batch.backward_targets)
+    for top, message in ((sign_dropout(hidden, RATE), None), (hidden, "undropped")):
+        nll = [F.cross_entropy(model.softmax(top[d][batch.mask]), targets[d][batch.mask], reduction="sum")
+               for d in range(2)]
+        expected = 0.5 * (nll[0] + nll[1]) / int(batch.mask.sum())
+        if message is None:
+            torch.testing.assert_close(loss, expected, atol=1e-5, rtol=1e-5)
+        else:
+            assert abs(float(loss - expected)) > 1e-3, message
+
+
+def test_elmo_drops_each_mixed_representation(tiny_model, monkeypatch):
+    """`Elmo(dropout=p)` in training mode returns each scalar mix with dropout applied; in eval
+    mode, the mix itself."""
+    from elmokit import Elmo
+    from tests.conftest import SENTENCES
+
+    elmo = Elmo(module=tiny_model, num_output_representations=2, dropout=RATE,
+                scalar_mix_parameters=[0.0, 1.0, -1.0])
+    ids = batch_to_ids(SENTENCES)
+    with torch.no_grad():
+        plain = elmo.eval()(ids)["elmo_representations"]
+        monkeypatch.setattr(F, "dropout", sign_dropout)
+        dropped = elmo.train()(ids)["elmo_representations"]
+    for want, got in zip(plain, dropped):
+        assert (want < 0).any()
+        torch.testing.assert_close(got, want * (want > 0) / (1 - RATE))
+
+
+def test_stream_engine_in_bfloat16_rounds_the_products_and_keeps_the_cell_in_float32():
+    """Weights in bfloat16: each product (its bias, or the gate inputs it adds, included) rounded
+    once to bfloat16; the gates widened to float32 for the cell; the cell state, the recurrent
+    state and the outputs float32. Written out here per step and direction; the engine agrees to
+    a mean error of eps/16 of the values' mean size (eps = 2^-8, bfloat16's; rounding the gates
+    to bfloat16 too, as without the widening, costs ~eps)."""
+    from elmokit import BiLM, CharCNNConfig, ElmoConfig, LSTMConfig
+    from elmokit.inference.engine import candidate_doubled, stream_layer, stream_layout
+
+    torch.manual_seed(0)
+    config = ElmoConfig(CharCNNConfig(4, ((1, 4), (2, 8)), 1), LSTMConfig(32, 16, 1, 3.0, 3.0))
+    layer = BiLM(config).lstm.layers[0]
+    with torch.no_grad():
+        layer.bias.normal_(0.0, 0.5)
+    low = layer.to(torch.bfloat16)
+    layout = stream_layout(np.array([40, 25, 33]), 3)
+    n_steps, rows = layout.forward_index.shape
+    inputs = torch.randn(2, n_steps, rows, 16)  # (D, U, R, P)
+    with torch.no_grad():
+        got = stream_layer(low, inputs, layout, 3.0, 3.0).double()
+
+    bf16 = lambda t: t.to(torch.bfloat16).double()  # noqa: E731  one rounding, of a float64 result
+    doubled = candidate_doubled(low).double()[:, None]  # (4C, 1): the candidate's rows x2, exact
+    weights = [(low.input_weight[d].double() * doubled, low.recurrent_weight[d].double() * doubled,
+                low.projection[d].double()) for d in range(2)]
+    bias = bf16(low.gate_bias().float().squeeze(1) * candidate_doubled(low))  # (D, 4C)
+    expected = torch.zeros(2, n_steps, rows, 16, dtype=torch.float64)
+    with torch.no_grad():
+        for d, (input_weight, recurrent_weight, projection) in enumerate(weights):
+            hidden, cell = torch.zeros(rows, 16, dtype=torch.float64), torch.zeros(rows, 32)
+            for step in range(n_steps):
+                keep = (~layout.starts[step])[:, None]
+                hidden, cell = hidden * keep, cell * keep
+                gate_inputs = bf16(bf16(inputs[d, step]) @ input_weight.T + bias[d])
+                gates = bf16(gate_inputs + bf16(hidden) @ recurrent_weight.T).float()  # widened
+                cell, cell_output = lstm_cell.cell_step(lstm_cell.activate_doubled_gates_(gates), cell, 3.0,
+                                                        tanh=lstm_cell.tanh_via_sigmoid)
+                hidden = bf16(bf16(cell_output) @ projection.T).clamp(-3.0, 3.0)
+                expected[d, step] = hidden
+    epsilon = 2.0 ** -8
+    assert float((got - expected).abs().mean()) <= epsilon / 16 * float(expected.abs().mean())
+    assert float((got - expected).abs().max()) <= 2 * epsilon * float(expected.abs().max())
