@@ -29,6 +29,7 @@ README_PAGES = {
 SITE_MAP = """## This site
 
 * [Quick start](quickstart.md): set up, embed from Python and from the command line, train.
+* [Loading published models](loading.md): names, URLs, mirrors, the cache, TF-Hub, [ELMoForManyLangs](manylangs.md).
 * [Python API](api.md): every public class and function, from the docstrings.
 * [Command line](cli.md): the `--help` of every `elmo` command.
 * [File formats](formats.md): the native and the original model files, and how bilm-tf and AllenNLP read every key.
