@@ -104,16 +104,12 @@ def test_shard_writer_abort_leaves_only_complete_shards(tmp_path):
 
 
 def test_prepare_cli(tmp_path, capsys):
-    from elmokit.commands import prepare
+    from elmokit.cli import main
 
-    import argparse
-    parser = argparse.ArgumentParser()
-    prepare.register(parser.add_subparsers())
     (tmp_path / "a.txt").write_text("One. Two.\n")
-    args = parser.parse_args(["prepare", str(tmp_path / "a.txt"), "-o", str(tmp_path / "out"), "--quiet",
-                              "--workers", "1", "--raw"])
-    assert args.func(args) == 0
-    assert "2 sentences" in capsys.readouterr().out
+    assert main(["prepare", str(tmp_path / "a.txt"), "-o", str(tmp_path / "out"), "--no-progress",
+                 "--workers", "1", "--raw"]) == 0
+    assert "2 sentences" in capsys.readouterr().err  # what it did: a message on stderr
     assert shard_lines(tmp_path / "out") == ["One .", "Two ."]
 
 

@@ -135,7 +135,7 @@ def test_bad_input_is_one_line_and_writes_nothing(model_dir, tmp_path, capsys):
 
 def _embed_command(source: Path, output: Path, model_dir: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "elmokit", "embed", str(source), str(output), "--model", str(model_dir),
-            "--quiet", "--batch-size", "8", *extra]
+            "--no-progress", "--batch-size", "8", *extra]
 
 
 def test_killed_run_resumes_to_the_same_file(model_dir, tmp_path):
@@ -159,7 +159,8 @@ def test_killed_run_resumes_to_the_same_file(model_dir, tmp_path):
     again = subprocess.run(_embed_command(source, output, model_dir, "--checkpoint-every", "50", "--resume"),
                            env=SUBPROCESS_ENV, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr
-    resumed = int(again.stdout.split(": ")[1].split()[0].replace(",", ""))
+    report = [line for line in again.stderr.splitlines() if line.startswith(f"wrote {output}: ")]
+    resumed = int(report[0].split(": ")[1].split()[0].replace(",", ""))  # this run's sentences only
     assert 0 < resumed < len(lines) - 50 and not partial.exists()
     assert main(["embed", str(source), str(tmp_path / "whole.h5"), "--model", str(model_dir), "--quiet"]) == 0
     whole, killed = _read_all(tmp_path / "whole.h5"), _read_all(output)

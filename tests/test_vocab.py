@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 
@@ -95,12 +94,8 @@ def test_missing_and_undecodable_inputs(tmp_path):
 
 
 def test_vocab_cli(corpus, capsys):
-    from elmokit.commands import vocab as vocab_command
+    from elmokit.cli import main
 
-    parser = argparse.ArgumentParser()
-    vocab_command.register(parser.add_subparsers())
-    args = parser.parse_args(["vocab", str(corpus / "a.txt"), "-o", str(corpus / "out" / "vocab.txt"),
-                              "--max-size", "4"])
-    assert args.func(args) == 0
-    assert "4 entries" in capsys.readouterr().out
+    assert main(["vocab", str(corpus / "a.txt"), "-o", str(corpus / "out" / "vocab.txt"), "--max-size", "4"]) == 0
+    assert "4 entries" in capsys.readouterr().err  # what it did: a message on stderr
     assert Vocabulary.load(corpus / "out" / "vocab.txt").tokens == ["<S>", "</S>", "<UNK>", "a"]

@@ -3,6 +3,11 @@
 Every command module exposes `register(subcommands)`, which adds its parser and sets
 `func` to the typed function that does the work. Errors a user can fix (a missing file, a bad
 option) are printed as one line and exit with status 2; nothing is half-written.
+
+Output: what a command computes (scores, JSON, tables) goes to stdout; what it does (files
+written, counts, warnings, progress) goes to stderr through `logging` (`elmokit.progress`):
+-q/--quiet leaves errors only, -v/--verbose adds detail. Both are accepted before or after the
+subcommand (`elmo -q embed ...`, `elmo embed -q ...`).
 """
 
 from __future__ import annotations
@@ -14,6 +19,31 @@ import sys
 from elmokit import __version__
 from elmokit.commands import COMMAND_MODULES
 from elmokit.extras import MissingExtraError
+from elmokit.progress import configure_logging
+
+VERBOSITY_HELP = {"verbose": "more detail on stderr (debugging messages)",
+                  "quiet": "print nothing but errors on stderr: no progress, no messages (results still "
+                           "go to stdout)"}
+
+
+def add_verbosity_arguments(parser: argparse.ArgumentParser, top: bool) -> None:
+    """-v/--verbose and -q/--quiet, on `elmo` itself (`top`) and on every subcommand; a
+    subcommand's copy sets nothing when absent, so `elmo -q embed` keeps the -q."""
+    group = parser.add_argument_group("output")
+    default = {} if top else {"default": argparse.SUPPRESS}
+    group.add_argument("-v", "--verbose", action="store_true", help=VERBOSITY_HELP["verbose"],
+                       **({"default": False} if top else default))
+    group.add_argument("-q", "--quiet", action="store_true", help=VERBOSITY_HELP["quiet"],
+                       **({"default": False} if top else default))
+
+
+def _every_parser(parser: argparse.ArgumentParser):
+    """The subcommands' parsers, nested ones (`elmo task train`) included."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):  # aliases map to the same parser
+                yield sub
+                yield from _every_parser(sub)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,9 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train ELMo biLMs on your own corpus and embed text with them.",
     )
     parser.add_argument("--version", action="version", version=f"elmokit {__version__}")
+    add_verbosity_arguments(parser, top=True)
     subcommands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in COMMAND_MODULES:
         module.register(subcommands)
+    for sub in _every_parser(parser):
+        add_verbosity_arguments(sub, top=False)
     return parser
 
 
@@ -45,6 +78,10 @@ def out_of_memory(error: BaseException) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.verbose and args.quiet:
+        print(f"elmo {args.command}: error: give -v/--verbose or -q/--quiet, not both", file=sys.stderr)
+        return 2
+    configure_logging(-1 if args.quiet else 1 if args.verbose else 0, prefix=f"elmo {args.command}")
     try:
         return args.func(args) or 0
     except BrokenPipeError:  # `elmo ... | head`: the reader has what it wanted

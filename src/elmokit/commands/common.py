@@ -1,5 +1,5 @@
-"""Arguments shared by several subcommands: which model to load, and where and in what precision
-to run it (`elmokit.devices`)."""
+"""Arguments shared by several subcommands: which model to load, where and in what precision
+to run it (`elmokit.devices`), and whether to show progress (`elmokit.progress`)."""
 
 from __future__ import annotations
 
@@ -50,10 +50,21 @@ def model_from_args(args: argparse.Namespace) -> BiLM:
     return load_model(model)
 
 
+DEFAULT_DEVICE = "auto"  # every command's: the GPU when torch sees one, else the CPU
+DEVICE_DEFAULT_SENTENCE = "default: auto, the GPU when torch sees one, else the CPU"
+DEVICE_OPTION_HELP = f"where to run: {DEVICE_HELP} ({DEVICE_DEFAULT_SENTENCE})"
+
+
+def add_progress_argument(parser: argparse.ArgumentParser) -> None:
+    """--no-progress: no bar on a terminal, no progress lines in a log (`elmokit.progress`)."""
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar (on a terminal) and no progress lines (in a log file or pipe)")
+
+
 def add_device_arguments(parser: argparse.ArgumentParser, dtype: bool = False, cuda_device: bool = False) -> None:
     """--device (and with `cuda_device` AllenNLP's --cuda-device alias; with `dtype`, --dtype)."""
     group = parser.add_argument_group("device and precision")
-    group.add_argument("--device", help=f"where to run: {DEVICE_HELP} (default: cpu)")
+    group.add_argument("--device", help=DEVICE_OPTION_HELP)
     if cuda_device:
         group.add_argument("--cuda-device", type=int,
                            help="AllenNLP's spelling of --device: -1 for the CPU, N for cuda:N")
@@ -65,9 +76,19 @@ def add_device_arguments(parser: argparse.ArgumentParser, dtype: bool = False, c
 
 
 def device_from_args(args: argparse.Namespace) -> torch.device:
+    """The device of --device (default `DEFAULT_DEVICE`) or --cuda-device; a GPU that is not there
+    is an error that says how to run on the CPU."""
     cuda_device = getattr(args, "cuda_device", None)
-    if cuda_device is not None:
-        if args.device is not None:
-            raise ValueError(f"give --device or --cuda-device, not both (got {args.device} and {cuda_device})")
-        return resolve_device(None, cuda_device)
-    return resolve_device(args.device or "cpu")
+    if cuda_device is not None and args.device is not None:
+        raise ValueError(f"give --device or --cuda-device, not both (got {args.device} and {cuda_device})")
+    return device_or_advice(args.device or DEFAULT_DEVICE, cuda_device)
+
+
+def device_or_advice(device: str | None, cuda_device: int | None = None) -> torch.device:
+    """`resolve_device`, its error about a missing GPU with the command line's way out."""
+    try:
+        return resolve_device(device if cuda_device is None else None, cuda_device)
+    except ValueError as error:
+        if "torch sees" in str(error):  # the library's advice is Python's (device='cpu'): say the flag
+            raise ValueError(f"{str(error).split(';')[0]}; run on the CPU with --device cpu") from None
+        raise

@@ -4,21 +4,37 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from pathlib import Path
 
 import torch
 
-from elmokit.commands.common import add_device_arguments, add_model_arguments, device_from_args, model_from_args
+from elmokit.commands.common import (
+    DEVICE_DEFAULT_SENTENCE,
+    add_device_arguments,
+    add_model_arguments,
+    add_progress_argument,
+    device_from_args,
+    model_from_args,
+)
 from elmokit.inference.embedder import ElmoEmbedder
 from elmokit.inference.files import (
     EmbedOptions,
+    OutputTooLargeError,
     close_distributed,
     distributed_from_env,
-    embed_file,
+    embed_file_report,
     fix_malloc_mmap_threshold,
+    format_bytes,
 )
 from elmokit.inference.segments import FILE_FORMATS, format_for_path
+
+log = logging.getLogger(__name__)
+DEFAULT_MAX_OUTPUT_GB = 10.0
+# The Python spellings in elmokit.inference.files' messages, as this command's options
+PYTHON_TO_FLAGS = {"resume=True": "--resume", "overwrite=True": "--overwrite", "file_format='hdf5'": "--format hdf5",
+                   "use_sentence_keys=False": "no --use-sentence-keys"}
 
 DESCRIPTION = """\
 Embed INPUT (UTF-8, plain or .gz; one sentence per line, tokens separated by whitespace, or raw
@@ -42,7 +58,12 @@ discards it instead. One run writes an OUTPUT at a time (OUTPUT.lock). Several p
 `torchrun --nproc_per_node N -m elmokit embed ...` (each embeds every N-th line; rank 0 merges;
 on GPUs each process takes the one of its LOCAL_RANK).
 
---device picks the CPU (default) or a GPU (cuda, cuda:N, or auto: one if torch sees it). --dtype
+Before writing, the output's size is estimated from the input's tokens and logged; a run
+estimated above --max-output-gb (default 10) stops there. After, it reports the sentences,
+tokens, time, tokens/s and the size written. Progress: a bar on a terminal, a line every 30 s
+in a log file (ELMOKIT_PROGRESS_INTERVAL), none with --no-progress or -q.
+
+--device: cpu, cuda, cuda:N or auto (the default: the GPU when torch sees one). --dtype
 bfloat16 runs the biLM's products in bfloat16 (the LSTM state and the outputs stay float32):
 faster on a CPU with AVX512-BF16 and on GPUs, not exact (speed and error per layer:
 bench/results/embed.md).
@@ -91,7 +112,10 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser.add_argument("--threads", type=int,
                         help="CPU threads for torch (default: torch's choice; on a busy machine 1 "
                              "can be much faster than several)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--max-output-gb", type=float, default=DEFAULT_MAX_OUTPUT_GB, metavar="GB",
+                        help="refuse to start when the output is estimated above GB gigabytes "
+                             f"(10^9 bytes; default: {DEFAULT_MAX_OUTPUT_GB:g}); raise it to write more")
+    add_progress_argument(parser)
     add_model_arguments(parser)
     add_device_arguments(parser, dtype=True, cuda_device=True)
     parser.set_defaults(func=run, output_format="all")
@@ -108,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
+    if not args.max_output_gb > 0:
+        raise ValueError(f"--max-output-gb must be > 0, got {args.max_output_gb}")
     fix_malloc_mmap_threshold()  # peak memory flat however long the input
     rank, world_size, barrier = distributed_from_env()
     try:
@@ -115,12 +141,41 @@ def run(args: argparse.Namespace) -> int:
         if device.type == "cuda" and world_size > 1:  # one GPU a process
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         embedder = ElmoEmbedder(module=model_from_args(args), device=device, dtype=args.dtype)
-        n_embedded = embed_file(embedder, args.input, args.output, options, overwrite=args.overwrite,
-                                resume=args.resume, progress=not args.quiet, rank=rank,
-                                world_size=world_size, barrier=barrier)
+        report = embed_file_report(embedder, args.input, args.output, options, overwrite=args.overwrite,
+                                   resume=args.resume, progress=not args.no_progress, rank=rank,
+                                   world_size=world_size, barrier=barrier,
+                                   max_output_bytes=int(args.max_output_gb * 1e9))
+    except OutputTooLargeError as error:
+        needed = f"{error.estimate / 1e9 * 1.1:.2g}"  # above the estimate, which is within a few %
+        raise ValueError(f"{args.output} would be about {format_bytes(error.estimate)}, above --max-output-gb "
+                         f"{args.max_output_gb:g}; pass --max-output-gb {needed} (or more) to write it, or ask "
+                         "for less (--top or --average: one layer; --sentence-vectors: one vector a sentence)"
+                         ) from None
+    except (OSError, ValueError, RuntimeError) as error:
+        if not _speaks_python(error):
+            raise
+        raise _with_flags(error) from None
     finally:
         close_distributed()
     if rank == 0:
         shared = f" (this process; {world_size} processes)" if world_size > 1 else ""
-        print(f"wrote {args.output}: {n_embedded:,} sentences embedded{shared}")
+        log.info(f"wrote {args.output}: {report.summary()}{shared}")
     return 0
+
+
+def _speaks_python(error: BaseException) -> bool:
+    return any(isinstance(arg, str) and any(spelling in arg for spelling in PYTHON_TO_FLAGS) for arg in error.args)
+
+
+def _with_flags(error: Exception) -> Exception:
+    """The same error, its message saying the options as this command's flags (the library's
+    messages say them as Python arguments: resume=True)."""
+    def translate(value):
+        if isinstance(value, str):
+            for spelling, flag in PYTHON_TO_FLAGS.items():
+                value = value.replace(spelling, flag)
+        return value
+    try:
+        return type(error)(*map(translate, error.args))
+    except TypeError:  # a type whose constructor takes other arguments: its own message then
+        return error

@@ -7,7 +7,7 @@ import glob
 import json
 from pathlib import Path
 
-from elmokit.commands.common import add_device_arguments, device_from_args
+from elmokit.commands.common import add_device_arguments, add_progress_argument, device_from_args
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
@@ -30,6 +30,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
                              "lines if OUT ends in .jsonl")
     parser.add_argument("--overwrite", action="store_true", help="replace the --per-sentence file if it exists")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_progress_argument(parser)
     add_device_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -100,9 +101,11 @@ def run(args: argparse.Namespace) -> int:
     model, vocab_path = load_model_dir(model_dir or builtin_scoring_model())
     vocab = Vocabulary.load(vocab_path)
     device = device_from_args(args)
-    result = corpus_perplexity(model, vocab, files, args.batch_size, args.unroll_steps, device, args.max_sentences)
+    result = corpus_perplexity(model, vocab, files, args.batch_size, args.unroll_steps, device, args.max_sentences,
+                               progress=not args.no_progress)
     if args.per_sentence is not None:
-        write_sentence_scores(model, vocab, files, args.per_sentence, args.batch_size, device, args.max_sentences)
+        write_sentence_scores(model, vocab, files, args.per_sentence, args.batch_size, device, args.max_sentences,
+                              progress=not args.no_progress)
     if args.json:
         print(json.dumps(result))
     else:
@@ -113,11 +116,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def write_sentence_scores(model, vocab, files: list[Path], out: Path, batch_size: int, device: str,
-                          max_sentences: int | None = None) -> None:
+                          max_sentences: int | None = None, progress: bool = False) -> None:
     """One line per non-blank input line (the first `max_sentences`): file, line number, targets,
     NLLs and perplexities."""
     from elmokit.training.corpus import open_text
     from elmokit.io import atomic_path
+    from elmokit.progress import progress_bar
     from elmokit.training.perplexity import sentence_scores
 
     located, sentences = [], []
@@ -132,7 +136,8 @@ def write_sentence_scores(model, vocab, files: list[Path], out: Path, batch_size
                     if max_sentences is not None and len(sentences) >= max_sentences:
                         break
     as_json = out.suffix == ".jsonl"
-    with atomic_path(out) as tmp, open(tmp, "w", encoding="utf-8") as handle:
+    bar = progress_bar(total=len(sentences), unit="sentences", desc="scoring each sentence", enabled=progress)
+    with bar, atomic_path(out) as tmp, open(tmp, "w", encoding="utf-8") as handle:
         if not as_json:
             handle.write("file\tline\tn_targets\tforward_nll\tbackward_nll\tforward_ppl\tbackward_ppl\tppl\n")
         for (path, number), score in zip(located, sentence_scores(model, vocab, sentences, batch_size, device)):
@@ -141,3 +146,4 @@ def write_sentence_scores(model, vocab, files: list[Path], out: Path, batch_size
                       "forward_ppl": round(score.forward_ppl, 3), "backward_ppl": round(score.backward_ppl, 3),
                       "ppl": round(score.ppl, 3)}
             handle.write(json.dumps(values) + "\n" if as_json else "\t".join(map(str, values.values())) + "\n")
+            bar.update(1)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from pathlib import Path
 
+from elmokit.commands.common import add_progress_argument
 from elmokit.training.corpus import prepare_corpus
 
 
@@ -38,7 +40,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
                         help="skip lines that are not valid UTF-8 (counted, the first one reported) "
                              "instead of stopping at the first one")
     parser.add_argument("--overwrite", action="store_true", help="replace shard files already in OUT")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_progress_argument(parser)
     parser.set_defaults(func=run)
 
 
@@ -48,10 +50,10 @@ def run(args: argparse.Namespace) -> int:
     stats = prepare_corpus(
         args.inputs, args.out, shard_size=args.shard_size, workers=args.workers,
         pretokenized=args.pretokenized, lang=args.lang, compress=not args.plain,
-        skip_bad_lines=args.skip_bad_lines, overwrite=args.overwrite, progress=not args.quiet)
+        skip_bad_lines=args.skip_bad_lines, overwrite=args.overwrite, progress=not args.no_progress)
     form = "pre-tokenized (passed through)" if stats.pretokenized else "raw (split and tokenized)"
-    print(f"{len(stats.input_files)} input files, {form}: {stats.sentences:,} sentences, "
-          f"{stats.tokens:,} tokens in {len(stats.shards)} shards under {args.out}"
-          + (f"; {stats.bad_lines:,} undecodable lines skipped, the first at {stats.first_bad_line}"
-             if stats.bad_lines else ""))
+    skipped = (f"; {stats.bad_lines:,} undecodable lines skipped, the first at {stats.first_bad_line}"
+               if stats.bad_lines else "")
+    logging.getLogger(__name__).info(f"{len(stats.input_files)} input files, {form}: {stats.sentences:,} sentences, "
+                                     f"{stats.tokens:,} tokens in {len(stats.shards)} shards under {args.out}{skipped}")
     return 0

@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from elmokit.devices import DEVICE_HELP
+from elmokit.commands.common import DEFAULT_DEVICE, DEVICE_OPTION_HELP, device_or_advice
 from elmokit.tasks.formats import CONLLU_COLUMNS, FORMATS
 from elmokit.tasks.task_config import DEFAULT_DATA_DIR
 
@@ -76,7 +76,7 @@ def _register_eval(actions: argparse._SubParsersAction) -> None:
     parser.add_argument("--data-dir", help="data folder (default: the one the run was trained with)")
     parser.add_argument("--max-sentences", type=int, help="score only a fixed subset of this many sentences")
     parser.add_argument("--model", help=MODEL_HELP)
-    parser.add_argument("--device", help=f"where to run: {DEVICE_HELP} (default: cpu)")
+    parser.add_argument("--device", default=DEFAULT_DEVICE, help=DEVICE_OPTION_HELP)
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=run_eval)
 
@@ -97,7 +97,7 @@ def _register_predict(actions: argparse._SubParsersAction) -> None:
     parser.add_argument("--tokenize", action="store_true", help="raw text: split it with the Moses tokenizer")
     parser.add_argument("--jsonl", action="store_true", help="write JSON Lines ({tokens, labels} or {tokens, label})")
     parser.add_argument("--model", help=MODEL_HELP)
-    parser.add_argument("--device", help=f"where to run: {DEVICE_HELP} (default: cpu)")
+    parser.add_argument("--device", default=DEFAULT_DEVICE, help=DEVICE_OPTION_HELP)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run_predict)
 
@@ -143,10 +143,10 @@ def run_eval(args: argparse.Namespace) -> int:
 
     if args.file is None:
         scores = evaluate_run(args.run, args.split, args.data_dir, args.max_sentences, progress=not args.no_progress,
-                              device=args.device, bilm=args.model)
+                              device=device_or_advice(args.device), bilm=args.model)
         scored = {"run": str(args.run), "split": args.split, **scores}
     else:
-        run = load(args.run, args.device, args.model)
+        run = load(args.run, device_or_advice(args.device), args.model)
         examples, info = run.read_file(args.file, args.data_format, args.column)
         scores = run.evaluate(examples, progress=not args.no_progress).scores
         scored = {"run": str(args.run), "file": str(args.file), "n": len(examples), **info, **scores}
@@ -155,18 +155,18 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def run_predict(args: argparse.Namespace) -> int:
-    import sys
+    import logging
 
     from elmokit.io import refuse_overwrite
     from elmokit.tasks.predict import predict_file
     from elmokit.tasks.run import load
 
     refuse_overwrite([args.output] if args.output is not None else [], args.overwrite)
-    run = load(args.run, args.device, args.model)
+    run = load(args.run, device_or_advice(args.device), args.model)
     done = predict_file(run, args.input, args.output, args.data_format, args.column, args.tokenize, args.jsonl,
                         progress=not args.no_progress)
     if args.output is not None:
-        print(f"{args.output}: {done['examples']} examples labelled ({done['format']} in)", file=sys.stderr)
+        logging.getLogger(__name__).info(f"{args.output}: {done['examples']} examples labelled ({done['format']} in)")
     return 0
 
 

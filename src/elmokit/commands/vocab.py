@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
+from elmokit.commands.common import add_progress_argument
 from elmokit.io import refuse_overwrite
 from elmokit.training.vocab import make_vocab, stats_path
 
@@ -23,13 +25,16 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-size", type=int, default=None,
                         help="keep at most this many entries, the 3 special tokens included")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing vocabulary and its .json")
+    add_progress_argument(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     refuse_overwrite([args.out, stats_path(args.out)], args.overwrite)
-    stats = make_vocab(args.inputs, args.out, min_count=args.min_count, max_size=args.max_size)
-    print(f"{stats['vocab_size']:,} entries written to {args.out} (of {stats['n_types']:,} types); "
-          f"{stats['n_sentences']:,} sentences, {stats['n_tokens']:,} tokens with </S>, "
-          f"{stats['n_unk_words']:,} words out of vocabulary; counts in {stats_path(args.out)}")
+    stats = make_vocab(args.inputs, args.out, min_count=args.min_count, max_size=args.max_size,
+                       progress=not args.no_progress)
+    logging.getLogger(__name__).info(
+        f"{stats['vocab_size']:,} entries written to {args.out} (of {stats['n_types']:,} types); "
+        f"{stats['n_sentences']:,} sentences, {stats['n_tokens']:,} tokens with </S>, "
+        f"{stats['n_unk_words']:,} words out of vocabulary; counts in {stats_path(args.out)}")
     return 0

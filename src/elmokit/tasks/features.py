@@ -16,7 +16,6 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
-from tqdm import tqdm
 
 from elmokit.devices import dtype_name, resolve_dtype
 from elmokit.inference.elmo import module_device, token_layers
@@ -25,6 +24,7 @@ from elmokit.io import atomic_path
 from elmokit.model.bilm import BiLM
 from elmokit.model.mix import ScalarMix
 from elmokit.model.weights import model_fingerprint
+from elmokit.progress import progress_bar
 
 
 # ---------------------------------------------------------------------------------------------
@@ -48,7 +48,7 @@ def compute_layers(bilm: BiLM, sentences: Sequence[Sequence[str]], batch_size: i
                             dtype=bilm_dtype)
     window = batch_size * ElmoEmbedder.STREAM_WINDOW
     layers: list[torch.Tensor] = []
-    bar = tqdm(total=len(sentences), desc=desc, unit="sent", disable=not progress, leave=False)
+    bar = progress_bar(total=len(sentences), desc=desc, unit="sent", enabled=progress, leave=False)
     for start in range(0, len(sentences), window):
         chunk = sentences[start:start + window]
         layers.extend(torch.from_numpy(array).to(dtype) for array in embedder.embed_many(chunk, rows=batch_size))

@@ -23,9 +23,8 @@ from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
 
-from tqdm import tqdm
-
 from elmokit.io import atomic_path
+from elmokit.progress import progress_bar
 from elmokit.tasks.formats import CONLLU_COLUMNS, FileFormat, Record, iter_records, resolve_format
 
 CHUNK_BATCHES = 16  # a chunk of this many batches is read, embedded and predicted at once
@@ -131,7 +130,7 @@ def predict_file(run, input_path: str | Path, output: str | Path | None = None, 
 
 
 def _predict_records(run, records: Iterator[Record], writer: PredictionWriter, batch_size: int, progress: bool) -> int:
-    bar = tqdm(desc="predict", unit="sent", disable=not progress)
+    bar = progress_bar(desc="predict", unit="sent", enabled=progress)
     n = 0
     for chunk in chunks(records, CHUNK_BATCHES * batch_size):
         predictions = run.predict_labels([record.tokens for record in chunk], batch_size)

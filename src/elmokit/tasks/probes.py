@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from elmokit.model.bilm import BiLM
+from elmokit.progress import progress_bar
 from elmokit.tasks.features import cached_layers, compute_layers
 from elmokit.tasks.readers import UPOS_TAGS, SenseSentence, read_conllu, read_semcor
 
@@ -75,7 +75,7 @@ def pos_probe(bilm: BiLM, data_dir: str | Path, max_train_sentences: int | None 
         features[split] = token_vectors(bilm, [s.tokens for s in sentences], cache_dir, progress)
         labels[split] = torch.tensor([tag_index[tag] for s in sentences for tag in s.tags])
     results = {}
-    for layer in tqdm(range(bilm.config.n_output_layers), desc="POS probes", disable=not progress, leave=False):
+    for layer in progress_bar(range(bilm.config.n_output_layers), desc="POS probes", enabled=progress, leave=False):
         probe = train_linear_probe(features["train"][:, layer], labels["train"], len(UPOS_TAGS), epochs)
         results[f"layer_{layer}"] = {split: probe_accuracy(probe, features[split][:, layer], labels[split])
                                      for split in ("dev", "test")}
@@ -120,7 +120,7 @@ def sense_vectors(bilm: BiLM, sentences: Sequence[SenseSentence], chunk: int = 2
     """
     tagged = [s for s in sentences if any(s.senses)]
     vectors, keys = [], []
-    for start in tqdm(range(0, len(tagged), chunk), desc="SemCor vectors", disable=not progress, leave=False):
+    for start in progress_bar(range(0, len(tagged), chunk), desc="SemCor vectors", enabled=progress, leave=False):
         part = tagged[start:start + chunk]
         words = [[w for token in s.tokens for w in (token.split("_") if token.strip("_") else [token]) if w]
                  for s in part]

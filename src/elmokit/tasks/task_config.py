@@ -94,7 +94,8 @@ class TaskConfig:
     max_eval_sentences: int | None = task_option(None, "score dev and test on fixed subsets of this many sentences")
     cache_dir: str | None = task_option(None, "keep the frozen biLM's layers here to share between runs")
     threads: int | None = task_option(None, "torch threads (default: torch's; 1 is best for small models)")
-    device: str = task_option("cpu", f"where the biLM and the task model run: {DEVICE_HELP}")
+    device: str = task_option("auto", f"where the biLM and the task model run: {DEVICE_HELP}; auto: the GPU "
+                              "when torch sees one, else the CPU")
     bilm_dtype: str = task_option("float32", "the frozen biLM's products in bfloat16 (faster on CPUs with "
                                   "AVX512-BF16 and on GPUs, not exact) or float32", choices=tuple(sorted(DTYPES)))
     progress: bool = task_option(True, "progress bars (epoch lines are printed either way)")

@@ -11,17 +11,16 @@ from __future__ import annotations
 import copy
 import json
 import random
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from tqdm import tqdm
 
 from elmokit.io import atomic_path, atomic_write_text
 from elmokit.model.bilm import BiLM
+from elmokit.progress import progress_bar, write as write_line
 from elmokit.training.model_card import software_versions
 from elmokit.training.processes import seed_everything
 from elmokit.tasks.bilm_ref import bilm_record, open_bilm
@@ -71,8 +70,8 @@ def train_epoch(model, optimizer, data: TaskData, config: TaskConfig, rng: rando
     model.train()
     total, count = 0.0, 0
     n_batches = -(-len(data.splits["train"]) // config.batch_size)
-    bar = tqdm(data.batches("train", config.batch_size, shuffle=True, rng=rng), total=n_batches,
-               desc=f"{config.task} epoch {epoch}", unit="batch", disable=not config.progress, leave=False)
+    bar = progress_bar(data.batches("train", config.batch_size, shuffle=True, rng=rng), total=n_batches,
+                       desc=f"{config.task} epoch {epoch}", unit="batch", enabled=config.progress, leave=False)
     for batch in bar:
         optimizer.zero_grad()
         loss = model.loss(batch)
@@ -131,8 +130,7 @@ class EarlyStopping:
 
 def report(line: str) -> None:
     """One line on stderr, between progress bars if there are any."""
-    tqdm.write(line, file=sys.stderr)
-    sys.stderr.flush()
+    write_line(line)
 
 
 def epoch_line(config: TaskConfig, epoch: int, train_loss: float, dev: dict, stopping: EarlyStopping,

@@ -116,6 +116,35 @@ def open_text(path: Path) -> IO[str]:
     return io.TextIOWrapper(open_binary(path), encoding="utf-8", errors="strict")
 
 
+def text_size(path: Path) -> int:
+    """The bytes of text in a plain or .gz file, for a progress bar's total: a gzip member's
+    trailer holds its size modulo 2**32 (a larger file, or several members: an estimate)."""
+    size = path.stat().st_size
+    if not is_gzip(path) or size < 18:
+        return size
+    with open(path, "rb") as handle:
+        handle.seek(-4, os.SEEK_END)
+        stored = int.from_bytes(handle.read(4), "little")
+    return stored if stored >= size else 4 * size  # wrapped past 4 GiB: text compresses about 4x
+
+
+def count_targets(paths: Sequence[Path], max_sentences: int | None = None) -> int:
+    """About the targets per direction in `paths` (words + one per non-blank line), counted by
+    bytes (spaces and newlines), fast enough to be a progress bar's total: exact for files with
+    single spaces between tokens, which `elmo prepare` writes."""
+    total = lines = 0
+    for path in paths:
+        with open_binary(path) as handle:
+            for block in iter(lambda: handle.read(1 << 24), b""):
+                newlines = block.count(b"\n")
+                if max_sentences is not None and lines + newlines >= max_sentences:
+                    head = b"\n".join(block.split(b"\n")[:max_sentences - lines])
+                    return total + head.count(b" ") + 2 * (max_sentences - lines)
+                total += block.count(b" ") + 2 * newlines
+                lines += newlines
+    return total
+
+
 def require_tokens(paths: Sequence[Path], what: str) -> None:
     """CorpusError unless some line of `paths` holds a token: an empty or blank-only corpus
     would train nothing (yet save a model) or score nothing (yet print a perplexity of 1).
@@ -369,7 +398,7 @@ def prepare_corpus(
         MissingExtraError: raw input and sacremoses or sentencex not installed (the `prepare` extra;
             for Chinese, `lang="zh"`, jieba or sentencex: the `zh` extra).
     """
-    from tqdm import tqdm
+    from elmokit.progress import progress_bar
 
     paths = expand_paths(inputs)
     out_dir = Path(out_dir)
@@ -387,15 +416,24 @@ def prepare_corpus(
     workers = max(1, workers or os.cpu_count() or 1)
 
     writer = ShardWriter(out_dir, shard_size, compress)
-    chunks = _chunks(_all_lines(paths, skip_bad_lines, stats), CHUNK_LINES)
-    bar = tqdm(unit=" sentences", unit_scale=True, disable=not progress, desc="prepare")
+    read = [0]  # characters of the input read so far (its lines, as the progress bar counts them)
+
+    def counted(lines: Iterator[str]) -> Iterator[str]:
+        for line in lines:
+            read[0] += len(line) + 1
+            yield line
+
+    chunks = _chunks(counted(_all_lines(paths, skip_bad_lines, stats)), CHUNK_LINES)
+    bar = progress_bar(total=sum(map(text_size, paths)), unit="B", unit_scale=True, enabled=progress,
+                       desc="prepare")
     try:
         with contextlib.closing(_sentence_chunks(chunks, pretokenized, workers, lang)) as results:
             for sentences in results:
                 writer.write(sentences)
                 stats.sentences += len(sentences)
                 stats.tokens += sum(map(len, map(str.split, sentences)))
-                bar.update(len(sentences))
+                bar.update(read[0] - bar.n)  # read ahead of the results by the chunks in flight
+                bar.set_postfix(sentences=f"{stats.sentences:,}", refresh=False)
         writer.close()
     except BaseException:
         writer.abort()

@@ -1,4 +1,5 @@
-"""What a training run reports: `metrics.jsonl` lines, the progress bar and `curves.png`.
+"""What a training run reports: `metrics.jsonl` lines, on the progress bar (`elmokit.progress`)
+and in `curves.png`.
 
 metrics.jsonl holds one JSON object a line: every `log_every` steps
     {"step", "tokens", "epoch", "loss", "lr", "grad_norm", "tokens_per_s"}
@@ -10,7 +11,6 @@ perplexities), and at every evaluation
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -51,7 +51,8 @@ def append_metrics(path: Path, record: dict[str, Any], bar) -> None:
         bar.write(f"step {record['step']}: valid perplexity {record['valid_ppl']:.2f} "
                   f"(forward {record['valid_forward_ppl']:.2f}, backward {record['valid_backward_ppl']:.2f})")
     else:
-        bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
+        bar.set_postfix(step=f"{record['step']:,}", loss=f"{record['loss']:.3f}",
+                        tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
 
 
 def truncate_metrics(path: Path, last_step: int) -> None:
@@ -66,14 +67,6 @@ def truncate_metrics(path: Path, last_step: int) -> None:
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8") as handle:
         return [json.loads(line) for line in handle if line.strip()]
-
-
-def progress_bar(enabled: bool, initial: int):
-    """A tqdm bar of steps; refreshed at most once a minute when stderr is a log file."""
-    from tqdm import tqdm
-
-    return tqdm(initial=initial, unit="step", disable=not enabled, dynamic_ncols=True,
-                mininterval=0.5 if sys.stderr.isatty() else 60.0)
 
 
 def plot_curves(metrics_path: Path, png_path: Path) -> None:

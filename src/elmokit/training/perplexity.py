@@ -50,15 +50,20 @@ class SentenceScore:
 
 def corpus_perplexity(model: LanguageModel, vocab: Vocabulary, files: Sequence[str | Path],
                       batch_size: int = 64, unroll_steps: int = 20, device: str | torch.device = "cpu",
-                      max_sentences: int | None = None) -> dict[str, float]:
+                      max_sentences: int | None = None, progress: bool = False) -> dict[str, float]:
     """forward_ppl, backward_ppl, ppl and n_tokens of every sentence of `files` (of the first
-    `max_sentences`, when given); CorpusError if they hold no sentence (an empty or blank-only file)."""
+    `max_sentences`, when given); CorpusError if they hold no sentence (an empty or blank-only file).
+    `progress`: report the targets scored (`elmokit.progress`)."""
+    from elmokit.progress import progress_bar
+    from elmokit.training.corpus import count_targets
     from elmokit.training.loop import evaluate
 
     _check_vocab(model, vocab)
     device = resolve_device(device)
     batches = eval_batches(list(files), vocab, batch_size, unroll_steps, max_sentences=max_sentences)
-    result = evaluate(model.to(device), batches, device)
+    total = count_targets([Path(f) for f in files], max_sentences) if progress else None
+    with progress_bar(total=total, unit="tokens", unit_scale=True, desc="scoring", enabled=progress) as bar:
+        result = evaluate(model.to(device), batches, device, bar=bar)
     if result["n_tokens"] == 0:
         raise CorpusError(f"nothing to score: {', '.join(map(str, files))} "
                           f"{'is' if len(files) == 1 else 'are'} empty or blank; expected one tokenized sentence a line")

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN
-from elmokit.training.corpus import CorpusError, expand_paths, locate_decode_error, open_text
+from elmokit.training.corpus import CorpusError, expand_paths, locate_decode_error, open_text, text_size
 from elmokit.io import atomic_write_text
 
 UNK_TOKEN = "<UNK>"
@@ -37,23 +37,30 @@ READ_BLOCK_CHARS = 1 << 22  # lines are read in blocks of about 4 M characters
 # Counting a corpus and writing vocab.txt + vocab.json
 # ---------------------------------------------------------------------------------------------
 
-def count_tokens(paths: Sequence[Path]) -> tuple[Counter, int]:
+def count_tokens(paths: Sequence[Path], progress: bool = False) -> tuple[Counter, int]:
     """Token counts and the number of non-blank lines (sentences) of tokenized files.
 
     Lines are split on whitespace and counted in C (`Counter.update` over a chained block of
-    split lines); a line that is not UTF-8 raises CorpusError naming file:line.
+    split lines); a line that is not UTF-8 raises CorpusError naming file:line. `progress`:
+    report the characters read (`elmokit.progress`).
     """
+    from elmokit.progress import progress_bar
+
     counts: Counter = Counter()
     n_sentences = 0
-    for path in paths:
-        try:
-            with open_text(path) as handle:
-                for block in iter(lambda: handle.readlines(READ_BLOCK_CHARS), []):
-                    split_lines = list(map(str.split, block))
-                    n_sentences += sum(map(bool, split_lines))
-                    counts.update(itertools.chain.from_iterable(split_lines))
-        except UnicodeDecodeError:
-            raise CorpusError(locate_decode_error(path)) from None
+    bar = progress_bar(total=sum(map(text_size, paths)), unit="B", unit_scale=True, desc="counting tokens",
+                       enabled=progress)
+    with bar:
+        for path in paths:
+            try:
+                with open_text(path) as handle:
+                    for block in iter(lambda: handle.readlines(READ_BLOCK_CHARS), []):
+                        split_lines = list(map(str.split, block))
+                        n_sentences += sum(map(bool, split_lines))
+                        counts.update(itertools.chain.from_iterable(split_lines))
+                        bar.update(sum(map(len, block)))
+            except UnicodeDecodeError:
+                raise CorpusError(locate_decode_error(path)) from None
     return counts, n_sentences
 
 
@@ -79,14 +86,16 @@ def make_vocab(
     out_path: str | Path,
     min_count: int = 1,
     max_size: int | None = None,
+    progress: bool = False,
 ) -> dict:
-    """Count tokenized files (plain or .gz, globs), write `out_path` and the stats JSON beside it.
+    """Count tokenized files (plain or .gz, globs), write `out_path` and the stats JSON beside it
+    (`progress`: report the reading, see `elmokit.progress`).
 
     Returns:
         the stats written to `out_path` with suffix `.json` (see the module docstring).
     """
     paths = expand_paths(inputs)
-    counts, n_sentences = count_tokens(paths)
+    counts, n_sentences = count_tokens(paths, progress)
     if n_sentences == 0:
         raise CorpusError(f"no tokens in {', '.join(map(str, paths))}: every line is blank")
     tokens = build_vocab(counts, min_count, max_size)
