@@ -273,3 +273,16 @@ def test_count_targets_is_words_and_one_per_sentence(tmp_path):
     (tmp_path / "a.txt").write_text("a b c\nd\ne f\n", encoding="utf-8")
     assert count_targets([tmp_path / "a.txt"]) == (3 + 1) + (1 + 1) + (2 + 1)
     assert count_targets([tmp_path / "a.txt"], max_sentences=2) == (3 + 1) + (1 + 1)
+
+
+def test_reprs_say_what_the_object_is(tiny_model):
+    from elmokit.inference.cache import TokenCache
+
+    lstm = tiny_model.config.lstm
+    first_lines = repr(tiny_model).splitlines()[:2]
+    assert first_lines[0] == "BiLM(" and first_lines[1].strip().startswith(
+        f"{lstm.n_layers} x {lstm.cell_dim} cells -> {lstm.projection_dim}, {tiny_model.config.n_output_layers} layers")
+    cache = TokenCache(tiny_model)
+    cache.rows(["a", "b", "a"])
+    assert repr(cache) == f"TokenCache(2 of {cache.max_size:,} words, {lstm.projection_dim} floats each, device=cpu)"
+    assert repr(tiny_model.config).startswith("ElmoConfig(") and "lstm=LSTMConfig(" in repr(tiny_model.config)

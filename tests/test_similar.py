@@ -89,7 +89,7 @@ def test_plot_is_a_png(model_dir, corpus, tmp_path, capsys, colour):
     assert main(["similar", str(corpus), "--query", QUERY, "--position", "2", "--plot", str(picture),
                  *colour, "--model", str(model_dir)]) == 0
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert f"wrote {picture}" in capsys.readouterr().out
+    assert f"wrote {picture}" in capsys.readouterr().err  # what it did: a message on stderr
 
 
 def test_bad_input(model_dir, corpus, tmp_path, capsys):

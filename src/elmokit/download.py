@@ -139,7 +139,7 @@ def fetch(url: str, check: Callable[[Path], None] | None = None, progress: bool 
         url: an http(s) URL (a published one may be fetched from `ELMOKIT_MIRROR`).
         check: raises if a downloaded file is not what it should be (then it never enters the
             cache, and the error names the URL).
-        progress: show a progress bar (default: when stderr is a terminal).
+        progress: show a progress bar (default: when stderr is a terminal, unless `elmo -q`).
 
     Raises:
         DownloadError: offline or unreachable and not in the cache, or the file failed `check`.
@@ -163,7 +163,11 @@ def fetch(url: str, check: Callable[[Path], None] | None = None, progress: bool 
         if target.is_file():  # the other process finished it
             return target
         source = mirrored(canonical_url(url))
-        staged = _transfer(url, source, target, progress if progress is not None else sys.stderr.isatty())
+        if progress is None:  # elmokit.progress's policy: a bar on a terminal, none under `elmo -q`
+            from elmokit.progress import quiet, stderr_is_terminal
+
+            progress = stderr_is_terminal() and not quiet()
+        staged = _transfer(url, source, target, progress)
         try:
             if check is not None:
                 check(staged)

@@ -4,11 +4,18 @@ layer (the ELMo paper's polysemy demo), and optionally a 2-D picture of all its 
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
 import torch
 
-from elmokit.commands.common import add_device_arguments, add_model_arguments, device_from_args, model_from_args
+from elmokit.commands.common import (
+    add_device_arguments,
+    add_model_arguments,
+    add_progress_argument,
+    device_from_args,
+    model_from_args,
+)
 from elmokit.io import refuse_overwrite
 from elmokit.inference.embedder import ElmoEmbedder
 from elmokit.inference.files import check_input_file, make_tokenizer
@@ -67,6 +74,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-length", type=int, default=256,
                         help="longer corpus sentences are embedded in overlapping windows (default: 256)")
     add_model_arguments(parser)
+    add_progress_argument(parser)
     add_device_arguments(parser, dtype=True)
     parser.set_defaults(func=run)
 
@@ -93,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"layer {layer} does not exist: the model has layers 0 to {n_layers - 1}")
 
     result = find_similar(embedder, query, position, args.corpus, layers, args.top_k, args.any_word,
-                          plot_layer if args.plot else None, args.tokenize, args.batch_size, args.max_length)
+                          plot_layer if args.plot else None, args.tokenize, args.batch_size, args.max_length,
+                          progress=not args.no_progress)
     print_result(args, query, position, result)
     if args.plot is not None:
         _plot(args, query, position, result, embedder, plot_layer)
@@ -140,4 +149,4 @@ def _plot(args: argparse.Namespace, query: list[str], position: int, result, emb
         how = f"{args.clusters}-means clusters"
     title = f"{result.word!r}: {len(vectors)} occurrences, layer {plot_layer}, PCA; colour: {how}"
     plot_occurrences(args.plot, projections.numpy(), labels, query_point.numpy(), title)
-    print(f"\nwrote {args.plot} ({len(vectors)} occurrences)")
+    logging.getLogger(__name__).info(f"wrote {args.plot} ({len(vectors)} occurrences)")

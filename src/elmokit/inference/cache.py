@@ -38,6 +38,10 @@ class TokenCache:
     def clear(self) -> None:
         self.index: dict[str, int] = {}
 
+    def __repr__(self) -> str:
+        return (f"TokenCache({len(self.index):,} of {self.max_size:,} words, {self.vectors.shape[1]} floats each, "
+                f"device={self.vectors.device})")
+
     def embeddings(self, sentences: Sequence[Sequence[str]]) -> torch.Tensor:
         """The token layer of every position of `sentences` with boundaries, row-major
         (`[<S>, tokens of sentence 0, </S>, <S>, ...]`): (N, P), a copy."""

@@ -92,8 +92,13 @@ def check_max_length(max_length: int) -> None:
 
 def find_similar(embedder: ElmoEmbedder, query: Sequence[str], position: int, corpus: Path,
                  layers: Sequence[int], top_k: int = 5, any_word: bool = False, plot_layer: int | None = None,
-                 tokenize: bool = False, batch_size: int = 64, max_length: int = 256) -> SimilarResult:
-    """Rank the occurrences in `corpus` (one sentence per line) by cosine with query[position]."""
+                 tokenize: bool = False, batch_size: int = 64, max_length: int = 256,
+                 progress: bool = False) -> SimilarResult:
+    """Rank the occurrences in `corpus` (one sentence per line) by cosine with query[position];
+    `progress`: report the corpus read (`elmokit.progress`)."""
+    from elmokit.progress import progress_bar
+    from elmokit.training.corpus import text_size
+
     check_max_length(max_length)
     word = query[position]
     query_vectors = next(embed_sentences(embedder, [query], max_length=max(max_length, len(query)),
@@ -105,8 +110,11 @@ def find_similar(embedder: ElmoEmbedder, query: Sequence[str], position: int, co
     tokenizer = make_tokenizer(tokenize)
     numbered = enumerate(read_lines(corpus))
     n_sentences = 0
+    bar = progress_bar(total=text_size(Path(corpus)), unit="B", unit_scale=True, desc="searching the corpus",
+                       enabled=progress)
     while batch := list(itertools.islice(numbered, batch_size * 8)):
         n_sentences += len(batch)
+        bar.update(sum(len(line) + 1 for _, line in batch))
         sentences = [(i, tokenizer(line)) for i, line in batch]
         if not any_word:
             sentences = [(i, tokens) for i, tokens in sentences if word in tokens]
@@ -130,6 +138,7 @@ def find_similar(embedder: ElmoEmbedder, query: Sequence[str], position: int, co
             plot_vectors.append(vectors[plot_layer, is_word])
             plot_lines.append(lines[is_word])
     dim = query_vectors.shape[-1]
+    bar.close()
     return SimilarResult(word, query_vectors, neighbours, n_sentences,
                          np.concatenate(plot_vectors) if plot_vectors else np.empty((0, dim), np.float32),
                          np.concatenate(plot_lines) if plot_lines else np.empty(0, np.int64), context_free)

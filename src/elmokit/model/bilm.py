@@ -69,6 +69,13 @@ class BiLM(nn.Module):
         self.lstm = BiLstm(config, dropout)
         self.reset_parameters()
 
+    def extra_repr(self) -> str:
+        """The first line of `repr(bilm)`: the shape at a glance, above the module tree."""
+        lstm = self.config.lstm
+        n_parameters = sum(parameter.numel() for parameter in self.parameters())
+        return (f"{lstm.n_layers} x {lstm.cell_dim} cells -> {lstm.projection_dim}, "
+                f"{self.config.n_output_layers} layers of {self.output_dim}, {n_parameters:,} parameters")
+
     @property
     def output_dim(self) -> int:
         return self.config.output_dim
