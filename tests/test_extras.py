@@ -36,7 +36,8 @@ def test_extras_match_pyproject():
     for extra, packages in EXTRAS.items():
         assert names(optional[extra]) == set(packages), extra
     every = set().union(*EXTRAS.values())
-    assert names(project["dependencies"]) == {"torch", "numpy", "h5py", "safetensors", "tqdm"}
+    assert names(project["dependencies"]) == {"torch", "numpy", "h5py", "safetensors", "tqdm",  # embedding
+                                              "pooch", "filelock", "platformdirs"}  # models by name or URL
     assert set(optional["all"]) == {f"elmokit[{extra}]" for extra in EXTRAS}
     assert "elmokit[all]" in optional["test"] and "elmokit[docs]" in optional["test"]
     assert every.isdisjoint(names(project["dependencies"]))

@@ -88,6 +88,16 @@ def snapshot(*folders: Path) -> dict[str, tuple[int, bytes]]:
             for folder in folders for path in sorted(folder.rglob("*")) if path.is_file()}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def no_network(tmp_path_factory):
+    """Models named by URL or published name come from an empty cache, never from the network."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ELMOKIT_OFFLINE", "1")
+        patch.setenv("ELMOKIT_CACHE", str(tmp_path_factory.mktemp("fuzz-cache")))
+        patch.delenv("ELMOKIT_MIRROR", raising=False)
+        yield
+
+
 @pytest.fixture(scope="module")
 def shared_state(shared):
     before = snapshot(shared["root"])
@@ -211,9 +221,12 @@ class Place:
 def model_arguments(choose: Choices, place: Place) -> list[str]:
     """--model DIR, or --options-file/--weight-file (either may be random), or nothing (the
     built-in model), or a clash of both."""
-    kind = choose.pick((["model", "model", "original"], ["builtin", "clash", "half"]))
+    kind = choose.pick((["model", "model", "original"], ["builtin", "clash", "half", "name"]))
     if kind == "model":
         return ["--model", place.a_model(choose)]
+    if kind == "name":  # a published name, handle or URL: offline, and not in the cache
+        return ["--model", choose.pick(["small", "original-5.5B", "https://tfhub.dev/google/elmo/3",
+                                        "https://tfhub.dev/google/elmo/9", "http://127.0.0.1:9/x.json", "gutenberg-en"])]
     options = choose.pick(([str(place.shared["options"])], [place.input_path("json"), place.input_path("missing")]))
     weights = choose.pick(([str(place.shared["weights"]), str(place.inputs / "hostile.hdf5")],
                            [place.input_path("input")]))
@@ -450,11 +463,21 @@ def build_task(choose: Choices, place: Place) -> list[str]:
                                   "--min-word-count": (["0", "1"], ["-1"]), "--crf": None, "--no-chars": None})
 
 
+def build_download(choose: Choices, place: Place) -> list[str]:
+    names = (["small", "original", "pt", "https://tfhub.dev/google/elmo/2"],
+             ["", "gutenberg-en", "http://127.0.0.1:9/a.json", "https://x.org/../../etc/passwd", "ftp://x/y"])
+    return ["download"] + [choose.pick(names) for _ in range(choose.pick(([1, 1, 2], [0])))]
+
+
+def build_cache(choose: Choices, place: Place) -> list[str]:
+    return ["cache"] + choose.options({"--remove": (["small", "*", "*5.5B*"], ["", "[", "original"])})
+
+
 BUILDERS = {  # subcommand -> (argument builder, examples): about a minute in all on one thread
     "embed": (build_embed, 90), "vocab": (build_vocab, 60), "prepare": (build_prepare, 40),
     "train": (build_train, 40), "perplexity": (build_perplexity, 50), "export": (build_export, 40),
     "similar": (build_similar, 50), "info": (build_info, 40), "convert": (build_convert, 40),
-    "demo": (build_demo, 15), "task": (build_task, 40),
+    "demo": (build_demo, 15), "task": (build_task, 40), "download": (build_download, 20), "cache": (build_cache, 15),
 }
 
 

@@ -16,7 +16,8 @@ import torch
 from elmokit import BiLM, ElmoEmbedder, load_model, save_original
 from elmokit.cli import main
 from elmokit.download import DownloadError, cache_entries, cache_path, fetch
-from elmokit.model.published import PUBLISHED, canonical_url, published_model
+from elmokit.download import canonical_url
+from elmokit.model.published import PUBLISHED, published_model
 from tests.conftest import REPO, one_error_line, tiny_config
 from tests.http_mirror import MirrorServer
 

@@ -8,9 +8,9 @@ from elmokit.inference.embedder import ElmoEmbedder
 from elmokit.inference.segments import iter_embeddings, read_embeddings
 from elmokit.model.bilm import BiLM, BiLMOutput, LstmState
 from elmokit.model.mix import ScalarMix
+from elmokit.model.loading import load_model
 from elmokit.model.weights import (
     WeightFileError,
-    load_model,
     load_original,
     load_pretrained,
     save_original,

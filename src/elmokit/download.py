@@ -34,15 +34,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from elmokit.model.published import PUBLISHED_HOSTS, canonical_url
-from elmokit.model.weights import is_url
-
 ENV_CACHE, ENV_MIRROR, ENV_OFFLINE = "ELMOKIT_CACHE", "ELMOKIT_MIRROR", "ELMOKIT_OFFLINE"
 TIMEOUT = (10, 60)  # seconds to connect, and between two reads: nothing hangs
 RETRIES = 2  # a broken transfer is tried again this many times (pooch waits 1 s, then 2 s)
 LOCK_SUFFIX = ".lock"
 
 log = logging.getLogger(__name__)
+
+PUBLISHED_HOSTS = ("allennlp.s3.amazonaws.com", "s3-us-west-2.amazonaws.com")
+"""Hosts of the published models (`elmokit.model.published`): `ELMOKIT_MIRROR` replaces them."""
+_LEGACY_PREFIX = "https://s3-us-west-2.amazonaws.com/allennlp/"  # the same bucket, path-style
+_CANONICAL_PREFIX = "https://allennlp.s3.amazonaws.com/"
+
+
+def is_url(reference: object) -> bool:
+    """An http(s) URL (a str): downloaded into the cache, not read as a path."""
+    return isinstance(reference, str) and reference.split("://", 1)[0].lower() in ("http", "https")
+
+
+def canonical_url(url: str) -> str:
+    """One spelling of a published file's URL (the path-style S3 URL becomes the virtual-host one;
+    http becomes https), so that both spellings share a cache entry; other URLs unchanged."""
+    if url.startswith("http://") and urlsplit(url).hostname in PUBLISHED_HOSTS:
+        url = "https://" + url[len("http://"):]
+    if url.startswith(_LEGACY_PREFIX):
+        return _CANONICAL_PREFIX + url[len(_LEGACY_PREFIX):]
+    return url
 
 
 class DownloadError(OSError):

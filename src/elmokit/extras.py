@@ -1,6 +1,7 @@
 """Optional dependencies: which extra brings which package, and the error when one is missing.
 
-`pip install elmokit` brings what embedding needs (torch, numpy, h5py, safetensors, tqdm). The
+`pip install elmokit` brings what embedding needs (torch, numpy, h5py, safetensors, tqdm; pooch,
+filelock and platformdirs for models named by URL or published name). The
 rest is imported only where it is used, after `require` has checked it is there:
 
 | extra | packages | used by |

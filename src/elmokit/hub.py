@@ -29,7 +29,7 @@ from torch import nn
 from elmokit.inference.elmo import HubElmo
 from elmokit.model.bilm import BiLM
 from elmokit.model.published import tfhub_name
-from elmokit.model.weights import load_model
+from elmokit.model.loading import load_model
 
 SIGNATURES = ("default", "tokens")
 OUTPUTS = ("word_emb", "lstm_outputs1", "lstm_outputs2", "elmo", "default", "sequence_len")

@@ -11,7 +11,7 @@ import torch
 from elmokit.devices import DEVICE_HELP, DTYPES, resolve_device
 from elmokit.model.bilm import BiLM
 from elmokit.model.published import published_names
-from elmokit.model.weights import load_model
+from elmokit.model.loading import load_model
 
 
 MODEL_HELP = ("a model directory (native, or an ELMoForManyLangs folder), 'gutenberg-en' (built in), a "

@@ -8,7 +8,9 @@ import fnmatch
 
 from elmokit.download import ENV_CACHE, ENV_MIRROR, ENV_OFFLINE, cache_dir, cache_entries, remove_entry
 from elmokit.model.published import PUBLISHED, published_model
-from elmokit.model.weights import is_url, load_model, read_options, resolve_file
+from elmokit.download import is_url
+from elmokit.model.config import read_options
+from elmokit.model.loading import load_model, resolve_file
 
 SETTINGS = (f"Settings: {ENV_CACHE} (the cache folder), {ENV_MIRROR} (a base URL or folder replacing the "
             f"published host), {ENV_OFFLINE}=1 (cache only).")

@@ -32,7 +32,7 @@ from elmokit.devices import dtype_name, resolve_device, resolve_dtype
 from elmokit.model.bilm import BiLM, BiLMOutput, LstmState
 from elmokit.model.mix import ScalarMix
 from elmokit.inference.engine import bilm_contextualize, bilm_forward
-from elmokit.model.weights import load_model
+from elmokit.model.loading import load_model
 
 # ---------------------------------------------------------------------------------------------
 # Carried state (spec §9), only when asked for

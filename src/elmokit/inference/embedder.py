@@ -33,7 +33,7 @@ from elmokit.inference.engine import bilm_contextualize, contextualize_sentences
 from elmokit.inference.windows import check_sentences, check_tokens, position_windows
 from elmokit.model.bilm import BiLM, BiLMOutput
 from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN
-from elmokit.model.weights import load_model
+from elmokit.model.loading import load_model
 
 # ---------------------------------------------------------------------------------------------
 class ElmoEmbedder:

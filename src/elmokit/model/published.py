@@ -2,7 +2,6 @@
 
     resolve_reference("original")                      -> PublishedModel (its two URLs)
     resolve_reference("https://tfhub.dev/google/elmo/3") -> the same published biLM
-    canonical_url(url)                                  -> one spelling of a published file's URL
 
 AllenNLP published four English models (allennlp.org/elmo: small, medium, original, original
 5.5B) and hosted two contributed ones (PubMed, Portuguese); each is an options JSON and an HDF5
@@ -14,13 +13,8 @@ and 3 are the `original` biLM (docs/loading.md gives the evidence).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 ALLENNLP_BASE = "https://allennlp.s3.amazonaws.com/models/elmo/"
-_LEGACY_PREFIX = "https://s3-us-west-2.amazonaws.com/allennlp/"  # the same bucket, path-style
-_CANONICAL_PREFIX = "https://allennlp.s3.amazonaws.com/"
-PUBLISHED_HOSTS = ("allennlp.s3.amazonaws.com", "s3-us-west-2.amazonaws.com")
-"""Hosts whose files `ELMOKIT_MIRROR` replaces (`elmokit.download`)."""
 
 
 @dataclass(frozen=True)
@@ -62,16 +56,6 @@ ALIASES = {"large": "original-5.5B", "5.5b": "original-5.5B", "portuguese": "pt"
 
 TFHUB_HANDLES = {f"https://tfhub.dev/google/elmo/{version}": "original" for version in (1, 2, 3)}
 """TF-Hub's ELMo modules and the published biLM each one holds."""
-
-
-def canonical_url(url: str) -> str:
-    """One spelling of a published file's URL (the path-style S3 URL becomes the virtual-host one;
-    http becomes https), so that both spellings share a cache entry; other URLs unchanged."""
-    if url.startswith("http://") and urlsplit(url).hostname in PUBLISHED_HOSTS:
-        url = "https://" + url[len("http://"):]
-    if url.startswith(_LEGACY_PREFIX):
-        return _CANONICAL_PREFIX + url[len(_LEGACY_PREFIX):]
-    return url
 
 
 def tfhub_name(handle: str) -> str | None:

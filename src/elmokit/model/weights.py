@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import h5py
@@ -26,12 +25,6 @@ from elmokit.model.config import ConfigError, ElmoConfig, ManyLangsConfig, read_
 from elmokit.model.errors import WeightFileError, check_finite
 from elmokit.io import atomic_path, atomic_write_text
 from elmokit.model.bilm import BiLM
-from elmokit.model.published import published_model, published_names
-
-
-def is_url(reference: object) -> bool:
-    """An http(s) URL (a str): downloaded into the cache (`elmokit.download`), not read as a path."""
-    return isinstance(reference, str) and reference.split("://", 1)[0].lower() in ("http", "https")
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -381,58 +374,6 @@ def _expected_tensors(config: ElmoConfig, n_tensors: int, config_path: Path,
             return {name: tuple(t.shape) for name, t in build(config).state_dict().items()}
     except RuntimeError as error:  # sizes whose product overflows
         raise WeightFileError(f"{config_path}: sizes too large for any model ({error})") from None
-
-
-def load_model(model: str | Path | None = None, weight_file: str | Path | None = None) -> BiLM:
-    """Load a biLM from whichever form it comes in.
-
-    * nothing, or `"gutenberg-en"`: the built-in English model shipped with elmokit;
-    * `(options_file, weight_file)`: the original JSON + HDF5 pair, as paths or http(s) URLs
-      (downloaded into the cache, `elmokit.download`);
-    * a directory: a native model directory, or an ELMoForManyLangs model folder;
-    * a published name (`small`, `medium`, `original`, `original-5.5B`, `pubmed`, `pt`;
-      `elmokit.model.published`) or a TF-Hub handle (`https://tfhub.dev/google/elmo/3`).
-    """
-    from elmokit.model.builtin import BUILTIN_MODEL, builtin_model_dir
-
-    if weight_file is not None:
-        if model is None:
-            raise ValueError("a weight file needs its options file: give both")
-        options_path = resolve_file(model, read_options)
-        config = read_options(options_path)
-        weights_path = resolve_file(weight_file, lambda path: check_weight_file(path, config, str(model)))
-        return load_original(options_path, weights_path)
-    if model is None or str(model) == BUILTIN_MODEL:
-        return load_pretrained(builtin_model_dir())
-    path = Path(model)
-    if not is_url(str(model)) and path.is_dir():
-        if not (path / WEIGHTS_NAME).is_file():  # not native: perhaps an ELMoForManyLangs folder
-            from elmokit.model import manylangs
-
-            if manylangs.is_manylangs_dir(path):
-                return manylangs.load_manylangs(path)
-        return load_pretrained(path)
-    published = published_model(str(model))
-    if published is not None:
-        return load_model(published.options_url, published.weight_url)
-    if is_url(str(model)):
-        raise ValueError(f"{model}: a URL needs its pair (an options JSON URL with a weight file URL), or a "
-                         f"published name ({', '.join(published_names())}) or TF-Hub ELMo handle")
-    if not path.exists():
-        raise FileNotFoundError(f"model not found: {path} (give a model directory, an options JSON file and an "
-                                f"HDF5 weight file, {BUILTIN_MODEL!r}, or a published name: "
-                                f"{', '.join(published_names())})")
-    raise ConfigError(f"{path}: an options file needs its weight file; give both, or a model directory")
-
-
-def resolve_file(reference: str | Path, check: Callable[[Path], object] | None = None) -> Path:
-    """A local path for a file given as a path or an http(s) URL (downloaded into the cache,
-    `check`ed before it enters it)."""
-    if is_url(str(reference)):
-        from elmokit.download import fetch
-
-        return fetch(str(reference), check)
-    return Path(reference)
 
 
 def model_fingerprint(bilm) -> str:

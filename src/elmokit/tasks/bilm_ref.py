@@ -22,7 +22,8 @@ from pathlib import Path
 from elmokit.model.bilm import BiLM
 from elmokit.model.builtin import BUILTIN_MODEL, builtin_model_dir
 from elmokit.model.published import published_model
-from elmokit.model.weights import load_model, model_fingerprint
+from elmokit.model.loading import load_model
+from elmokit.model.weights import model_fingerprint
 
 FINGERPRINT_DIGITS = 16
 
@@ -37,7 +38,7 @@ def short_fingerprint(bilm: BiLM) -> str:
 
 def open_bilm(model: str | Path) -> BiLM:
     """The biLM `model` names: gutenberg-en (the built-in model of this installation), a published
-    name or URL, or a model directory: whatever `elmokit.model.weights.load_model` accepts."""
+    name or URL, or a model directory: whatever `elmokit.model.loading.load_model` accepts."""
     return load_model(model)
 
 

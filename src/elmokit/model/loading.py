@@ -1,0 +1,65 @@
+"""Loading a biLM from whichever form it comes in: the built-in model, a published name or TF-Hub
+handle, original files as paths or URLs (downloaded into the cache, `elmokit.download`), a native
+model directory or an ELMoForManyLangs folder. The formats themselves: `elmokit.model.weights`
+and `elmokit.model.manylangs`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from elmokit.download import fetch, is_url
+from elmokit.model.bilm import BiLM
+from elmokit.model.config import ConfigError, read_options
+from elmokit.model.published import published_model, published_names
+from elmokit.model.weights import WEIGHTS_NAME, check_weight_file, load_original, load_pretrained
+
+
+def load_model(model: str | Path | None = None, weight_file: str | Path | None = None) -> BiLM:
+    """Load a biLM from whichever form it comes in.
+
+    * nothing, or `"gutenberg-en"`: the built-in English model shipped with elmokit;
+    * `(options_file, weight_file)`: the original JSON + HDF5 pair, as paths or http(s) URLs
+      (downloaded into the cache, `elmokit.download`);
+    * a directory: a native model directory, or an ELMoForManyLangs model folder;
+    * a published name (`small`, `medium`, `original`, `original-5.5B`, `pubmed`, `pt`;
+      `elmokit.model.published`) or a TF-Hub handle (`https://tfhub.dev/google/elmo/3`).
+    """
+    from elmokit.model.builtin import BUILTIN_MODEL, builtin_model_dir
+
+    if weight_file is not None:
+        if model is None:
+            raise ValueError("a weight file needs its options file: give both")
+        options_path = resolve_file(model, read_options)
+        config = read_options(options_path)
+        weights_path = resolve_file(weight_file, lambda path: check_weight_file(path, config, str(model)))
+        return load_original(options_path, weights_path)
+    if model is None or str(model) == BUILTIN_MODEL:
+        return load_pretrained(builtin_model_dir())
+    path = Path(model)
+    if not is_url(str(model)) and path.is_dir():
+        if not (path / WEIGHTS_NAME).is_file():  # not native: perhaps an ELMoForManyLangs folder
+            from elmokit.model import manylangs
+
+            if manylangs.is_manylangs_dir(path):
+                return manylangs.load_manylangs(path)
+        return load_pretrained(path)
+    published = published_model(str(model))
+    if published is not None:
+        return load_model(published.options_url, published.weight_url)
+    if is_url(str(model)):
+        raise ValueError(f"{model}: a URL needs its pair (an options JSON URL with a weight file URL), or a "
+                         f"published name ({', '.join(published_names())}) or TF-Hub ELMo handle")
+    if not path.exists():
+        raise FileNotFoundError(f"model not found: {path} (give a model directory, an options JSON file and an "
+                                f"HDF5 weight file, {BUILTIN_MODEL!r}, or a published name: "
+                                f"{', '.join(published_names())})")
+    raise ConfigError(f"{path}: an options file needs its weight file; give both, or a model directory")
+
+
+def resolve_file(reference: str | Path, check: Callable[[Path], object] | None = None) -> Path:
+    """A local path for a file given as a path or an http(s) URL (downloaded into the cache,
+    `check`ed before it enters it)."""
+    if is_url(str(reference)):
+        return fetch(str(reference), check)
+    return Path(reference)
