@@ -202,9 +202,13 @@ def test_python_train_is_the_command_line(tmp_path, ner_files, capsys):
 
 
 def test_every_option_is_a_field_and_a_keyword():
-    parser = next(sub for _, sub in _subparsers(build_parser(), ["task", "train"]))
-    dests = {action.dest for action in parser._actions} - {"help", "overwrite", "json"}
-    assert dests == {spec.name for spec in fields(TaskConfig)} == set(KEYWORDS.values())
+    train = next(sub for _, sub in _subparsers(build_parser(), ["task", "train"]))
+    evaluate = next(sub for _, sub in _subparsers(build_parser(), ["task", "eval"]))
+    dests = {action.dest for action in train._actions}
+    names = {spec.name for spec in fields(TaskConfig)}
+    assert names <= dests and names == set(KEYWORDS.values())
+    # beside the fields, only what every task command has (help, --json, -v/-q) and --overwrite
+    assert dests - names - {action.dest for action in evaluate._actions} == {"overwrite"}
     assert KEYWORDS["train"] == "train_file" and KEYWORDS["format"] == "data_format"
 
 
