@@ -16,7 +16,7 @@ def test_every_subcommand_has_complete_help(capsys):
     parser = build_parser()
     subcommands = parser._subparsers._group_actions[0].choices
     assert set(subcommands) == {"demo", "prepare", "vocab", "train", "perplexity", "export", "embed",
-                                "similar", "info", "convert", "download", "cache", "task"}
+                                "similar", "info", "convert", "download", "cache", "serve", "task"}
     for name, sub in subcommands.items():
         text = sub.format_help()
         assert sub.description, f"{name} has no description"

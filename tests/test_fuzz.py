@@ -473,11 +473,26 @@ def build_cache(choose: Choices, place: Place) -> list[str]:
     return ["cache"] + choose.options({"--remove": (["small", "*", "*5.5B*"], ["", "[", "original"])})
 
 
+def build_serve(choose: Choices, place: Place) -> list[str]:
+    """Only argument errors: the last flag is always out of range, so no server ever starts
+    (a long-running process; tests/test_serve.py runs real ones)."""
+    argv = ["serve"] + choose.options({"--host": ["127.0.0.1", "localhost"], "--max-batch-tokens": INTS,
+                                       "--max-inputs": INTS, "--max-input-tokens": INTS, "--max-wait-ms": FLOATS,
+                                       "--max-body-bytes": INTS, "--device": DEVICES, "--api-key": TEXT,
+                                       "--dtype": (["float32", "bfloat16"], ["float16"])})
+    argv += model_arguments(choose, place)
+    return argv + choose.pick([["--port", choose.pick(["-1", "65536", "x", "99999999999"])],
+                               ["--max-inputs", choose.pick(["0", "-3"])], ["--max-wait-ms", choose.pick(["-1", "nan", "inf"])],
+                               ["--threads", "0"], ["--api-key", " "], ["--max-queue-tokens", "1"],
+                               ["--max-batch-tokens", "0"], ["--max-body-bytes", "-1"]])
+
+
 BUILDERS = {  # subcommand -> (argument builder, examples): about a minute in all on one thread
     "embed": (build_embed, 90), "vocab": (build_vocab, 60), "prepare": (build_prepare, 40),
     "train": (build_train, 40), "perplexity": (build_perplexity, 50), "export": (build_export, 40),
     "similar": (build_similar, 50), "info": (build_info, 40), "convert": (build_convert, 40),
     "demo": (build_demo, 15), "task": (build_task, 40), "download": (build_download, 20), "cache": (build_cache, 15),
+    "serve": (build_serve, 20),
 }
 
 

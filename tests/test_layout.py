@@ -18,7 +18,7 @@ FLOORS = [
     {"elmokit.model"},
     {"elmokit.inference", "elmokit.training", "elmokit.hub"},
     {"elmokit.tasks"},
-    {"elmokit.commands", "elmokit.cli", "elmokit.__main__", "elmokit"},
+    {"elmokit.commands", "elmokit.serve", "elmokit.cli", "elmokit.__main__", "elmokit"},
 ]
 # A protocol rather than a repeated definition: every subcommand module has these two.
 PROTOCOL_NAMES = {"register", "run"}

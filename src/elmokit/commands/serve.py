@@ -1,0 +1,123 @@
+"""`elmo serve`: an HTTP service for ELMo's vectors, and a page to explore them (elmokit.serve)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+
+import torch
+
+from elmokit.commands.common import add_device_arguments, add_model_arguments, device_from_args, model_from_args
+from elmokit.extras import require
+
+API_KEY_VARIABLE = "ELMOKIT_API_KEY"
+
+DESCRIPTION = f"""\
+Serve the model's contextual vectors over HTTP, on --host:--port (127.0.0.1:8080 unless told
+otherwise), and print the address once it listens:
+
+  POST /v1/embeddings  OpenAI-compatible: a vector per input text (the mean over its tokens of the
+                       equal-weight average of all layers, as ElmoEmbedder gives it)
+  POST /embed          TEI-compatible: the same vectors, unit length by default
+  POST /embed_all      token-level vectors: all layers, one, or a weighted mix; JSON floats or
+                       base64 float32; the tokens beside them
+  GET  /health, /info, /metrics (Prometheus), and / : a page to explore the vectors
+
+Texts are Moses-tokenized, as `elmo embed --tokenize` does; token lists are taken as they are.
+Requests that arrive together are embedded together (--max-batch-tokens, --max-wait-ms), with the
+stateless engine: a text's vector never depends on the others in its batch. Bad requests get a 4xx
+and a JSON error; a full queue (--max-queue-tokens) answers 429. With --api-key (or
+{API_KEY_VARIABLE}), every route but /health and the page needs 'Authorization: Bearer KEY'.
+SIGTERM (or Ctrl-C) stops accepting, finishes the requests already accepted, and exits 0.
+Needs the serve extra: pip install 'elmokit[serve]'. docs/serve.md has examples."""
+
+
+def register(subcommands: argparse._SubParsersAction) -> None:
+    parser = subcommands.add_parser("serve", help="serve the vectors over HTTP (OpenAI/TEI routes) and a page",
+                                    description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0 for every interface)")
+    parser.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080; 0: any free port)")
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_VARIABLE),
+                        help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_VARIABLE}, else no key)")
+    parser.add_argument("--max-batch-tokens", type=int, default=4096,
+                        help="tokens the model runs at once, summed over the requests batched together (default: 4096)")
+    parser.add_argument("--max-wait-ms", type=float, default=2.0,
+                        help="how long an idle server waits for more requests to batch with the first (default: 2)")
+    parser.add_argument("--max-queue-tokens", type=int, default=65536,
+                        help="tokens waiting at most; past that a request gets 429 (default: 65536)")
+    parser.add_argument("--max-inputs", type=int, default=256, help="inputs per request at most (default: 256)")
+    parser.add_argument("--max-input-tokens", type=int, default=512, help="tokens per input at most (default: 512)")
+    parser.add_argument("--max-body-bytes", type=int, default=2_000_000,
+                        help="size of a request body at most (default: 2000000)")
+    parser.add_argument("--threads", type=int, help="torch threads for the model (default: torch's own)")
+    add_model_arguments(parser)
+    add_device_arguments(parser, dtype=True)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from elmokit.serve.inputs import Limits
+
+    limits = Limits(args.max_body_bytes, args.max_inputs, args.max_input_tokens, args.max_batch_tokens,
+                    args.max_queue_tokens, args.max_wait_ms)  # bad limits fail before anything loads
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be between 0 and 65535, got {args.port}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if args.api_key is not None and not args.api_key.strip():
+        raise ValueError(f"--api-key (or ${API_KEY_VARIABLE}) is empty: give a key, or unset it for none")
+    require("serve", "elmo serve")
+    listener = _listen(args.host, args.port)  # a taken port fails before the model loads
+    try:
+        return _serve(args, limits, listener)
+    finally:
+        listener.close()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as error:
+        raise ValueError(f"--host {host!r} is not an address of this machine: {error.strerror}") from None
+    listener = socket.socket(family, kind, proto)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind(address)
+    except OSError as error:
+        listener.close()
+        raise OSError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+    listener.listen(2048)
+    return listener
+
+
+def _serve(args: argparse.Namespace, limits, listener: socket.socket) -> int:
+    import uvicorn
+
+    from elmokit.inference.embedder import ElmoEmbedder
+    from elmokit.inference.files import make_tokenizer
+    from elmokit.serve.app import Service, build_app
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    embedder = ElmoEmbedder(module=model_from_args(args), device=device_from_args(args), dtype=args.dtype)
+    model_name = args.model or args.options_file or "gutenberg-en"
+    service = Service(embedder, model_name, limits, make_tokenizer(True), "moses", args.api_key)
+    config = uvicorn.Config(build_app(service), log_level="warning", access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=None)
+    server = uvicorn.Server(config)
+    host, port = listener.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"listening on http://{shown}:{port} (model {model_name}; SIGTERM or Ctrl-C to stop)", flush=True)
+    # uvicorn re-raises the signal it caught once it has drained; a no-op handler makes that an exit 0
+    previous = signal.signal(signal.SIGTERM, lambda number, frame: None)
+    try:
+        server.run(sockets=[listener])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    logging.getLogger(__name__).info("stopped: every accepted request was answered")
+    return 0

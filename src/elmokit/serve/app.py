@@ -1,0 +1,277 @@
+"""The HTTP service of `elmo serve`: a Starlette app around one `ElmoEmbedder` and its `Batcher`.
+
+Routes (docs/serve.md has examples):
+
+    POST /v1/embeddings  OpenAI's: one vector per input, the mean over its tokens of the
+                         equal-weight average of all layers (TF-Hub's `default`)
+    POST /embed          TEI's: the same vectors, a bare list, unit length unless "normalize": false
+    POST /embed_all      token-level vectors (all layers, one, or a weighted mix), the tokens beside
+    POST /explore        the page's nearest occurrences and PCA picture
+    GET  /health, /info, /metrics, / (the page) and /static/...
+
+Every refusal is JSON {"error": {"message", "type", "code"}} with a 4xx status; with an API key,
+every route but /health and the page needs `Authorization: Bearer KEY`.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import hmac
+import time
+from importlib.resources import files
+from pathlib import Path
+
+import numpy as np
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from elmokit import __version__
+from elmokit.inference.embedder import ElmoEmbedder
+from elmokit.serve.batching import Batcher, QueueFull
+from elmokit.serve.explore import examples, explore
+from elmokit.serve.inputs import (BadRequest, Limits, Tokenizer, parse_json, read_bool, read_choice, read_inputs,
+                                  read_layers)
+from elmokit.serve.metrics import ServeMetrics
+
+STATIC = Path(str(files("elmokit") / "serve" / "static"))
+ROUTES = {"/v1/embeddings", "/embed", "/embed_all", "/explore", "/explore/examples", "/health", "/info",
+          "/metrics", "/"}
+
+
+def error_response(status: int, message: str, kind: str = "invalid_request_error", headers=None) -> JSONResponse:
+    """OpenAI's error shape, which TEI's clients also read: {"error": {"message", "type", "code"}}."""
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status, headers=headers)
+
+
+class Service:
+    """What the routes share: the embedder, the batcher, the limits, the metrics."""
+
+    def __init__(self, embedder: ElmoEmbedder, model_name: str, limits: Limits, tokenize: Tokenizer,
+                 tokenizer_name: str, api_key: str | None):
+        self.embedder = embedder
+        self.model_name = model_name
+        self.limits = limits
+        self.tokenize = tokenize
+        self.tokenizer_name = tokenizer_name
+        self.api_key = api_key
+        self.n_layers = embedder.bilm.config.n_output_layers
+        self.metrics = ServeMetrics(ROUTES)
+        self.batcher = Batcher(lambda sentences: embedder.embed_many(sentences, rows=64), limits.max_batch_tokens,
+                               limits.max_wait_ms / 1000, limits.max_queue_tokens, self.metrics.record_batch)
+        self.metrics.watch(self.batcher)
+
+    async def body(self, request: Request) -> dict:
+        """The JSON object of the body, read up to `max_body_bytes` (413 past it)."""
+        limit = self.limits.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise BadRequest(413, f"the request body has {int(declared)} bytes, more than the limit of {limit} "
+                                  f"(--max-body-bytes)")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise BadRequest(413, f"the request body has more than {limit} bytes (--max-body-bytes)")
+            chunks.append(chunk)
+        return parse_json(b"".join(chunks))
+
+    async def embed(self, sentences: list[list[str]]) -> list[np.ndarray]:
+        try:
+            return await self.batcher.submit(sentences)
+        except QueueFull as full:
+            self.metrics.refused.labels("queue_full").inc()
+            raise BadRequest(429, str(full), "overloaded") from None
+
+    def usage(self, sentences: list[list[str]]) -> dict:
+        n_tokens = sum(map(len, sentences))
+        return {"prompt_tokens": n_tokens, "total_tokens": n_tokens}
+
+
+def encode(array: np.ndarray, encoding: str):
+    """float: nested lists; base64: the little-endian float32 bytes, C order."""
+    if encoding == "base64":
+        return base64.b64encode(np.ascontiguousarray(array, dtype="<f4").tobytes()).decode("ascii")
+    return array.tolist()
+
+
+def sentence_vector(layers: np.ndarray) -> np.ndarray:
+    """(L+1, n, 2P) -> (2P,): the mean over tokens of the equal-weight average of the layers."""
+    return layers.mean(axis=0).mean(axis=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Routes
+# ---------------------------------------------------------------------------------------------
+async def openai_embeddings(request: Request) -> Response:
+    service: Service = request.app.state.service
+    body = await service.body(request)
+    sentences, _ = read_inputs(body, "input", service.limits, service.tokenize)
+    encoding = read_choice(body, "encoding_format", ("float", "base64"))
+    if "model" in body and not isinstance(body["model"], str):
+        raise BadRequest(422, "'model' must be a string")
+    vectors = await service.embed(sentences)
+    data = [{"object": "embedding", "index": i, "embedding": encode(sentence_vector(v), encoding)}
+            for i, v in enumerate(vectors)]
+    return JSONResponse({"object": "list", "data": data, "model": service.model_name,
+                         "usage": service.usage(sentences)})
+
+
+async def tei_embed(request: Request) -> Response:
+    service: Service = request.app.state.service
+    body = await service.body(request)
+    sentences, _ = read_inputs(body, "inputs", service.limits, service.tokenize)
+    normalize = read_bool(body, "normalize", True)
+    vectors = [sentence_vector(v) for v in await service.embed(sentences)]
+    if normalize:
+        vectors = [v / max(float(np.linalg.norm(v)), 1e-12) for v in vectors]
+    return JSONResponse([v.tolist() for v in vectors])
+
+
+async def embed_all(request: Request) -> Response:
+    service: Service = request.app.state.service
+    body = await service.body(request)
+    sentences, _ = read_inputs(body, "inputs", service.limits, service.tokenize)
+    how, which = read_layers(body, service.n_layers)
+    encoding = read_choice(body, "encoding", ("float", "base64"))
+    data = []
+    for i, (tokens, layers) in enumerate(zip(sentences, await service.embed(sentences))):  # layers (L+1, n, 2P)
+        if how == "one":
+            layers = layers[which]  # (n, 2P)
+        elif how == "mix":
+            layers = np.tensordot(np.asarray(which, np.float32), layers, axes=1)  # (n, 2P)
+        data.append({"index": i, "tokens": tokens, "shape": list(layers.shape), "embedding": encode(layers, encoding)})
+    return JSONResponse({"model": service.model_name, "layers": body.get("layers", "all"), "encoding": encoding,
+                         "data": data, "usage": service.usage(sentences)})
+
+
+async def explore_route(request: Request) -> Response:
+    service: Service = request.app.state.service
+    body = await service.body(request)
+    if not isinstance(body.get("query"), str):
+        raise BadRequest(422, "'query' must be one string: the query sentence")
+    query, _ = read_inputs(body, "query", service.limits, service.tokenize)
+    word = body.get("word")
+    if not isinstance(word, str) or not word.strip():
+        raise BadRequest(422, "'word' must be a non-empty string: the query word")
+    sentences, _ = read_inputs(body, "sentences", service.limits, service.tokenize, allow_tokens=False)
+    vectors = await service.embed(query + sentences)
+    return JSONResponse(explore(query[0], word.strip(), sentences, vectors))
+
+
+async def explore_examples(request: Request) -> Response:
+    return JSONResponse(examples())
+
+
+async def health(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def info(request: Request) -> Response:
+    service: Service = request.app.state.service
+    config = service.embedder.bilm.config
+    return JSONResponse({
+        "model": service.model_name, "version": __version__,
+        "shape": {"layers": service.n_layers, "dim": service.embedder.output_dim,
+                  "lstm_layers": config.lstm.n_layers, "cell_dim": config.lstm.cell_dim,
+                  "projection_dim": config.lstm.projection_dim,
+                  "parameters": sum(p.numel() for p in service.embedder.bilm.parameters())},
+        "device": str(service.embedder.device), "dtype": str(next(service.embedder.bilm.parameters()).dtype),
+        "tokenizer": service.tokenizer_name, "limits": dataclasses.asdict(service.limits),
+        "api_key_required": service.api_key is not None})
+
+
+async def metrics(request: Request) -> Response:
+    service: Service = request.app.state.service
+    return Response(service.metrics.text(), media_type=service.metrics.content_type)
+
+
+async def page(request: Request) -> Response:
+    return FileResponse(STATIC / "index.html")
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors, the API key and the request metrics
+# ---------------------------------------------------------------------------------------------
+async def bad_request(request: Request, error: BadRequest) -> Response:
+    request.app.state.service.metrics.refused.labels(str(error.status)).inc()
+    headers = {"Retry-After": "1"} if error.status == 429 else None
+    return error_response(error.status, error.message, error.kind, headers)
+
+
+async def http_error(request: Request, error: HTTPException) -> Response:
+    message = {404: f"no route {request.url.path}: see GET /info and docs/serve.md",
+               405: f"{request.method} is not allowed on {request.url.path}"}.get(error.status_code, str(error.detail))
+    return error_response(error.status_code, message, headers=getattr(error, "headers", None))
+
+
+async def disconnected(request: Request, error: ClientDisconnect) -> Response:
+    return error_response(400, "the client closed the connection before sending the whole body")
+
+
+class KeyAndMetrics:
+    """ASGI middleware: refuses requests without the API key (401), and counts and times every
+    HTTP request by route and status."""
+
+    def __init__(self, app, service: Service):
+        self.app = app
+        self.service = service
+        self.expected = None if service.api_key is None else f"Bearer {service.api_key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = time.perf_counter()
+        status = 500
+
+        async def send_and_watch(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            if self.expected is not None and not self._open(scope["path"]) and not self._has_key(scope):
+                response = error_response(401, "a valid API key is required: send the header "
+                                               "'Authorization: Bearer KEY'", "authentication_error",
+                                          {"WWW-Authenticate": "Bearer"})
+                return await response(scope, receive, send_and_watch)
+            await self.app(scope, receive, send_and_watch)
+        finally:
+            self.service.metrics.record_request(scope["path"], status, started)
+
+    @staticmethod
+    def _open(path: str) -> bool:
+        """No key for the health check and the page (its files and starting text hold no data)."""
+        return path in ("/", "/health", "/explore/examples") or path.startswith("/static/")
+
+    def _has_key(self, scope) -> bool:
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        return hmac.compare_digest(given, self.expected)
+
+
+def build_app(service: Service) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        service.batcher.start()
+        yield
+        await service.batcher.stop()
+
+    routes = [Route("/v1/embeddings", openai_embeddings, methods=["POST"]),
+              Route("/embed", tei_embed, methods=["POST"]), Route("/embed_all", embed_all, methods=["POST"]),
+              Route("/explore", explore_route, methods=["POST"]),
+              Route("/explore/examples", explore_examples, methods=["GET"]),
+              Route("/health", health, methods=["GET"]), Route("/info", info, methods=["GET"]),
+              Route("/metrics", metrics, methods=["GET"]), Route("/", page, methods=["GET"]),
+              Mount("/static", StaticFiles(directory=STATIC), name="static")]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={BadRequest: bad_request, HTTPException: http_error,
+                                        ClientDisconnect: disconnected})
+    app.state.service = service
+    app.add_middleware(KeyAndMetrics, service=service)
+    return app

@@ -1,0 +1,72 @@
+"""The page's computation (`POST /explore`): for a query word in a query sentence, its
+occurrences in the sentences a person typed, ranked per layer by cosine (the `elmo similar`
+idea, with its `LayerNeighbours`), and a 2-D picture per layer (its `pca_2d`, coloured by its
+`kmeans` in 2 clusters). The demo's "play" sentences are the page's starting text.
+
+Shapes: L+1 layers, 2P dims; N occurrences.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from elmokit.commands.demo import QUERY, SAMPLES
+from elmokit.inference.similar import LayerNeighbours, highlight, kmeans, pca_2d
+from elmokit.serve.inputs import BadRequest
+
+EXAMPLE_WORD = "play"
+TOP_K = 5
+
+
+def examples() -> dict:
+    """The page's starting text: the demo's query and its sentences (`elmo demo`)."""
+    sentences = [line.strip() for line in SAMPLES.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return {"query": QUERY, "word": EXAMPLE_WORD, "sentences": sentences}
+
+
+def word_position(query: list[str], word: str) -> int:
+    if word not in query:
+        raise BadRequest(422, f"'word' {word!r} is not a token of the query sentence: {' '.join(query)}")
+    return query.index(word)
+
+
+def explore(query: list[str], word: str, sentences: list[list[str]], vectors: list[np.ndarray],
+            top_k: int = TOP_K) -> dict:
+    """Nearest occurrences and the PCA picture per layer. `vectors[0]` is the query's
+    (L+1, n, 2P), then one per sentence of `sentences`."""
+    position = word_position(query, word)
+    query_vectors = vectors[0][:, position]  # (L+1, 2P)
+    found = [(i, t) for i, tokens in enumerate(sentences) for t, token in enumerate(tokens) if token == word]
+    if not found:
+        raise BadRequest(422, f"{word!r} does not occur in the sentences: nothing to compare")
+    lines = np.array([i for i, _ in found])  # (N,)
+    positions = np.array([t for _, t in found])  # (N,)
+    occurrences = np.stack([vectors[1 + i][:, t] for i, t in found], axis=1)  # (L+1, N, 2P)
+    units = occurrences / np.linalg.norm(occurrences, axis=-1, keepdims=True).clip(1e-12)
+    query_unit = query_vectors / np.linalg.norm(query_vectors, axis=-1, keepdims=True).clip(1e-12)
+    cosines = np.einsum("lnd,ld->ln", units, query_unit).clip(-1.0, 1.0)  # (L+1, N)
+    texts = [highlight(sentences[i], t) for i, t in found]
+    layers = []
+    for layer in range(occurrences.shape[0]):
+        neighbours = LayerNeighbours(layer)
+        neighbours.add(cosines[layer], lines, positions, top_k)
+        layers.append({"layer": layer, "name": "context-free token layer" if layer == 0 else f"biLSTM layer {layer}",
+                       "neighbours": [{"cosine": round(float(score), 4), "sentence": int(line),
+                                       "text": highlight(sentences[int(line)], int(token))}
+                                      for score, line, token in zip(neighbours.scores, neighbours.lines,
+                                                                    neighbours.positions)],
+                       **_picture(occurrences[layer], query_vectors[layer], texts, lines)})
+    return {"word": word, "query": highlight(query, position), "n_occurrences": len(found), "layers": layers}
+
+
+def _picture(vectors: np.ndarray, query_vector: np.ndarray, texts: list[str], lines: np.ndarray) -> dict:
+    """(N, 2P) occurrences -> their PCA projections, the query's, and 2-means clusters."""
+    points = torch.from_numpy(vectors).double()  # (N, 2P)
+    mean, axes, projections = pca_2d(points)  # projections (N, 2)
+    query_point = (torch.from_numpy(query_vector).double() - mean) @ axes  # (2,)
+    clusters = kmeans(points, 2).tolist() if len(points) > 1 else [0]
+    return {"points": [{"x": round(float(x), 5), "y": round(float(y), 5), "sentence": int(line), "text": text,
+                        "cluster": int(cluster)}
+                       for (x, y), line, text, cluster in zip(projections.tolist(), lines, texts, clusters)],
+            "query_point": {"x": round(float(query_point[0]), 5), "y": round(float(query_point[1]), 5)}}

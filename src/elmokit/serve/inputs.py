@@ -1,0 +1,161 @@
+"""What a request body may hold, checked before anything is queued: every problem is a
+`BadRequest` (a 4xx status and a message that says what was wrong and where), never a 5xx.
+
+Inputs are raw strings (tokenized as `elmo embed --tokenize` does: Moses) or token lists;
+`Limits` bounds the body, the number of inputs and the tokens of each.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+Tokenizer = Callable[[str], list[str]]
+CHARS_PER_TOKEN = 64  # a text longer than this many characters per allowed token is refused untokenized
+
+
+class BadRequest(Exception):
+    """A request the server refuses: `status` (4xx) and a message for the client."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for (the `elmo serve` flags of the same names)."""
+
+    max_body_bytes: int = 2_000_000
+    max_inputs: int = 256
+    max_input_tokens: int = 512
+    max_batch_tokens: int = 4096
+    max_queue_tokens: int = 65_536
+    max_wait_ms: float = 2.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_inputs", "max_input_tokens", "max_batch_tokens", "max_queue_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.max_wait_ms <= 60_000:
+            raise ValueError(f"--max-wait-ms must be between 0 and 60000, got {self.max_wait_ms}")
+        if self.max_queue_tokens < self.max_input_tokens:
+            raise ValueError(f"--max-queue-tokens ({self.max_queue_tokens}) must be at least --max-input-tokens "
+                             f"({self.max_input_tokens}): else one text could never be queued")
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_json(body: bytes) -> dict:
+    """The body as a JSON object; BadRequest(400) for anything else (bad UTF-8, bad JSON, NaN,
+    nesting too deep, an array or a number)."""
+    if not body.strip():
+        raise BadRequest(400, "the request body is empty: send a JSON object such as {\"input\": \"Hello world\"}")
+    try:
+        value = json.loads(body, parse_constant=_no_constant)
+    except RecursionError:
+        raise BadRequest(400, "the request body is nested too deeply") from None
+    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise BadRequest(400, f"the request body is not valid JSON: {str(error)[:200]}") from None
+    if not isinstance(value, dict):
+        raise BadRequest(400, f"the request body must be a JSON object, got a JSON {_json_type(value)}")
+    return value
+
+
+def _json_type(value) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number",
+            type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def read_inputs(body: dict, field: str, limits: Limits, tokenize: Tokenizer,
+                allow_tokens: bool = True) -> tuple[list[list[str]], bool]:
+    """body[field] as token lists: a string, a list of strings (raw text, tokenized), or with
+    `allow_tokens` a list of token lists. Returns the token lists and whether the input was one
+    string (not a list). BadRequest(422) for a wrong type, an empty input or text, too many
+    inputs or too many tokens."""
+    if field not in body:
+        raise BadRequest(422, f"missing field {field!r}: give a string or a list of strings")
+    value = body[field]
+    single = isinstance(value, str)
+    items = [value] if single else value
+    what = "a string, a list of strings" + (" or a list of token lists" if allow_tokens else "")
+    if not isinstance(items, list):
+        raise BadRequest(422, f"{field!r} must be {what}, got a JSON {_json_type(value)}")
+    if not items:
+        raise BadRequest(422, f"{field!r} is an empty list: give at least one input")
+    if len(items) > limits.max_inputs:
+        raise BadRequest(422, f"{field!r} has {len(items)} inputs, more than the limit of {limits.max_inputs} "
+                              f"(--max-inputs): split the request")
+    sentences = []
+    for index, item in enumerate(items):
+        name = repr(field) if single else f"{field}[{index}]"
+        if isinstance(item, str):
+            if len(item) > CHARS_PER_TOKEN * limits.max_input_tokens:  # surely over the limit: spare the tokenizer
+                raise BadRequest(422, f"{name} has {len(item)} characters, too long for the limit of "
+                                      f"{limits.max_input_tokens} tokens (--max-input-tokens): split the text")
+            tokens = tokenize(item)
+        elif allow_tokens and isinstance(item, list):
+            tokens = _token_list(item, name)
+        else:
+            raise BadRequest(422, f"{name} must be a string{' or a list of token strings' if allow_tokens else ''}, "
+                                  f"got a JSON {_json_type(item)}")
+        if not tokens:
+            raise BadRequest(422, f"{name} is empty: it has no tokens")
+        if len(tokens) > limits.max_input_tokens:
+            raise BadRequest(422, f"{name} has {len(tokens)} tokens, more than the limit of {limits.max_input_tokens} "
+                                  f"(--max-input-tokens): split the text")
+        sentences.append(tokens)
+    return sentences, single
+
+
+def _token_list(item: list, name: str) -> list[str]:
+    for position, token in enumerate(item):
+        if not isinstance(token, str):
+            raise BadRequest(422, f"{name}[{position}] must be a token string, got a JSON {_json_type(token)}")
+        if not token or token != token.strip() or len(token.split()) != 1:
+            raise BadRequest(422, f"{name}[{position}] must be one token (non-empty, no whitespace), got {token!r:.60}")
+    return list(item)
+
+
+def read_layers(body: dict, n_layers: int) -> tuple[str, int | list[float] | None]:
+    """body["layers"]: "all" (default), a layer index 0..L, or {"weights": [w_0, ..., w_L]} (a
+    weighted sum of the layers). Returns ("all", None), ("one", k) or ("mix", weights)."""
+    value = body.get("layers", "all")
+    if value == "all":
+        return "all", None
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not 0 <= value < n_layers:
+            raise BadRequest(422, f"'layers' {value} does not exist: the model has layers 0 to {n_layers - 1}")
+        return "one", value
+    if isinstance(value, dict) and set(value) == {"weights"}:
+        weights = value["weights"]
+        if (not isinstance(weights, list) or len(weights) != n_layers
+                or not all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights)):
+            raise BadRequest(422, f"'layers' {{\"weights\": ...}} must be a list of {n_layers} numbers, one per layer")
+        if not all(math.isfinite(w) for w in weights):
+            raise BadRequest(422, "'layers' weights must be finite numbers")
+        return "mix", [float(w) for w in weights]
+    raise BadRequest(422, f"'layers' must be \"all\", a layer index 0 to {n_layers - 1} or "
+                          f"{{\"weights\": [{n_layers} numbers]}}, got {json.dumps(value)[:60]}")
+
+
+def read_choice(body: dict, field: str, choices: tuple[str, ...]) -> str:
+    """body[field], one of `choices` (the first when absent)."""
+    value = body.get(field, choices[0])
+    if value not in choices:
+        raise BadRequest(422, f"{field!r} must be one of {', '.join(map(json.dumps, choices))}, "
+                              f"got {json.dumps(value)[:60]}")
+    return value
+
+
+def read_bool(body: dict, field: str, default: bool) -> bool:
+    value = body.get(field, default)
+    if not isinstance(value, bool):
+        raise BadRequest(422, f"{field!r} must be true or false, got {json.dumps(value)[:60]}")
+    return value

@@ -1,0 +1,94 @@
+"""A real `elmo serve` process on 127.0.0.1 for the tests, and a small HTTP client (stdlib only)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("starlette", reason="elmo serve needs the serve extra: pip install 'elmokit[serve]'")
+pytest.importorskip("uvicorn", reason="elmo serve needs the serve extra: pip install 'elmokit[serve]'")
+pytest.importorskip("prometheus_client", reason="elmo serve needs the serve extra: pip install 'elmokit[serve]'")
+
+START_TIMEOUT = 120  # seconds: importing torch on a loaded machine
+
+
+class Server:
+    """`python -m elmokit serve --port 0 ...` in a subprocess; `url` once it listens."""
+
+    def __init__(self, model: Path, *arguments: str, api_key: str | None = None):
+        env = dict(os.environ, ELMOKIT_OFFLINE="1")
+        env.pop("ELMOKIT_API_KEY", None)
+        self.api_key = api_key
+        argv = [sys.executable, "-m", "elmokit", "serve", "--model", str(model), "--port", "0", "--device", "cpu",
+                "--threads", "1", *arguments, *(["--api-key", api_key] if api_key else [])]
+        self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: lines.put(self.process.stdout.readline()), daemon=True).start()
+        try:
+            first = lines.get(timeout=START_TIMEOUT)
+        except queue.Empty:
+            self.stop()
+            raise RuntimeError(f"elmo serve printed no address in {START_TIMEOUT} s") from None
+        if not first.startswith("listening on http://"):
+            self.stop()
+            raise RuntimeError(f"elmo serve did not start: {first!r} {self.process.stderr.read()}")
+        self.url = first.split()[2]
+        self.host, port = self.url.removeprefix("http://").rsplit(":", 1)
+        self.port = int(port)
+        deadline = time.monotonic() + START_TIMEOUT
+        while self.call("GET", "/health", key=None)[0] != 200:
+            if time.monotonic() > deadline:
+                raise RuntimeError("elmo serve never became healthy")
+            time.sleep(0.05)
+
+    def call(self, method: str, path: str, body=None, *, raw: bytes | None = None, key: str | None = "default",
+             headers: dict | None = None, chunked: bool = False, timeout: float = 60):
+        """(status, JSON or text, headers) of one request on a fresh connection; `body` is sent as
+        JSON, `raw` as it is; `key` defaults to the server's."""
+        key = self.api_key if key == "default" else key
+        sent = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {}),
+                **(headers or {})}
+        data = raw if raw is not None else None if body is None else json.dumps(body).encode()
+        connection = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        try:
+            if chunked:
+                connection.request(method, path, body=iter([data]), headers=sent, encode_chunked=True)
+            else:
+                connection.request(method, path, body=data, headers=sent)
+            response = connection.getresponse()
+            payload = response.read()
+        except ConnectionError:
+            return 0, None, {}
+        finally:
+            connection.close()
+        kind = response.getheader("Content-Type", "")
+        value = json.loads(payload) if kind.startswith("application/json") else payload.decode()
+        return response.status, value, dict(response.getheaders())
+
+    def metric(self, name: str) -> float:
+        """The value of one sample of /metrics (a name with its labels, as Prometheus writes it)."""
+        for line in self.call("GET", "/metrics")[1].splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+        return 0.0
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process.stdout.close()
+        self.process.stderr.close()
+        return self.process.returncode

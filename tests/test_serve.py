@@ -1,0 +1,285 @@
+"""`elmo serve` as a real process on 127.0.0.1: the numbers against `ElmoEmbedder`, every class of
+bad input (a 4xx and a JSON error, never a 5xx), the API key, /info and /metrics, dynamic batching,
+a full queue, and SIGTERM with requests in flight."""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from elmokit import BiLM, ElmoEmbedder, save_pretrained
+from elmokit.inference.files import make_tokenizer
+from elmokit.model.loading import load_model
+from tests.conftest import tiny_config
+from tests.serving import Server
+
+KEY = "test-key-7f3a"
+TEXTS = ["I like to eat apple.", "I like apple products, don't you?", "They play football on Sundays."]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("serve") / "model"
+    save_pretrained(BiLM(tiny_config()).eval(), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def embedder(model):
+    return ElmoEmbedder(module=load_model(str(model)))
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    """The API key on, small limits to reach them cheaply."""
+    served = Server(model, "--max-body-bytes", "20000", "--max-inputs", "8", "--max-input-tokens", "40",
+                    api_key=KEY)
+    yield served
+    assert served.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def slow_server(model):
+    """Waits 1.5 s for more requests to batch with the first, and queues 50 tokens at most: what
+    arrives together lands in one batch, and requests stay in flight long enough to catch."""
+    served = Server(model, "--max-wait-ms", "1500", "--max-batch-tokens", "10000", "--max-queue-tokens", "50",
+                    "--max-input-tokens", "40")
+    yield served
+    served.stop()
+
+
+def tokens_of(text: str) -> list[str]:
+    return make_tokenizer(True)(text)
+
+
+# ---------------------------------------------------------------------------------------------
+# The numbers
+# ---------------------------------------------------------------------------------------------
+def test_openai_route_gives_the_embedders_numbers(server, embedder):
+    status, answer, _ = server.call("POST", "/v1/embeddings", {"input": TEXTS, "model": "anything"})
+    assert status == 200 and answer["object"] == "list" and answer["model"]
+    n_tokens = sum(len(tokens_of(text)) for text in TEXTS)
+    assert answer["usage"] == {"prompt_tokens": n_tokens, "total_tokens": n_tokens}
+    for i, (text, item) in enumerate(zip(TEXTS, answer["data"])):
+        expected = embedder.embed_sentence(tokens_of(text)).mean(axis=0).mean(axis=0)  # (2P,)
+        assert item["object"] == "embedding" and item["index"] == i
+        np.testing.assert_allclose(item["embedding"], expected, atol=1e-6, rtol=1e-5)
+    status, single, _ = server.call("POST", "/v1/embeddings", {"input": TEXTS[0], "encoding_format": "base64"})
+    vector = np.frombuffer(base64.b64decode(single["data"][0]["embedding"]), "<f4")
+    np.testing.assert_allclose(vector, answer["data"][0]["embedding"], atol=1e-6)
+
+
+def test_tei_embed_is_unit_length_unless_asked(server, embedder):
+    status, vectors, _ = server.call("POST", "/embed", {"inputs": TEXTS[:2]})
+    assert status == 200 and len(vectors) == 2
+    raw = embedder.embed_sentence(tokens_of(TEXTS[1])).mean(axis=0).mean(axis=0)
+    np.testing.assert_allclose(vectors[1], raw / np.linalg.norm(raw), atol=1e-5)
+    _, plain, _ = server.call("POST", "/embed", {"inputs": TEXTS[1], "normalize": False})
+    np.testing.assert_allclose(plain[0], raw, atol=1e-6)
+
+
+def test_embed_all_layers_one_layer_and_a_mix(server, embedder):
+    sentence = ["The", "cat", "sat", "."]
+    expected = embedder.embed_sentence(sentence)  # (L+1, n, 2P)
+    status, answer, _ = server.call("POST", "/embed_all", {"inputs": [sentence, TEXTS[0]]})
+    assert status == 200 and answer["data"][0]["tokens"] == sentence
+    assert answer["data"][1]["tokens"] == tokens_of(TEXTS[0])
+    assert answer["data"][0]["shape"] == list(expected.shape)
+    np.testing.assert_allclose(answer["data"][0]["embedding"], expected, atol=1e-6)
+    _, one, _ = server.call("POST", "/embed_all", {"inputs": [sentence], "layers": 2, "encoding": "base64"})
+    decoded = np.frombuffer(base64.b64decode(one["data"][0]["embedding"]), "<f4").reshape(one["data"][0]["shape"])
+    np.testing.assert_allclose(decoded, expected[2], atol=1e-6)
+    weights = [0.5, 0.25, 2.0]
+    _, mix, _ = server.call("POST", "/embed_all", {"inputs": [sentence], "layers": {"weights": weights}})
+    np.testing.assert_allclose(mix["data"][0]["embedding"], np.tensordot(weights, expected, axes=1), atol=1e-5)
+
+
+def test_requests_batched_together_get_their_own_vectors(slow_server, embedder):
+    """Five requests in one batch (the queue waits 1.5 s): each gets what it gets alone."""
+    sentences = [["a"], ["the", "big", "dog", "ran", "home", "."], ["play"], ["I", "play", "chess"], ["x"] * 9]
+    before_batches = slow_server.metric("elmo_batch_sentences_count")
+    answers = [None] * len(sentences)
+
+    def ask(i):
+        answers[i] = slow_server.call("POST", "/embed_all", {"inputs": [sentences[i]]})
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(sentences))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert slow_server.metric("elmo_batch_sentences_count") == before_batches + 1  # one batch for all five
+    for sentence, (status, answer, _) in zip(sentences, answers):
+        assert status == 200
+        np.testing.assert_allclose(answer["data"][0]["embedding"], embedder.embed_sentence(sentence), atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: a 4xx and a JSON error that says what was wrong
+# ---------------------------------------------------------------------------------------------
+TOO_LONG = " ".join(["word"] * 41)
+BAD = [  # (route, body: an object is sent as JSON, bytes as they are; status; part of the message)
+    ("/v1/embeddings", b"{\"input\": ", 400, "not valid JSON"),
+    ("/v1/embeddings", b"\xff\xfe{}", 400, "not valid JSON"),
+    ("/v1/embeddings", b"", 400, "body is empty"),
+    ("/v1/embeddings", b"[\"a\"]", 400, "must be a JSON object, got a JSON array"),
+    ("/v1/embeddings", b"{\"input\": NaN}", 400, "NaN is not JSON"),
+    ("/v1/embeddings", b"[" * 5000 + b"]" * 5000, 400, "nested too deeply"),
+    ("/v1/embeddings", {"inputs": "hi"}, 422, "missing field 'input'"),
+    ("/v1/embeddings", {"input": 5}, 422, "'input' must be a string, a list of strings"),
+    ("/v1/embeddings", {"input": None}, 422, "got a JSON null"),
+    ("/v1/embeddings", {"input": [1]}, 422, "input[0] must be a string"),
+    ("/v1/embeddings", {"input": []}, 422, "empty list"),
+    ("/v1/embeddings", {"input": ""}, 422, "'input' is empty"),
+    ("/v1/embeddings", {"input": ["ok", "   "]}, 422, "input[1] is empty"),
+    ("/v1/embeddings", {"input": ["a"] * 9}, 422, "9 inputs, more than the limit of 8 (--max-inputs)"),
+    ("/v1/embeddings", {"input": TOO_LONG}, 422, "41 tokens, more than the limit of 40 (--max-input-tokens)"),
+    ("/v1/embeddings", {"input": "x" * 3000}, 422, "3000 characters"),
+    ("/v1/embeddings", {"input": "hi", "encoding_format": "hex"}, 422, "'encoding_format' must be one of"),
+    ("/v1/embeddings", {"input": "hi", "model": 3}, 422, "'model' must be a string"),
+    ("/v1/embeddings", {"input": "x " * 12_000}, 413, "more than the limit of 20000 (--max-body-bytes)"),
+    ("/embed", {"inputs": "hi", "normalize": "yes"}, 422, "'normalize' must be true or false"),
+    ("/embed", {"inputs": [["a", "b"]]}, 200, None),
+    ("/embed_all", {"inputs": [["a", 1]]}, 422, "inputs[0][1] must be a token string"),
+    ("/embed_all", {"inputs": [["a b"]]}, 422, "must be one token"),
+    ("/embed_all", {"inputs": [[""]]}, 422, "must be one token"),
+    ("/embed_all", {"inputs": [[]]}, 422, "inputs[0] is empty"),
+    ("/embed_all", {"inputs": "hi", "layers": 3}, 422, "layers 0 to 2"),
+    ("/embed_all", {"inputs": "hi", "layers": True}, 422, "'layers' must be"),
+    ("/embed_all", {"inputs": "hi", "layers": {"weights": [1, 2]}}, 422, "a list of 3 numbers"),
+    ("/embed_all", {"inputs": "hi", "layers": {"weights": [1, 2, "3"]}}, 422, "a list of 3 numbers"),
+    ("/embed_all", b'{"inputs": "hi", "layers": {"weights": [1, 2, 1e400]}}', 422, "finite"),  # 1e400: inf
+    ("/embed_all", {"inputs": "hi", "encoding": 1}, 422, "'encoding' must be one of"),
+    ("/explore", {"query": "They play chess", "word": "run", "sentences": ["a"]}, 422, "not a token of the query"),
+    ("/explore", {"query": "They play chess", "word": "play", "sentences": ["a b"]}, 422, "does not occur"),
+    ("/explore", {"query": ["They"], "word": "They", "sentences": ["a"]}, 422, "'query' must be one string"),
+    ("/explore", {"query": "They play", "word": 1, "sentences": ["a"]}, 422, "'word' must be"),
+]
+
+
+@pytest.mark.parametrize("route, body, status, message", BAD)
+def test_bad_input_gets_a_4xx_that_says_why(server, route, body, status, message):
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    got, answer, _ = server.call("POST", route, raw=raw)
+    assert got == status, answer
+    if message is not None:
+        assert answer["error"]["code"] == status and message in answer["error"]["message"], answer
+
+
+def test_wrong_routes_methods_and_chunked_bodies(server):
+    assert server.call("GET", "/v1/embeddings")[:2] == (405, {"error": {
+        "message": "GET is not allowed on /v1/embeddings", "type": "invalid_request_error", "code": 405}})
+    assert server.call("POST", "/nowhere", {"input": "a"})[0] == 404
+    too_big = json.dumps({"input": "x " * 12_000}).encode()  # no Content-Length: counted as it streams
+    status, answer, _ = server.call("POST", "/v1/embeddings", raw=too_big, chunked=True)
+    assert status == 413 and "--max-body-bytes" in answer["error"]["message"]
+    assert server.call("POST", "/v1/embeddings", raw=b'{"input": "fine"}', chunked=True)[0] == 200
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+                           lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                       max_size=4), max_leaves=20)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(route=st.sampled_from(["/v1/embeddings", "/embed", "/embed_all", "/explore"]),
+       field=st.sampled_from(["input", "inputs", "query", "layers", "weird"]), value=json_values,
+       junk=st.binary(max_size=40))
+def test_random_bodies_never_get_a_5xx(server, route, field, value, junk):
+    status, answer, _ = server.call("POST", route, {field: value, "word": "a", "sentences": ["a"]})
+    assert 200 <= status < 500 and (status == 200 or "message" in answer["error"]), answer
+    assert 200 <= server.call("POST", route, raw=junk)[0] < 500
+
+
+# ---------------------------------------------------------------------------------------------
+# The key, /health, /info, /metrics
+# ---------------------------------------------------------------------------------------------
+def test_the_api_key_is_required_except_for_health_and_the_page(server):
+    for key in (None, "wrong", KEY + "x"):
+        status, answer, headers = server.call("POST", "/v1/embeddings", {"input": "hi"}, key=key)
+        assert status == 401 and answer["error"]["type"] == "authentication_error"
+        assert headers["www-authenticate"] == "Bearer"
+    assert server.call("GET", "/metrics", key=None)[0] == 401
+    assert server.call("POST", "/v1/embeddings", {"input": "hi"}, headers={"Authorization": KEY})[0] == 401
+    assert server.call("GET", "/health", key=None)[:2] == (200, {"status": "ok"})
+    assert server.call("GET", "/", key=None)[0] == 200
+    assert server.call("GET", "/static/explore.js", key=None)[0] == 200
+
+
+def test_info_says_the_model_shape_and_limits(server):
+    status, info, _ = server.call("GET", "/info")
+    assert status == 200
+    assert info["shape"]["layers"] == 3 and info["shape"]["dim"] == 12 and info["shape"]["projection_dim"] == 6
+    assert info["limits"]["max_inputs"] == 8 and info["limits"]["max_input_tokens"] == 40
+    assert info["api_key_required"] is True and info["tokenizer"] == "moses" and info["version"]
+
+
+def test_metrics_count_requests_tokens_batches_and_latency(server):
+    before = server.metric('elmo_requests_total{route="/v1/embeddings",status="200"}')
+    tokens = server.metric("elmo_tokens_total")
+    assert server.call("POST", "/v1/embeddings", {"input": ["one two three", "four"]})[0] == 200
+    assert server.call("POST", "/v1/embeddings", {"input": 7})[0] == 422
+    status, text, headers = server.call("GET", "/metrics")
+    assert status == 200 and headers["content-type"].startswith("text/plain")
+    assert server.metric('elmo_requests_total{route="/v1/embeddings",status="200"}') == before + 1
+    assert server.metric("elmo_tokens_total") == tokens + 4
+    for name in ("elmo_request_seconds_bucket", "elmo_batch_sentences_bucket", "elmo_batch_tokens_bucket",
+                 "elmo_queue_seconds_bucket", "elmo_inference_seconds_bucket", "elmo_queue_tokens",
+                 'elmo_requests_total{route="/v1/embeddings",status="422"}'):
+        assert name in text
+
+
+# ---------------------------------------------------------------------------------------------
+# A full queue, and SIGTERM with requests in flight (the slow server; SIGTERM last)
+# ---------------------------------------------------------------------------------------------
+def wait_for_queue(served: Server, n_requests: int) -> None:
+    deadline = time.monotonic() + 30
+    while served.metric("elmo_queue_requests") < n_requests:
+        assert time.monotonic() < deadline, "the requests never reached the queue"
+        time.sleep(0.02)
+
+
+def test_a_full_queue_answers_429(slow_server):
+    first = {}
+    thread = threading.Thread(target=lambda: first.update(answer=slow_server.call(
+        "POST", "/embed_all", {"inputs": [["w"] * 30]})))
+    thread.start()
+    wait_for_queue(slow_server, 1)
+    status, answer, headers = slow_server.call("POST", "/embed_all", {"inputs": [["w"] * 30]})
+    assert status == 429 and "--max-queue-tokens" in answer["error"]["message"] and headers["retry-after"] == "1"
+    thread.join()
+    assert first["answer"][0] == 200  # the one already queued is answered
+
+
+def test_sigterm_finishes_the_accepted_requests_and_exits_0(slow_server, embedder):
+    sentences = [["one"], ["two", "words"], ["and", "three", "more"]]
+    answers = [None] * len(sentences)
+
+    def ask(i):
+        answers[i] = slow_server.call("POST", "/embed_all", {"inputs": [sentences[i]]})
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(sentences))]
+    for thread in threads:
+        thread.start()
+    wait_for_queue(slow_server, len(sentences))  # accepted, waiting for their batch
+    slow_server.process.send_signal(signal.SIGTERM)
+    for thread in threads:
+        thread.join(timeout=60)
+    for sentence, (status, answer, _) in zip(sentences, answers):
+        assert status == 200
+        np.testing.assert_allclose(answer["data"][0]["embedding"], embedder.embed_sentence(sentence), atol=1e-6)
+    assert slow_server.process.wait(timeout=60) == 0
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((slow_server.host, slow_server.port), timeout=5)
