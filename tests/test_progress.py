@@ -11,7 +11,8 @@ import pytest
 
 from elmokit import progress
 from elmokit.cli import build_parser, main
-from elmokit.inference.files import EmbedOptions, InputScan, estimate_output_bytes, scan_input
+from elmokit.inference.estimate import InputScan, estimate_output_bytes
+from elmokit.inference.files import EmbedOptions, scan_input
 from elmokit.progress import LogProgress, RateEstimate, TerminalBar
 
 BAR_CHARACTERS = ("█", "\r", "|")
@@ -102,7 +103,6 @@ def test_embed_in_a_log_file_prints_periodic_lines_and_no_bar(model_dir, text_fi
     assert lines[0].startswith(f"embedding {text_file} into {out}: 40 sentences, 140 tokens;")
     assert "about" in lines[0] and "to write" in lines[0]
     assert any(line.startswith("embedding: 140/140 tokens (100%)") for line in lines), lines
-    size = out.stat().st_size
     assert lines[-1].startswith(f"wrote {out}: 40 sentences, 140 tokens in ")
     assert "tokens/s); " in lines[-1] and "written (estimated" in lines[-1]
 
@@ -112,6 +112,7 @@ def test_embed_on_a_terminal_draws_a_bar(model_dir, text_file, tmp_path, capsys,
     assert main(["embed", str(text_file), str(tmp_path / "out.hdf5"), "--model", str(model_dir)]) == 0
     err = capsys.readouterr().err
     assert "embedding: 100%|" in err and "█" in err
+    assert "writing out.hdf5" not in err  # the merge of a short run is too quick for a bar of its own
 
 
 @pytest.mark.parametrize("where", ["before", "after"])
@@ -225,6 +226,14 @@ def test_a_missing_gpu_is_a_python_error_in_python_and_a_flag_on_the_command_lin
     assert "device='cpu'" not in str(cli_error.value)
 
 
+def test_verbose_adds_debugging_detail(model_dir, text_file, tmp_path, capsys):
+    assert main(["embed", str(text_file), str(tmp_path / "out.hdf5"), "--model", str(model_dir), "-v"]) == 0
+    err = capsys.readouterr().err
+    assert "elmo embed: debug: elmokit " in err and "embedding: a progress line every 30 s" in err
+    assert main(["embed", str(text_file), str(tmp_path / "out.hdf5"), "--model", str(model_dir), "--overwrite"]) == 0
+    assert ": debug: " not in capsys.readouterr().err
+
+
 def test_verbose_and_quiet_together_is_an_error(capsys):
     assert main(["-v", "info", "-q"]) == 2
     assert "not both" in capsys.readouterr().err
@@ -257,7 +266,7 @@ def test_train_and_perplexity_report_progress_with_a_total(tmp_path, capsys, mon
     err = capsys.readouterr().err
     assert not any(character in err for character in BAR_CHARACTERS), err
     lines = err.splitlines()
-    assert any(line.startswith(f"training: ") and f"/{2 * epoch_targets:,} tokens (" in line for line in lines), err
+    assert any(line.startswith("training: ") and f"/{2 * epoch_targets:,} tokens (" in line for line in lines), err
     assert any(line.startswith("training: ") and " left, step " in line for line in lines), err  # ETA, then the step
     assert any(line.startswith("validation at step ") and f"/{valid_targets} tokens (100%)" in line for line in lines)
     assert any(line.startswith("step ") and "valid perplexity" in line for line in lines)

@@ -13,6 +13,7 @@ subcommand (`elmo -q embed ...`, `elmo embed -q ...`).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
@@ -44,6 +45,12 @@ def _every_parser(parser: argparse.ArgumentParser):
             for sub in dict.fromkeys(action.choices.values()):  # aliases map to the same parser
                 yield sub
                 yield from _every_parser(sub)
+
+
+def torch_version() -> str:
+    import torch
+
+    return torch.__version__
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"elmo {args.command}: error: give -v/--verbose or -q/--quiet, not both", file=sys.stderr)
         return 2
     configure_logging(-1 if args.quiet else 1 if args.verbose else 0, prefix=f"elmo {args.command}")
+    logging.getLogger("elmokit.cli").debug(f"elmokit {__version__}, torch {torch_version()}, Python "
+                                           f"{sys.version.split()[0]}; arguments "
+                                           f"{ {name: value for name, value in vars(args).items() if name != 'func'} }")
     try:
         return args.func(args) or 0
     except BrokenPipeError:  # `elmo ... | head`: the reader has what it wanted

@@ -24,6 +24,7 @@ installs `LogHandler`, which writes between the lines of a bar (`configure_loggi
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import sys
@@ -49,6 +50,14 @@ def log_interval() -> float:
 
 def stderr_is_terminal() -> bool:
     return hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
+
+
+def terminal_columns() -> int:
+    """The width of the terminal on stderr; 0 where it says none (a pseudo-terminal of size 0)."""
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns
+    except (AttributeError, ValueError, OSError, io.UnsupportedOperation):
+        return 0
 
 
 def quiet() -> bool:
@@ -216,8 +225,11 @@ def progress_bar(iterable: Iterable | None = None, total: float | None = None, *
     if not enabled or quiet():
         return tqdm(iterable, total=total, initial=initial, disable=True)
     if stderr_is_terminal():
+        log.debug(f"{desc}: a progress bar (total {total})")
+        width = {"dynamic_ncols": True} if terminal_columns() else {"ncols": 100, "nrows": 40}  # size unknown (0 x 0)
         return TerminalBar(iterable, total=total, desc=desc, unit=unit, initial=initial, unit_scale=unit_scale,
-                           leave=leave, dynamic_ncols=True, mininterval=0.5, file=sys.stderr, **kwargs)
+                           leave=leave, mininterval=0.5, file=sys.stderr, **width, **kwargs)
+    log.debug(f"{desc}: a progress line every {log_interval():g} s (total {total}; stderr is not a terminal)")
     return LogProgress(iterable, total=total, desc=desc, unit=unit, initial=initial)
 
 

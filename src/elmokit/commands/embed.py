@@ -11,7 +11,6 @@ from pathlib import Path
 import torch
 
 from elmokit.commands.common import (
-    DEVICE_DEFAULT_SENTENCE,
     add_device_arguments,
     add_model_arguments,
     add_progress_argument,
@@ -19,14 +18,13 @@ from elmokit.commands.common import (
     model_from_args,
 )
 from elmokit.inference.embedder import ElmoEmbedder
+from elmokit.inference.estimate import OutputTooLargeError, format_bytes
 from elmokit.inference.files import (
     EmbedOptions,
-    OutputTooLargeError,
     close_distributed,
     distributed_from_env,
     embed_file_report,
     fix_malloc_mmap_threshold,
-    format_bytes,
 )
 from elmokit.inference.segments import FILE_FORMATS, format_for_path
 

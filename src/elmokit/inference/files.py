@@ -1,5 +1,6 @@
 # Why this file is long: it is one pipeline with one resumable state (read -> embed -> segments
-# -> merge), documented above in the order it runs; the on-disk format itself is in segments.py.
+# -> merge), documented above in the order it runs; the on-disk format itself is in segments.py,
+# the size estimate and the report in estimate.py.
 """Embed a text file into HDF5 or .npz, streaming: the engine behind `elmo embed` and
 `ElmoEmbedder.embed_file`.
 
@@ -83,6 +84,7 @@ from elmokit.inference.windows import OUTPUT_FORMATS, position_windows, select_l
 
 from elmokit.extras import require
 from elmokit.io import atomic_write_text, durable_replace, output_lock, refuse_overwrite
+from elmokit.inference.estimate import EmbedReport, InputScan, check_output_size
 from elmokit.progress import progress_bar
 
 log = logging.getLogger(__name__)
@@ -154,24 +156,6 @@ def read_lines(path: Path) -> Iterator[str]:
                                   f"at byte {error.start} of the line; the input must be UTF-8") from None
 
 
-@dataclass
-class InputScan:
-    """What the scan before a run found: the lines, the tokens of each line (as the run will
-    tokenize them) and the input's size in bytes (as text)."""
-
-    n_lines: int
-    line_tokens: array.array  # tokens of line i, for the estimate and the progress bar
-    text_bytes: int
-
-    @property
-    def n_tokens(self) -> int:
-        return sum(self.line_tokens)
-
-    def tokens_of(self, lines: range) -> int:
-        """Tokens of the lines in `lines` (a rank's lines: range(rank, n, world_size))."""
-        return sum(itertools.islice(self.line_tokens, lines.start, lines.stop, lines.step))
-
-
 def scan_input(path: Path, use_sentence_keys: bool, file_format: str = "hdf5",
                tokenize: Callable[[str], list[str]] = str.split) -> InputScan:
     """Read the whole input once before anything is written, so that a bad line (or a sentence
@@ -188,42 +172,6 @@ def scan_input(path: Path, use_sentence_keys: bool, file_format: str = "hdf5",
                                  f"({size:,} bytes as a member name; a zip file allows {NPZ_MAX_NAME_BYTES:,}): "
                                  "write HDF5 (file_format='hdf5'), or key by line number (use_sentence_keys=False)")
     return InputScan(n_lines, line_tokens, text_bytes)
-
-
-# Bytes an array costs beyond its floats (measured on files of 300 to 20,000 sentences written
-# here; h5py 3, numpy's .npz): an HDF5 dataset's object header and link, a zip member's headers
-# and .npy header, plus its key.
-ARRAY_OVERHEAD_BYTES = {"hdf5": 350, "npz": 250}
-FILE_OVERHEAD_BYTES = {"hdf5": 4_096, "npz": 22}  # HDF5's superblock and root group; the zip's end record
-
-
-def estimate_output_bytes(scan: InputScan, n_layers: int, dim: int, options: EmbedOptions) -> int:
-    """About how many bytes `elmo embed` writes for `scan`'s input: float32 vectors of `dim`
-    (2P) per token (or per sentence with `sentence_vectors`), times `n_layers` for "all", an
-    overhead per array, and `sentence_to_index` (about the input's text again, with the keys)."""
-    vectors = scan.n_lines if options.sentence_vectors else scan.n_tokens
-    layers = n_layers if options.output_format == "all" else 1
-    data = 4 * dim * layers * vectors
-    overhead = ARRAY_OVERHEAD_BYTES[options.file_format] * scan.n_lines
-    index = 0 if options.forget_sentences else scan.text_bytes + 12 * scan.n_lines
-    return data + overhead + index + FILE_OVERHEAD_BYTES[options.file_format]
-
-
-def format_bytes(size: float) -> str:
-    """1.3 GB, 78.1 MB, 950 kB (powers of 1000, as `ls -h --si` and disk makers count)."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if size >= scale:
-            return f"{size / scale:,.1f} {unit}"
-    return f"{size:,.0f} B"
-
-
-class OutputTooLargeError(ValueError):
-    """The estimated output is above `max_output_bytes`; nothing was written."""
-
-    def __init__(self, estimate: int, limit: int, detail: str):
-        self.estimate, self.limit = estimate, limit
-        super().__init__(f"the output would be about {format_bytes(estimate)} ({detail}), above the limit of "
-                         f"{format_bytes(limit)} (max_output_bytes={limit}); nothing was written")
 
 
 def make_tokenizer(tokenize: bool, lang: str = "en") -> Callable[[str], list[str]]:
@@ -412,25 +360,6 @@ def embed_file(embedder: Embedder, input_path: str | Path, output_path: str | Pa
                              max_output_bytes=max_output_bytes).n_sentences
 
 
-@dataclass
-class EmbedReport:
-    """What a run of `embed_file_report` did (this process's share of the work)."""
-
-    n_sentences: int  # embedded by this process in this run (not those a resumed run had done)
-    n_tokens: int
-    seconds: float  # the whole call: scan, embedding, merge
-    estimated_bytes: int  # the estimate made before writing (the whole output)
-    output_bytes: int | None  # the output's size once written (rank 0), else None
-
-    def summary(self) -> str:
-        """"300 sentences, 6,512 tokens in 41.2 s (158 tokens/s); 78.1 MB written (estimated 77.9 MB)"."""
-        rate = self.n_tokens / self.seconds if self.seconds > 0 else 0.0
-        size = (f"; {format_bytes(self.output_bytes)} written (estimated {format_bytes(self.estimated_bytes)})"
-                if self.output_bytes is not None else "")
-        return (f"{self.n_sentences:,} sentences, {self.n_tokens:,} tokens in {self.seconds:,.1f} s "
-                f"({rate:,.0f} tokens/s){size}")
-
-
 def embed_file_report(embedder: Embedder, input_path: str | Path, output_path: str | Path,
                       options: EmbedOptions | None = None, *, overwrite: bool = True, resume: bool = False,
                       progress: bool = True, rank: int = 0, world_size: int = 1,
@@ -469,32 +398,10 @@ def embed_file_report(embedder: Embedder, input_path: str | Path, output_path: s
         barrier()
         if rank == 0:
             merge_segments(input_path, partial, output_path, options, world_size,
-                           progress=progress and scan.n_lines >= 10_000)
+                           show_progress=progress and scan.n_lines >= 10_000)  # a long copy only
         barrier()
     output_bytes = output_path.stat().st_size if rank == 0 else None
     return EmbedReport(n_embedded, n_tokens, time.perf_counter() - started, estimate, output_bytes)
-
-
-def check_output_size(embedder: Embedder, scan: InputScan, options: EmbedOptions, input_path: Path,
-                      output_path: Path, max_output_bytes: int | None, speak: bool = True) -> int:
-    """The estimated size of the output; logs it (with `speak`), refuses it above
-    `max_output_bytes`, warns when the disk has less room than the run needs."""
-    config = embedder.bilm.config
-    estimate = estimate_output_bytes(scan, config.n_output_layers, config.output_dim, options)
-    per = "sentence" if options.sentence_vectors else "token"
-    layers = (f"{config.n_output_layers} layers" if options.output_format == "all"
-              else f"the {options.output_format} layer" if options.output_format == "top" else "the layer average")
-    detail = (f"{scan.n_lines:,} sentences, {scan.n_tokens:,} tokens; {layers} x {config.output_dim} "
-              f"float32 a {per}")
-    if max_output_bytes is not None and estimate > max_output_bytes:
-        raise OutputTooLargeError(estimate, max_output_bytes, detail)
-    if speak:
-        log.info(f"embedding {input_path} into {output_path}: {detail}; about {format_bytes(estimate)} to write")
-        free = shutil.disk_usage(output_path.resolve().parent).free
-        if free < 2 * estimate:  # the segments, then the merged copy beside them for a moment
-            log.warning(f"{output_path.resolve().parent} has {format_bytes(free)} free; this run needs about "
-                        f"{format_bytes(2 * estimate)} at its end (the segments and the merged output)")
-    return estimate
 
 
 def lock_path(output_path: Path) -> Path:
@@ -561,7 +468,7 @@ def _key(input_path: Path, line_index: int, line: str, use_sentence_keys: bool) 
 
 
 def merge_segments(input_path: Path, partial: Path, output_path: Path, options: EmbedOptions,
-                   world_size: int, progress: bool = False) -> None:
+                   world_size: int, show_progress: bool = False) -> None:
     """Every rank's segments, copied array by array into one new file with `sentence_to_index`,
     renamed onto `output_path`; then the partial directory is removed (so the disk holds the
     output twice for a moment)."""
@@ -573,13 +480,14 @@ def merge_segments(input_path: Path, partial: Path, output_path: Path, options: 
         names += progress.segments
     segment_type = SEGMENT_TYPES[options.file_format]
     merged = partial / f"merged{segment_type.suffix}"  # a fresh file: a killed merge can be redone
-    bar = progress_bar(total=len(names), desc=f"writing {output_path.name}", unit="segments", enabled=progress)
+    bar = progress_bar(total=len(names), desc=f"writing {output_path.name}", unit="segments",
+                       enabled=show_progress)
     with bar, _writing(merged, options.file_format, partial) as out:
         for name in names:
             source = segment_type(partial / name, "r")
             try:
-                for key, array in source.items():
-                    out.write(key, array)
+                for key, values in source.items():
+                    out.write(key, values)
             finally:
                 source.close()
             bar.update(1)
