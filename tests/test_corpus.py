@@ -84,7 +84,7 @@ def test_undecodable_line_is_reported_or_skipped(tmp_path):
 def test_existing_shards_need_overwrite(tmp_path):
     (tmp_path / "a.txt").write_text("a b c\n")
     prepare_corpus([tmp_path / "a.txt"], tmp_path / "out", progress=False)
-    with pytest.raises(CorpusError, match="--overwrite"):
+    with pytest.raises(CorpusError, match="overwrite=True"):  # Python's spelling; `elmo prepare` says --overwrite
         prepare_corpus([tmp_path / "a.txt"], tmp_path / "out", progress=False)
     prepare_corpus([tmp_path / "a.txt"], tmp_path / "out", overwrite=True, progress=False)
 

@@ -226,6 +226,29 @@ def test_a_missing_gpu_is_a_python_error_in_python_and_a_flag_on_the_command_lin
     assert "device='cpu'" not in str(cli_error.value)
 
 
+def test_library_errors_say_python_and_the_command_line_says_flags(model_dir, text_file, tmp_path, capsys):
+    from elmokit.inference.files import embed_file
+    from elmokit.inference.embedder import ElmoEmbedder
+    from elmokit.training.corpus import CorpusError, prepare_corpus
+
+    prepare_corpus([text_file], tmp_path / "shards", progress=False)
+    with pytest.raises(CorpusError) as python_error:
+        prepare_corpus([text_file], tmp_path / "shards", progress=False)
+    assert "overwrite=True" in str(python_error.value) and "--" not in str(python_error.value)
+    assert main(["prepare", str(text_file), "-o", str(tmp_path / "shards"), "--pretokenized"]) == 2
+    err = capsys.readouterr().err
+    assert "pass --overwrite to replace them" in err and "overwrite=True" not in err
+
+    partial = tmp_path / "out.hdf5.partial"
+    partial.mkdir()
+    (partial / "progress-rank0.json").write_text("{}")
+    embedder = ElmoEmbedder(str(model_dir))
+    with pytest.raises(FileExistsError, match=r"continue it with resume=True, or pass overwrite=True"):
+        embed_file(embedder, text_file, tmp_path / "out.hdf5", overwrite=False)
+    assert main(["embed", str(text_file), str(tmp_path / "out.hdf5"), "--model", str(model_dir)]) == 2
+    assert "continue it with --resume, or pass --overwrite" in capsys.readouterr().err
+
+
 def test_verbose_adds_debugging_detail(model_dir, text_file, tmp_path, capsys):
     assert main(["embed", str(text_file), str(tmp_path / "out.hdf5"), "--model", str(model_dir), "-v"]) == 0
     err = capsys.readouterr().err

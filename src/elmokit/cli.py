@@ -68,6 +68,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The library's errors name an option as its Python argument (elmokit.inference.files:
+# "continue it with resume=True"); the command line says its flag instead.
+PYTHON_SPELLINGS = {"resume=True": "--resume", "overwrite=True": "--overwrite",
+                    "skip_bad_lines=True": "--skip-bad-lines", "file_format='hdf5'": "--format hdf5",
+                    "use_sentence_keys=False": "no --use-sentence-keys"}
+
+
+def as_flags(message: str) -> str:
+    """`message` with the Python spellings of options (`PYTHON_SPELLINGS`) written as flags."""
+    for spelling, flag in PYTHON_SPELLINGS.items():
+        message = message.replace(spelling, flag)
+    return message
+
+
 class UserError(Exception):
     """An error in what the user asked for; printed without a traceback."""
 
@@ -98,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0
     except (UserError, OSError, ValueError, MissingExtraError) as error:  # OSError: a missing file, an output in use, a full disk
-        print(f"elmo {args.command}: error: {one_line(error)}", file=sys.stderr)
+        print(f"elmo {args.command}: error: {as_flags(one_line(error))}", file=sys.stderr)
         return 2
     except (MemoryError, RuntimeError) as error:
         if not out_of_memory(error):

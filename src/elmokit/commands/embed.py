@@ -30,9 +30,6 @@ from elmokit.inference.segments import FILE_FORMATS, format_for_path
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_OUTPUT_GB = 10.0
-# The Python spellings in elmokit.inference.files' messages, as this command's options
-PYTHON_TO_FLAGS = {"resume=True": "--resume", "overwrite=True": "--overwrite", "file_format='hdf5'": "--format hdf5",
-                   "use_sentence_keys=False": "no --use-sentence-keys"}
 
 DESCRIPTION = """\
 Embed INPUT (UTF-8, plain or .gz; one sentence per line, tokens separated by whitespace, or raw
@@ -149,10 +146,6 @@ def run(args: argparse.Namespace) -> int:
                          f"{args.max_output_gb:g}; pass --max-output-gb {needed} (or more) to write it, or ask "
                          "for less (--top or --average: one layer; --sentence-vectors: one vector a sentence)"
                          ) from None
-    except (OSError, ValueError, RuntimeError) as error:
-        if not _speaks_python(error):
-            raise
-        raise _with_flags(error) from None
     finally:
         close_distributed()
     if rank == 0:
@@ -160,20 +153,3 @@ def run(args: argparse.Namespace) -> int:
         log.info(f"wrote {args.output}: {report.summary()}{shared}")
     return 0
 
-
-def _speaks_python(error: BaseException) -> bool:
-    return any(isinstance(arg, str) and any(spelling in arg for spelling in PYTHON_TO_FLAGS) for arg in error.args)
-
-
-def _with_flags(error: Exception) -> Exception:
-    """The same error, its message saying the options as this command's flags (the library's
-    messages say them as Python arguments: resume=True)."""
-    def translate(value):
-        if isinstance(value, str):
-            for spelling, flag in PYTHON_TO_FLAGS.items():
-                value = value.replace(spelling, flag)
-        return value
-    try:
-        return type(error)(*map(translate, error.args))
-    except TypeError:  # a type whose constructor takes other arguments: its own message then
-        return error

@@ -187,7 +187,7 @@ def read_raw_lines(path: Path, skip_bad_lines: bool, stats: PrepareStats) -> Ite
                 except UnicodeDecodeError as error:
                     where = f"{path}:{line_number}: invalid UTF-8 byte 0x{raw[error.start]:02x}"
                     if not skip_bad_lines:
-                        raise CorpusError(f"{where}; fix the file or pass --skip-bad-lines") from None
+                        raise CorpusError(f"{where}; fix the file or pass skip_bad_lines=True") from None
                     stats.bad_lines += 1
                     stats.first_bad_line = stats.first_bad_line or where
                     continue
@@ -473,6 +473,6 @@ def _clear_old_shards(out_dir: Path, overwrite: bool) -> None:
     old = sorted(out_dir.glob("shard-*.txt*")) if out_dir.is_dir() else []
     if old and not overwrite:
         raise CorpusError(f"{out_dir} already holds {len(old)} shard files ({old[0].name}, ...); "
-                          "pass --overwrite to replace them or choose another output directory")
+                          "pass overwrite=True to replace them or choose another output directory")
     for path in old:
         path.unlink()
