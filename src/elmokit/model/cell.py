@@ -61,8 +61,8 @@ def activate_doubled_gates_(gates: torch.Tensor) -> torch.Tensor:
     """`activate_gates` in place for gates whose candidate arrives doubled, (i, f, o, 2j) (the
     engine doubles the candidate's weight rows, exact in binary floating point), so that one
     sigmoid covers all four: tanh(j) = 2 σ(2j) - 1."""
-    gates.sigmoid_()
-    split_gates(gates)[3].mul_(2).sub_(1)
+    cell_dim = gates.shape[-1] // N_GATES
+    gates.sigmoid_().narrow(-1, 3 * cell_dim, cell_dim).mul_(2).sub_(1)  # the candidate's slot
     return gates
 
 
