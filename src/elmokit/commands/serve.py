@@ -43,8 +43,9 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080; 0: any free port)")
     parser.add_argument("--api-key", default=os.environ.get(API_KEY_VARIABLE),
                         help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_VARIABLE}, else no key)")
-    parser.add_argument("--max-batch-tokens", type=int, default=4096,
-                        help="tokens the model runs at once, summed over the requests batched together (default: 4096)")
+    parser.add_argument("--max-batch-tokens", type=int, default=16384,
+                        help="tokens the model runs at once, summed over the requests batched together "
+                             "(default: 16384)")
     parser.add_argument("--max-wait-ms", type=float, default=2.0,
                         help="how long an idle server waits for more requests to batch with the first (default: 2)")
     parser.add_argument("--max-queue-tokens", type=int, default=65536,

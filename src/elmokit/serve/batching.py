@@ -2,11 +2,11 @@
 
 Each request is one job (its sentences, already tokenized). The batcher keeps a bounded queue of
 jobs; one worker takes whole jobs in arrival order until the batch holds `max_batch_tokens`
-tokens (a job larger than that runs alone), waiting at most `max_wait_s` after the first job for
-more to arrive, and runs the batch in one thread through a stateless embedding function
+tokens (a job larger than that runs alone), waiting for more while they keep coming (until none
+has come for `max_wait_s`, at most `MAX_WAITS` x `max_wait_s` after the first), and runs the batch in one thread through a stateless embedding function
 (`ElmoEmbedder.embed_many`): a sentence's vectors never depend on the other sentences of its
 batch. While a batch runs, new jobs queue; the next batch takes them at once (their wait has
-passed), so a busy server batches by itself and an idle one adds at most `max_wait_s`.
+passed), so a busy server batches by itself and a lone request waits `max_wait_s` only.
 
 A full queue (`max_queue_tokens`) refuses new jobs (`QueueFull`) rather than growing.
 """
@@ -50,6 +50,8 @@ class BatchStats:
 class Batcher:
     """The queue and its worker; `start` inside the event loop, `submit` from request handlers,
     `stop` once no request is left (after the server has stopped accepting)."""
+
+    MAX_WAITS = 10  # a batch waits for more requests at most this many times `max_wait_s`
 
     def __init__(self, embed: EmbedFunction, max_batch_tokens: int, max_wait_s: float, max_queue_tokens: int,
                  on_batch: Callable[[BatchStats], None] = lambda stats: None):
@@ -123,10 +125,13 @@ class Batcher:
                                      [started - job.enqueued for job in jobs], finished - started))
 
     async def _wait_for_more(self) -> None:
-        """Until the queue fills a batch or `max_wait_s` has passed since its first job came."""
-        deadline = self.queue[0].enqueued + self.max_wait_s
+        """Until the queue fills a batch, or no job has come for `max_wait_s`, or
+        `MAX_WAITS` x `max_wait_s` have passed since the first job came: a burst of requests (a
+        batch's answers bring back their clients' next requests at once) goes into one batch,
+        while a lone request waits `max_wait_s` only."""
+        deadline = self.queue[0].enqueued + self.MAX_WAITS * self.max_wait_s
         while self.queued_tokens < self.max_batch_tokens:
-            remaining = deadline - time.perf_counter()
+            remaining = min(self.queue[-1].enqueued + self.max_wait_s, deadline) - time.perf_counter()
             if remaining <= 0:
                 return
             self._arrived.clear()

@@ -33,7 +33,7 @@ class Limits:
     max_body_bytes: int = 2_000_000
     max_inputs: int = 256
     max_input_tokens: int = 512
-    max_batch_tokens: int = 4096
+    max_batch_tokens: int = 16_384
     max_queue_tokens: int = 65_536
     max_wait_ms: float = 2.0
 
