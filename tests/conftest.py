@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,9 @@ from elmokit import BiLM, CharCNNConfig, ElmoConfig, LSTMConfig, save_pretrained
 
 # Tests run tiny tensors: one thread avoids OpenMP spinning on a shared 2-core machine.
 torch.set_num_threads(1)
+# Commands default to --device auto; the tests compare their output with references computed on
+# the CPU, so a GPU machine runs them there too (a test that wants the GPU asks for it).
+os.environ.setdefault("ELMOKIT_DEVICE", "cpu")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

@@ -201,13 +201,32 @@ def test_every_device_option_defaults_to_auto_and_says_so(command, capsys):
     assert "default: auto" in text or "(default: 'auto')" in text or "(default auto)" in text, text
 
 
-def test_commands_without_a_device_run_on_auto():
-    from elmokit.commands.common import DEFAULT_DEVICE, device_from_args
+def test_commands_without_a_device_run_on_auto_or_elmokit_device(monkeypatch, tmp_path):
+    import torch
 
+    from elmokit.commands.common import DEFAULT_DEVICE, default_device, device_from_args
+    from elmokit.commands.train import config_from_args
+
+    monkeypatch.delenv("ELMOKIT_DEVICE", raising=False)  # conftest pins the tests to the CPU
     args = build_parser().parse_args(["embed", "in.txt", "out.hdf5"])
     assert args.device is None and DEFAULT_DEVICE == "auto"
-    assert device_from_args(args).type == ("cuda" if __import__("torch").cuda.is_available() else "cpu")
-    assert build_parser().parse_args(["task", "eval", "run"]).device == "auto"
+    assert device_from_args(args).type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert default_device() == "auto"  # what task train, eval and predict take when --device is absent
+    assert config_from_args(build_parser().parse_args(["train"])).device == "auto"
+
+    monkeypatch.setenv("ELMOKIT_DEVICE", "cpu")
+    assert device_from_args(build_parser().parse_args(["embed", "in.txt", "out.hdf5"])) == torch.device("cpu")
+    assert default_device() == "cpu"
+    assert config_from_args(build_parser().parse_args(["train"])).device == "cpu"
+    assert config_from_args(build_parser().parse_args(["train", "--device", "auto"])).device == "auto"
+    saved = tmp_path / "train.json"
+    saved.write_text('{"device": "cuda"}')
+    assert config_from_args(build_parser().parse_args(["train", "--config", str(saved)])).device == "cuda"
+
+    monkeypatch.setenv("ELMOKIT_DEVICE", "gpu")
+    with pytest.raises(ValueError, match="ELMOKIT_DEVICE must be"):
+        device_from_args(build_parser().parse_args(["embed", "in.txt", "out.hdf5"]))
+    assert main(["info"]) == 0  # a bad ELMOKIT_DEVICE stops only the commands that run on a device
 
 
 def test_a_missing_gpu_is_a_python_error_in_python_and_a_flag_on_the_command_line(monkeypatch):

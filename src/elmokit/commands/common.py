@@ -4,11 +4,12 @@ to run it (`elmokit.devices`), and whether to show progress (`elmokit.progress`)
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import torch
 
-from elmokit.devices import DEVICE_HELP, DTYPES, resolve_device
+from elmokit.devices import DEVICE_HELP, DTYPES, check_device_name, resolve_device
 from elmokit.model.bilm import BiLM
 from elmokit.model.published import published_names
 from elmokit.model.loading import load_model
@@ -51,8 +52,19 @@ def model_from_args(args: argparse.Namespace) -> BiLM:
 
 
 DEFAULT_DEVICE = "auto"  # every command's: the GPU when torch sees one, else the CPU
-DEVICE_DEFAULT_SENTENCE = "default: auto, the GPU when torch sees one, else the CPU"
+DEVICE_VARIABLE = "ELMOKIT_DEVICE"  # replaces that default (the tests set cpu)
+DEVICE_DEFAULT_SENTENCE = f"default: auto, the GPU when torch sees one, else the CPU; {DEVICE_VARIABLE} changes it"
 DEVICE_OPTION_HELP = f"where to run: {DEVICE_HELP} ({DEVICE_DEFAULT_SENTENCE})"
+
+
+def default_device() -> str:
+    """The device of a command given no --device: ELMOKIT_DEVICE if set, else `DEFAULT_DEVICE`."""
+    name = os.environ.get(DEVICE_VARIABLE, "").strip() or DEFAULT_DEVICE
+    try:
+        check_device_name(name)
+    except ValueError:
+        raise ValueError(f"{DEVICE_VARIABLE} must be {DEVICE_HELP}; got {name!r}") from None
+    return name
 
 
 def add_progress_argument(parser: argparse.ArgumentParser) -> None:
@@ -81,7 +93,7 @@ def device_from_args(args: argparse.Namespace) -> torch.device:
     cuda_device = getattr(args, "cuda_device", None)
     if cuda_device is not None and args.device is not None:
         raise ValueError(f"give --device or --cuda-device, not both (got {args.device} and {cuda_device})")
-    return device_or_advice(args.device or DEFAULT_DEVICE, cuda_device)
+    return device_or_advice(args.device or default_device(), cuda_device)
 
 
 def device_or_advice(device: str | None, cuda_device: int | None = None) -> torch.device:

@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from elmokit.commands.common import DEFAULT_DEVICE, DEVICE_OPTION_HELP, device_or_advice
+from elmokit.commands.common import DEVICE_DEFAULT_SENTENCE, DEVICE_OPTION_HELP, default_device, device_or_advice
 from elmokit.tasks.formats import CONLLU_COLUMNS, FORMATS
 from elmokit.tasks.task_config import DEFAULT_DATA_DIR
 
@@ -46,6 +46,8 @@ def _register_train(actions: argparse._SubParsersAction) -> None:
     for spec in config_fields():  # every field of TaskConfig is an option (elmokit.tasks.options)
         meta, default = spec.metadata, default_value(spec)
         shown = "" if spec.name in REQUIRED or default is None else f" (default {default})"
+        if spec.name == "device":  # the commands' one default, read when the command runs (run_train)
+            default, shown = None, f" ({DEVICE_DEFAULT_SENTENCE})"
         kind = {"int": int, "float": float}.get(spec.type.split(" ")[0], str)
         if spec.type.startswith("bool"):
             parser.add_argument(flag(spec), dest=spec.name, action=argparse.BooleanOptionalAction, default=default,
@@ -76,7 +78,7 @@ def _register_eval(actions: argparse._SubParsersAction) -> None:
     parser.add_argument("--data-dir", help="data folder (default: the one the run was trained with)")
     parser.add_argument("--max-sentences", type=int, help="score only a fixed subset of this many sentences")
     parser.add_argument("--model", help=MODEL_HELP)
-    parser.add_argument("--device", default=DEFAULT_DEVICE, help=DEVICE_OPTION_HELP)
+    parser.add_argument("--device", help=DEVICE_OPTION_HELP)
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=run_eval)
 
@@ -97,7 +99,7 @@ def _register_predict(actions: argparse._SubParsersAction) -> None:
     parser.add_argument("--tokenize", action="store_true", help="raw text: split it with the Moses tokenizer")
     parser.add_argument("--jsonl", action="store_true", help="write JSON Lines ({tokens, labels} or {tokens, label})")
     parser.add_argument("--model", help=MODEL_HELP)
-    parser.add_argument("--device", default=DEFAULT_DEVICE, help=DEVICE_OPTION_HELP)
+    parser.add_argument("--device", help=DEVICE_OPTION_HELP)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run_predict)
 
@@ -128,6 +130,8 @@ def run_train(args: argparse.Namespace) -> int:
     from elmokit.tasks.card import results_table
     from elmokit.tasks.options import config_fields, config_from_values
 
+    if args.device is None:
+        args.device = default_device()
     config = config_from_values({spec.name: getattr(args, spec.name) for spec in config_fields()})
     results = train_into(config, args.overwrite)
     if args.json:
@@ -143,10 +147,10 @@ def run_eval(args: argparse.Namespace) -> int:
 
     if args.file is None:
         scores = evaluate_run(args.run, args.split, args.data_dir, args.max_sentences, progress=not args.no_progress,
-                              device=device_or_advice(args.device), bilm=args.model)
+                              device=device_or_advice(args.device or default_device()), bilm=args.model)
         scored = {"run": str(args.run), "split": args.split, **scores}
     else:
-        run = load(args.run, device_or_advice(args.device), args.model)
+        run = load(args.run, device_or_advice(args.device or default_device()), args.model)
         examples, info = run.read_file(args.file, args.data_format, args.column)
         scores = run.evaluate(examples, progress=not args.no_progress).scores
         scored = {"run": str(args.run), "file": str(args.file), "n": len(examples), **info, **scores}
@@ -162,7 +166,7 @@ def run_predict(args: argparse.Namespace) -> int:
     from elmokit.tasks.run import load
 
     refuse_overwrite([args.output] if args.output is not None else [], args.overwrite)
-    run = load(args.run, device_or_advice(args.device), args.model)
+    run = load(args.run, device_or_advice(args.device or default_device()), args.model)
     done = predict_file(run, args.input, args.output, args.data_format, args.column, args.tokenize, args.jsonl,
                         progress=not args.no_progress)
     if args.output is not None:

@@ -78,7 +78,8 @@ class TrainConfig:
     patience: int = _field(0, "stop after this many evaluations without improvement (0 = never)")
     log_every: int = _field(10, "steps between lines of metrics.jsonl")
     checkpoint_every: int = _field(100, "steps between checkpoints (a multiple of log_every)")
-    device: str = _field("auto", "cpu, cuda, cuda:N, or auto (the GPU when torch sees one, else the CPU)")
+    device: str = _field("auto", "cpu, cuda, cuda:N, or auto (the GPU when torch sees one, else the CPU; "
+                                 "ELMOKIT_DEVICE changes the default)")
     threads: int = _field(0, "torch.set_num_threads (0 = torch's default)")
     progress: bool = _field(True, "show a progress bar")
 
