@@ -41,13 +41,14 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0 for every interface)")
     parser.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080; 0: any free port)")
-    parser.add_argument("--api-key", default=os.environ.get(API_KEY_VARIABLE),
+    parser.add_argument("--api-key",
                         help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_VARIABLE}, else no key)")
     parser.add_argument("--max-batch-tokens", type=int, default=16384,
                         help="tokens the model runs at once, summed over the requests batched together "
                              "(default: 16384)")
     parser.add_argument("--max-wait-ms", type=float, default=2.0,
-                        help="how long an idle server waits for more requests to batch with the first (default: 2)")
+                        help="a batch waits for more requests until none has come for this long, at most 10x "
+                             "this after its first (default: 2)")
     parser.add_argument("--max-queue-tokens", type=int, default=65536,
                         help="tokens waiting at most; past that a request gets 429 (default: 65536)")
     parser.add_argument("--max-inputs", type=int, default=256, help="inputs per request at most (default: 256)")
@@ -69,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--port must be between 0 and 65535, got {args.port}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if args.api_key is None:
+        args.api_key = os.environ.get(API_KEY_VARIABLE)
     if args.api_key is not None and not args.api_key.strip():
         raise ValueError(f"--api-key (or ${API_KEY_VARIABLE}) is empty: give a key, or unset it for none")
     require("serve", "elmo serve")
@@ -114,11 +117,12 @@ def _serve(args: argparse.Namespace, limits, listener: socket.socket) -> int:
     host, port = listener.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     print(f"listening on http://{shown}:{port} (model {model_name}; SIGTERM or Ctrl-C to stop)", flush=True)
-    # uvicorn re-raises the signal it caught once it has drained; a no-op handler makes that an exit 0
-    previous = signal.signal(signal.SIGTERM, lambda number, frame: None)
+    # uvicorn re-raises the signal it caught once it has drained; no-op handlers make that an exit 0
+    previous = {number: signal.signal(number, lambda *_: None) for number in (signal.SIGTERM, signal.SIGINT)}
     try:
         server.run(sockets=[listener])
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
     logging.getLogger(__name__).info("stopped: every accepted request was answered")
     return 0

