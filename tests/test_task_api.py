@@ -224,7 +224,7 @@ def _subparsers(parser, names):
 def test_the_recorded_command_makes_the_same_config(tmp_path):
     config = TaskConfig(task="ner", model=None, out=str(tmp_path / "r"), train_file=str(tmp_path / "t.conll"),
                         dev_file=str(tmp_path / "d.conll"), max_epochs=7, crf=False, elmo_at_output=True, lr=0.003,
-                        progress=False)
+                        device="cpu", progress=False)  # a device named: the command line's default is read at run time
     words = shlex.split(command_line(config))
     assert words[:3] == ["elmo", "task", "train"] and "--max-epochs" in words and "--no-crf" in words
     args = build_parser().parse_args(words[1:])
