@@ -70,3 +70,19 @@ def test_readme_pages_fail_on_a_missing_section():
     assert "## Set up and run" in hooks.readme_page("Quick start", ["Set up and run"])
     with pytest.raises(ValueError, match="No such section"):
         hooks.readme_page("x", ["No such section"])
+
+
+def test_links_work_in_the_repository_too():
+    """A relative link in README.md or docs/*.md points at a file of the repository, not only at a
+    page the site's build writes (cli.md, index.md, quickstart.md exist only on the site)."""
+    import re
+
+    broken = []
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)  # code blocks
+        text = re.sub(r"`[^`\n]*`", "", text)  # inline code
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            path = target.split("#")[0]
+            if path and not re.match(r"[a-z]+:", path) and not (page.parent / path).exists():
+                broken.append(f"{page.relative_to(REPO)}: {target}")
+    assert not broken, "links to files that are not in the repository:\n" + "\n".join(broken)
