@@ -253,8 +253,11 @@ def test_paths_are_stored_absolute(tmp_path, monkeypatch):
     config = TaskConfig(task="ner", data_dir="data", train_file="t.conll", dev_file="d.conll")
     assert config.data_dir == str(tmp_path / "data") and config.train_file == str(tmp_path / "t.conll")
     assert config.split_files() == {"train": tmp_path / "t.conll", "dev": tmp_path / "d.conll"}
-    with pytest.raises(ValueError, match="--train and --dev go together"):
+    with pytest.raises(ValueError, match="^train and dev go together") as caught:  # Python's spelling
         TaskConfig(task="ner", train_file="t.conll")
+    assert caught.value.as_flags().startswith("--train and --dev go together")  # what elmo prints
+    with pytest.raises(ValueError, match="^max_epochs must be >= 1, got 0$"):
+        TaskConfig(task="ner", max_epochs=0)
 
 
 def test_a_seed_gives_the_same_run_again_in_the_same_process(tmp_path, ner_files, capsys):

@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0
     except (UserError, OSError, ValueError, MissingExtraError) as error:  # OSError: a missing file, an output in use, a full disk
-        print(f"elmo {args.command}: error: {as_flags(one_line(error))}", file=sys.stderr)
+        message = error.as_flags() if hasattr(error, "as_flags") else one_line(error)  # TaskOptionError
+        print(f"elmo {args.command}: error: {as_flags(one_line(message))}", file=sys.stderr)
         return 2
     except (MemoryError, RuntimeError) as error:
         if not out_of_memory(error):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from elmokit.devices import DEVICE_HELP, DTYPES, check_device_name
@@ -45,6 +46,29 @@ def task_option(default, help: str, flag: str | None = None, choices: tuple | No
     field's name with dashes) and a keyword of `elmokit.tasks.train` (the flag with underscores):
     the command line and the Python function are both generated from the fields."""
     return field(default=default, metadata={"help": help, "flag": flag, "choices": choices})
+
+
+class TaskOptionError(ValueError):
+    """A task option with a value that cannot be used. `str()` names the options as Python spells
+    them, the keywords of `elmokit.tasks.train` (`max_epochs`); `as_flags()` as the command line
+    does (`--max-epochs`): `elmo` prints that one. The message is written with each option as
+    `<field>` (`"<max_epochs> must be >= 1"`)."""
+
+    def __init__(self, template: str):
+        self.template = template
+        super().__init__(self._spelled(lambda name: _spelling(name)))
+
+    def as_flags(self) -> str:
+        return self._spelled(lambda name: "--" + _spelling(name).replace("_", "-"))
+
+    def _spelled(self, spell) -> str:
+        return re.sub(r"<(\w+)>", lambda m: spell(m.group(1)) if m.group(1) in {f.name for f in fields(TaskConfig)} else m.group(0),
+                      self.template)
+
+
+def _spelling(name: str) -> str:
+    """The keyword of a TaskConfig field: its flag's name (train for train_file), with underscores."""
+    return next(spec.metadata.get("flag") or spec.name for spec in fields(TaskConfig) if spec.name == name)
 
 
 @dataclass
@@ -102,38 +126,38 @@ class TaskConfig:
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
-            raise ValueError(f"--task must be one of {sorted(TASKS)}, got {self.task!r}")
+            raise TaskOptionError(f"<task> must be one of {sorted(TASKS)}, got {self.task!r}")
         if self.pooling not in ("max", "mean"):
-            raise ValueError(f"--pooling must be max or mean, got {self.pooling!r}")
+            raise TaskOptionError(f"<pooling> must be max or mean, got {self.pooling!r}")
         for name in ("max_epochs", "patience", "batch_size", "word_dim", "hidden_dim", "char_dim",
                      "char_filters", "char_width"):
             if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+                raise TaskOptionError(f"<{name}> must be >= 1, got {getattr(self, name)}")
         for name in ("max_train_sentences", "max_eval_sentences", "threads"):  # None: not limited / torch's
             if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+                raise TaskOptionError(f"<{name}> must be >= 1, got {getattr(self, name)}")
         for name in ("lr", "bilm_lr"):
             if not 0 < getattr(self, name) < math.inf:  # NaN fails too
-                raise ValueError(f"--{name.replace('_', '-')} must be a number > 0, got {getattr(self, name)}")
+                raise TaskOptionError(f"<{name}> must be a number > 0, got {getattr(self, name)}")
         for name in ("dropout", "elmo_dropout"):
             if not 0 <= getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(self, name)}")
+                raise TaskOptionError(f"<{name}> must be in [0, 1), got {getattr(self, name)}")
         if not 0 <= self.elmo_l2 < math.inf:
-            raise ValueError(f"--elmo-l2 must be a number >= 0, got {self.elmo_l2}")
+            raise TaskOptionError(f"<elmo_l2> must be a number >= 0, got {self.elmo_l2}")
         if self.min_word_count < 0:
-            raise ValueError(f"--min-word-count must be >= 0, got {self.min_word_count}")
+            raise TaskOptionError(f"<min_word_count> must be >= 0, got {self.min_word_count}")
         if self.finetune and self.model is None:
-            raise ValueError("--finetune needs an ELMo model (--model DIR)")
+            raise TaskOptionError("<finetune> needs an ELMo model (<model>: a name or a model directory)")
         check_device_name(self.device)
         if self.bilm_dtype not in DTYPES:
-            raise ValueError(f"--bilm-dtype must be one of {sorted(DTYPES)}, got {self.bilm_dtype!r}")
+            raise TaskOptionError(f"<bilm_dtype> must be one of {sorted(DTYPES)}, got {self.bilm_dtype!r}")
         if self.finetune and self.bilm_dtype != "float32":
-            raise ValueError(f"--finetune trains the biLM in float32: --bilm-dtype {self.bilm_dtype} is for a "
+            raise TaskOptionError(f"<finetune> trains the biLM in float32: <bilm_dtype> {self.bilm_dtype} is for a "
                              "frozen biLM")
         if self.data_format not in ("auto", *FORMATS):
-            raise ValueError(f"--format must be auto or one of {', '.join(FORMATS)}, got {self.data_format!r}")
+            raise TaskOptionError(f"<data_format> must be auto or one of {', '.join(FORMATS)}, got {self.data_format!r}")
         if self.column not in CONLLU_COLUMNS[1:]:
-            raise ValueError(f"--column must be one of {', '.join(CONLLU_COLUMNS[1:])}, got {self.column!r}")
+            raise TaskOptionError(f"<column> must be one of {', '.join(CONLLU_COLUMNS[1:])}, got {self.column!r}")
         self._check_files()
         self.data_dir = str(Path(self.data_dir).expanduser().resolve())
         for name in ("train_file", "dev_file", "test_file"):
@@ -142,11 +166,11 @@ class TaskConfig:
 
     def _check_files(self) -> None:
         if (self.train_file is None) != (self.dev_file is None):
-            raise ValueError("--train and --dev go together (dev picks the epoch to keep)")
+            raise TaskOptionError("<train_file> and <dev_file> go together (dev picks the epoch to keep)")
         if self.test_file is not None and self.train_file is None:
-            raise ValueError("--test needs --train and --dev")
+            raise TaskOptionError("<test_file> needs <train_file> and <dev_file>")
         if self.train_file is None and self.spec.files is None:
-            raise ValueError(f"--task {self.task} has no bundled data set: give --train FILE and --dev FILE")
+            raise TaskOptionError(f"<task> {self.task} has no bundled data set: give <train_file> FILE and <dev_file> FILE")
 
     @property
     def spec(self) -> TaskSpec:
