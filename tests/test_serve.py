@@ -136,6 +136,7 @@ BAD = [  # (route, body: an object is sent as JSON, bytes as they are; status; p
     ("/v1/embeddings", b"[\"a\"]", 400, "must be a JSON object, got a JSON array"),
     ("/v1/embeddings", b"{\"input\": NaN}", 400, "NaN is not JSON"),
     ("/v1/embeddings", b"[" * 5000 + b"]" * 5000, 400, "nested too deeply"),
+    ("/embed_all", b'{"inputs": ["a \\ud800 b"]}', 400, "lone surrogate"),
     ("/v1/embeddings", {"inputs": "hi"}, 422, "missing field 'input'"),
     ("/v1/embeddings", {"input": 5}, 422, "'input' must be a string, a list of strings"),
     ("/v1/embeddings", {"input": None}, 422, "got a JSON null"),

@@ -54,7 +54,7 @@ def _no_constant(name: str) -> float:
 
 def parse_json(body: bytes) -> dict:
     """The body as a JSON object; BadRequest(400) for anything else (bad UTF-8, bad JSON, NaN,
-    nesting too deep, an array or a number)."""
+    nesting too deep, a lone surrogate, an array or a number)."""
     if not body.strip():
         raise BadRequest(400, "the request body is empty: send a JSON object such as {\"input\": \"Hello world\"}")
     try:
@@ -65,6 +65,11 @@ def parse_json(body: bytes) -> dict:
         raise BadRequest(400, f"the request body is not valid JSON: {str(error)[:200]}") from None
     if not isinstance(value, dict):
         raise BadRequest(400, f"the request body must be a JSON object, got a JSON {_json_type(value)}")
+    try:  # "\ud800" is valid JSON but no text: a lone surrogate cannot be tokenized, echoed or logged
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise BadRequest(400, f"the request body holds a lone surrogate {error.object[error.start:error.end]!r}: "
+                              f"not valid Unicode text") from None
     return value
 
 
