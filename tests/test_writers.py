@@ -36,9 +36,11 @@ def source(tmp_path) -> Path:
     return path
 
 
-def _embed(source: Path, out: Path, model_dir: Path, *extra: str) -> int:
-    return main(["embed", str(source), str(out), "--model", str(model_dir), "--quiet", "--batch-size", "4",
-                 "--checkpoint-every", "6", *extra])
+def _embed(source: Path, out: Path, model_dir: Path, *extra: str, quiet: bool = True) -> int:
+    """`elmo embed` with small checkpoints: errors only (-q), or with quiet=False its messages
+    (the report of what it embedded), without progress."""
+    return main(["embed", str(source), str(out), "--model", str(model_dir), "--quiet" if quiet else "--no-progress",
+                 "--batch-size", "4", "--checkpoint-every", "6", *extra])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,6 +191,7 @@ def test_vocab_convert_and_plot_refuse_existing_files(model_dir, corpus, tmp_pat
     one_error_line(capsys, "exists", str(vocab))
     assert vocab.read_bytes() == kept
     assert main(["vocab", str(corpus["train"]), "-o", str(vocab), "--min-count", "2", "--overwrite"]) == 0
+    capsys.readouterr()  # its report: "... entries written to ..."
     native = tmp_path / "native"
     native.mkdir()
     (native / "config.json").write_text("{}")
@@ -256,8 +259,8 @@ def test_disk_full_during_the_merge_keeps_the_segments_and_resume_finishes(model
     assert progress["done"] and len(progress["segments"]) == 5  # 30 lines, 6 a segment: all kept
     assert all((partial / name).is_file() for name in progress["segments"])
 
-    assert _embed(source, out, model_dir, "--use-sentence-keys", "--resume") == 0
-    assert "0 sentences embedded" in capsys.readouterr().out  # only the merge was redone
+    assert _embed(source, out, model_dir, "--use-sentence-keys", "--resume", quiet=False) == 0
+    assert f"wrote {out}: 0 sentences, " in capsys.readouterr().err  # only the merge was redone
     assert _embed(source, clean, model_dir, "--use-sentence-keys") == 0
     resumed, expected = read_embeddings(out), read_embeddings(clean)
     assert resumed.keys() == expected.keys() and len(resumed) == len(set(LINES))
@@ -278,8 +281,8 @@ def test_disk_full_while_embedding_keeps_finished_segments_and_resume_finishes(m
     assert progress["segments"] == [f"rank0-0000{i}{suffix}" for i in range(2)] and progress["next_line"] == 12
     assert sorted(p.name for p in partial.iterdir()) == sorted(["progress-rank0.json", *progress["segments"]])
 
-    assert _embed(source, out, model_dir, "--resume") == 0
-    assert f"{len(LINES) - 12} sentences embedded" in capsys.readouterr().out
+    assert _embed(source, out, model_dir, "--resume", quiet=False) == 0
+    assert f"wrote {out}: {len(LINES) - 12} sentences, " in capsys.readouterr().err
     assert _embed(source, clean, model_dir) == 0
     resumed, expected = read_embeddings(out), read_embeddings(clean)
     assert resumed.keys() == expected.keys()

@@ -14,11 +14,10 @@ import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:  # files.py imports this module
-    from elmokit.inference.files import EmbedOptions, Embedder
-
+# The options (files.EmbedOptions) and the embedder (files.Embedder) are typed Any here: files.py
+# imports this module, and this one reads only a few of their fields.
 log = logging.getLogger("elmokit.inference.files")  # the run's messages come from one logger
 
 
@@ -47,7 +46,7 @@ ARRAY_OVERHEAD_BYTES = {"hdf5": 350, "npz": 250}
 FILE_OVERHEAD_BYTES = {"hdf5": 4_096, "npz": 22}  # HDF5's superblock and root group; the zip's end record
 
 
-def estimate_output_bytes(scan: InputScan, n_layers: int, dim: int, options: EmbedOptions) -> int:
+def estimate_output_bytes(scan: InputScan, n_layers: int, dim: int, options: Any) -> int:
     """About how many bytes `elmo embed` writes for `scan`'s input: float32 vectors of `dim`
     (2P) per token (or per sentence with `sentence_vectors`), times `n_layers` for "all", an
     overhead per array, and `sentence_to_index` (about the input's text again, with the keys)."""
@@ -95,7 +94,7 @@ class EmbedReport:
                 f"({rate:,.0f} tokens/s){size}")
 
 
-def check_output_size(embedder: Embedder, scan: InputScan, options: EmbedOptions, input_path: Path,
+def check_output_size(embedder: Any, scan: InputScan, options: Any, input_path: Path,
                       output_path: Path, max_output_bytes: int | None, speak: bool = True) -> int:
     """The estimated size of the output; logs it (with `speak`), refuses it above
     `max_output_bytes`, warns when the disk has less room than the run needs."""
