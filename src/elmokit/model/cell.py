@@ -30,9 +30,9 @@ FORGET_BIAS = 1.0  # added to the forget gate at run time; the stored bias exclu
 N_GATES = 4  # (i, f, o, j): input, forget, output gates (sigmoid), then the candidate (tanh)
 
 
-def forget_offset(cell_dim: int) -> torch.Tensor:
+def forget_offset(cell_dim: int, device: torch.device) -> torch.Tensor:
     """(4C,): FORGET_BIAS at the forget gate's slots, 0 elsewhere (added to the stored bias)."""
-    offset = torch.zeros(N_GATES * cell_dim)
+    offset = torch.zeros(N_GATES * cell_dim, device=device)
     offset[cell_dim:2 * cell_dim] = FORGET_BIAS
     return offset
 

@@ -81,7 +81,8 @@ class BiLstmLayer(nn.Module):
         self.recurrent_weight = nn.Parameter(torch.empty(2, 4 * cell_dim, projection_dim))  # (D, 4C, P)
         self.bias = nn.Parameter(torch.empty(2, 1, 4 * cell_dim))  # (D, 1, 4C)
         self.projection = nn.Parameter(torch.empty(2, projection_dim, cell_dim))  # (D, P, C)
-        self.register_buffer("forget_offset", lstm_cell.forget_offset(cell_dim), persistent=False)  # (4C,)
+        offset = lstm_cell.forget_offset(cell_dim, self.bias.device)  # (4C,)
+        self.register_buffer("forget_offset", offset, persistent=False)
 
     def gate_bias(self) -> torch.Tensor:
         """(D, 1, 4C): the stored bias plus the forget-gate offset, what every driver adds to the gates."""
