@@ -197,7 +197,7 @@ def test_python_train_is_the_command_line(tmp_path, ner_files, capsys):
         elmokit.tasks.train(task="ner", out=tmp_path / "x", max_epoch=3)
     with pytest.raises(TypeError, match="needs out="):
         elmokit.tasks.train(task="ner")
-    with pytest.raises(FileExistsError, match="use --overwrite"):
+    with pytest.raises(FileExistsError, match="overwrite=True replaces it"):
         elmokit.tasks.train(task="ner", train=ner_files["train"], dev=ner_files["dev"], out=tmp_path / "api")
 
 

@@ -38,9 +38,9 @@ def test_min_count_and_max_size(corpus):
     assert build_vocab(counts, max_size=5) == ["<S>", "</S>", "<UNK>", "a", "b"]
     stats = make_vocab([corpus / "a.txt"], corpus / "v.txt", min_count=2)
     assert stats["n_unk_words"] == 2  # c and d, once each in a.txt
-    with pytest.raises(ValueError, match="--max-size"):
+    with pytest.raises(ValueError, match="^max_size must exceed"):
         build_vocab(counts, max_size=3)
-    with pytest.raises(ValueError, match="--min-count"):
+    with pytest.raises(ValueError, match="^min_count must be at least 1"):
         build_vocab(counts, min_count=0)
 
 

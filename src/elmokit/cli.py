@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 
 from elmokit import __version__
@@ -73,13 +74,17 @@ def build_parser() -> argparse.ArgumentParser:
 PYTHON_SPELLINGS = {"resume=True": "--resume", "overwrite=True": "--overwrite",
                     "skip_bad_lines=True": "--skip-bad-lines", "file_format='hdf5'": "--format hdf5",
                     "use_sentence_keys=False": "no --use-sentence-keys"}
+# Arguments named at the start of a check ("min_count must be at least 1") or as `name=value`.
+PYTHON_ARGUMENTS = re.compile(r"\b(position|word)=|\b(max_length|min_count|max_size|shard_size)(?= must)")
 
 
 def as_flags(message: str) -> str:
-    """`message` with the Python spellings of options (`PYTHON_SPELLINGS`) written as flags."""
+    """`message` with the Python spellings of options (`PYTHON_SPELLINGS`, `PYTHON_ARGUMENTS`)
+    written as flags."""
     for spelling, flag in PYTHON_SPELLINGS.items():
         message = message.replace(spelling, flag)
-    return message
+    return PYTHON_ARGUMENTS.sub(lambda m: "--" + (m.group(1) or m.group(2)).replace("_", "-")
+                                + (" " if m.group(1) else ""), message)
 
 
 class UserError(Exception):

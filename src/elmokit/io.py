@@ -103,7 +103,7 @@ def refuse_overwrite(paths: Iterable[str | Path], overwrite: bool, what: str = "
     replaces a file (or a run) the user did not ask it to replace."""
     existing = [str(path) for path in paths if Path(path).exists()]
     if existing and not overwrite:
-        raise FileExistsError(f"{what} exists: {', '.join(existing)} (use --overwrite to replace it)")
+        raise FileExistsError(f"{what} exists: {', '.join(existing)} (overwrite=True replaces it)")
 
 
 @contextlib.contextmanager

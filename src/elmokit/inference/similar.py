@@ -71,14 +71,14 @@ def query_position(tokens: Sequence[str], position: int | None, word: str | None
         raise ValueError("the query sentence is empty")
     if position is None:
         if word is None:
-            raise ValueError("give the query word: --position INDEX or --word WORD")
+            raise ValueError("give the query word: position=INDEX or word=WORD")
         if word not in tokens:
-            raise ValueError(f"--word {word!r} is not a token of the query sentence: {' '.join(tokens)}")
+            raise ValueError(f"word={word!r} is not a token of the query sentence: {' '.join(tokens)}")
         return list(tokens).index(word)
     if not 0 <= position < len(tokens):
-        raise ValueError(f"--position {position} is outside the query sentence (0 to {len(tokens) - 1})")
+        raise ValueError(f"position={position} is outside the query sentence (0 to {len(tokens) - 1})")
     if word is not None and tokens[position] != word:
-        raise ValueError(f"--position {position} is {tokens[position]!r}, not --word {word!r}")
+        raise ValueError(f"position={position} is {tokens[position]!r}, not word={word!r}")
     return position
 
 
@@ -86,7 +86,7 @@ def check_max_length(max_length: int) -> None:
     """A sentence longer than `max_length` is embedded in windows that keep `WINDOW_OVERLAP`
     tokens of context on each side of the part they contribute: shorter windows cannot."""
     if max_length <= 2 * WINDOW_OVERLAP:
-        raise ValueError(f"--max-length must be more than {2 * WINDOW_OVERLAP} (longer sentences are embedded in "
+        raise ValueError(f"max_length must be more than {2 * WINDOW_OVERLAP} (longer sentences are embedded in "
                          f"windows with {WINDOW_OVERLAP} tokens of context on each side), got {max_length}")
 
 

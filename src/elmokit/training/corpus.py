@@ -296,7 +296,7 @@ class ShardWriter:
 
     def __init__(self, out_dir: Path, shard_size: int, compress: bool):
         if shard_size < 1:
-            raise ValueError(f"--shard-size must be at least 1, got {shard_size}")
+            raise ValueError(f"shard_size must be at least 1, got {shard_size}")
         self.out_dir, self.shard_size, self.compress = out_dir, shard_size, compress
         self.paths: list[Path] = []
         self._context = None  # the atomic_path context of the open shard

@@ -71,9 +71,9 @@ def build_vocab(counts: Counter, min_count: int = 1, max_size: int | None = None
     `<UNK>` in the corpus are not counted again.
     """
     if min_count < 1:
-        raise ValueError(f"--min-count must be at least 1, got {min_count}")
+        raise ValueError(f"min_count must be at least 1, got {min_count}")
     if max_size is not None and max_size <= len(SPECIAL_TOKENS):
-        raise ValueError(f"--max-size must exceed {len(SPECIAL_TOKENS)} (the special tokens), got {max_size}")
+        raise ValueError(f"max_size must exceed {len(SPECIAL_TOKENS)} (the special tokens), got {max_size}")
     kept = [(token, count) for token, count in counts.items()
             if count >= min_count and token not in SPECIAL_TOKENS]
     kept.sort(key=lambda item: (-item[1], item[0]))
