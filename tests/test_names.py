@@ -27,3 +27,16 @@ def test_the_gutenberg_cpu_preset_is_the_builtin_shape():
     builtin = ElmoConfig.load(builtin_model_dir() / "config.json")
     assert PRESETS["gutenberg-cpu"] == builtin == ElmoConfig.load(REPO / "scripts" / "gutenberg-cpu.json")
     assert ElmoConfig.from_name("gutenberg-cpu") == builtin
+
+
+def test_a_native_model_directory_records_the_elmokit_version(tiny_model, tmp_path):
+    """config.json says which elmokit wrote it (a record for the reader, ignored when loading)."""
+    import json
+
+    import elmokit
+    from elmokit import load_pretrained, save_pretrained
+
+    save_pretrained(tiny_model, tmp_path / "model")
+    saved = json.loads((tmp_path / "model" / "config.json").read_text(encoding="utf-8"))
+    assert saved["elmokit_version"] == elmokit.__version__
+    assert load_pretrained(tmp_path / "model").config == tiny_model.config

@@ -157,7 +157,7 @@ class ElmoConfig:
     def from_dict(cls, data: dict[str, Any], source: str = "elmokit config") -> "ElmoConfig":
         """The native JSON form (`to_dict`); errors name `source` (the file) and the key."""
         _require(isinstance(data, dict), f"{source}: expected a JSON object, got {type(data).__name__}")
-        unknown = set(data) - {"char_cnn", "lstm", "manylangs"}
+        unknown = set(data) - {"char_cnn", "lstm", "manylangs", "elmokit_version"}
         _require(not unknown, f"{source}: unknown config keys: {sorted(unknown)}")
         for key in ("char_cnn", "lstm", *(("manylangs",) if "manylangs" in data else ())):
             _require(key in data, f"{source}: missing key {key!r}")
@@ -173,9 +173,12 @@ class ElmoConfig:
             raise ConfigError(f"{source}: {error}") from None
 
     def save(self, path: str | Path) -> None:
+        """Write the native JSON, with the version of elmokit that wrote it (`elmokit_version`:
+        a record for the reader, ignored when loading)."""
+        from elmokit import __version__
         from elmokit.io import atomic_write_text
 
-        atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
+        atomic_write_text(path, json.dumps({**self.to_dict(), "elmokit_version": __version__}, indent=2) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> "ElmoConfig":
