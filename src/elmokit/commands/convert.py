@@ -9,7 +9,7 @@ from pathlib import Path
 from elmokit.commands.common import add_model_arguments, model_from_args
 from elmokit.io import refuse_overwrite
 from elmokit.model.manylangs import ManyLangsBiLM, VOCABULARY_NAME
-from elmokit.model.weights import CONFIG_NAME, WEIGHTS_NAME, save_original, save_pretrained
+from elmokit.model.weights import CONFIG_NAME, WEIGHTS_NAME, refuse_same_file, save_original, save_pretrained
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
@@ -31,6 +31,8 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.to_original:
+        refuse_same_file(args.to_original)  # before loading: the options JSON would replace the weights
     model = model_from_args(args)
     names = [CONFIG_NAME, WEIGHTS_NAME, *([VOCABULARY_NAME] if isinstance(model, ManyLangsBiLM) else [])]
     outputs = [args.to_native / name for name in names] if args.to_native else args.to_original

@@ -58,12 +58,13 @@ def run(args: argparse.Namespace) -> int:
     from elmokit.training.checkpoint import PROVENANCE_NAME, VOCAB_NAME, save_model_dir
     from elmokit.training.model_card import CARD_NAME
     from elmokit.io import refuse_overwrite
-    from elmokit.model.weights import CONFIG_NAME, WEIGHTS_NAME, save_original
+    from elmokit.model.weights import CONFIG_NAME, WEIGHTS_NAME, refuse_same_file, save_original
 
     if args.original is None and args.native is None:
         raise ValueError("nothing to do: give --original OPTIONS_JSON WEIGHTS_HDF5 and/or --native DIR")
     native = [args.native / name for name in (CONFIG_NAME, WEIGHTS_NAME, VOCAB_NAME, PROVENANCE_NAME, CARD_NAME)] \
         if args.native is not None else []
+    refuse_same_file([*(args.original or []), *native])  # one output must not replace another
     refuse_overwrite([*(args.original or []), *native], args.overwrite)  # before anything is written
     model, vocab_path, card = load_source(args.source, args.last)
     if args.original is not None:

@@ -255,11 +255,29 @@ def load_original(options_file: str | Path, weight_file: str | Path) -> BiLM:
     return model.eval()
 
 
+def refuse_same_file(paths: list[str | Path]) -> None:
+    """ValueError naming the two paths if any two of `paths` name one file (the same path, a
+    symlink to it, a hard link): writing one output would replace the other, silently."""
+    seen: dict[object, Path] = {}
+    for path in map(Path, paths):
+        keys = [path.resolve()]
+        if path.exists():
+            status = path.stat()
+            keys.append((status.st_dev, status.st_ino))
+        for key in keys:
+            if key in seen:
+                raise ValueError(f"{seen[key]} and {path} are the same file: each output needs a path of "
+                                 "its own (writing one would replace the other)")
+        seen.update(dict.fromkeys(keys, path))
+
+
 def save_original(model: BiLM, options_file: str | Path, weight_file: str | Path) -> None:
     """Write the model as an original options JSON + HDF5 file (what bilm-tf and AllenNLP load).
 
     Raises ConfigError, before writing anything, for a shape the original format cannot hold
-    with one meaning (`ElmoConfig.check_original_format`)."""
+    with one meaning (`ElmoConfig.check_original_format`), and ValueError if the two paths name
+    one file (`refuse_same_file`)."""
+    refuse_same_file([options_file, weight_file])
     options = model.config.to_options()
     arrays = _original_from_native(model)
     with atomic_path(weight_file) as tmp:

@@ -1,0 +1,48 @@
+"""The hostile audit's model and API defects (issue 32): each test failed before its fix."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from elmokit import save_original
+from elmokit.cli import main
+from elmokit.training.checkpoint import save_model_dir
+from elmokit.training.lm import LanguageModel
+from tests.conftest import one_error_line
+
+
+# ---------------------------------------------------------------------------------------------
+# Defect 5: the options JSON and the weights at one path
+# ---------------------------------------------------------------------------------------------
+def _language_model_dir(bilm, directory):
+    vocab = directory.parent / "vocab.txt"
+    vocab.write_text("<S>\n</S>\n<UNK>\nw\n")
+    model = LanguageModel(bilm.config, 4)
+    model.bilm.load_state_dict(bilm.state_dict())
+    save_model_dir(model.eval(), directory, vocab)
+    return directory
+
+
+def test_convert_refuses_options_and_weights_at_one_path(model_dir, tmp_path, capsys):
+    same = tmp_path / "same"
+    assert main(["convert", "--model", str(model_dir), "--to-original", str(same), str(same)]) == 2
+    one_error_line(capsys, "same file", str(same))
+    assert not same.exists()
+
+
+def test_export_refuses_options_and_weights_at_one_path(tiny_model, tmp_path, capsys):
+    source = _language_model_dir(tiny_model, tmp_path / "lm")
+    same = tmp_path / "same"
+    assert main(["export", str(source), "--original", str(same), str(same)]) == 2
+    one_error_line(capsys, "same file", str(same))
+    assert not same.exists()
+
+
+def test_save_original_refuses_a_link_to_its_other_output(tiny_model, tmp_path):
+    (tmp_path / "weights.hdf5").write_bytes(b"precious")
+    os.symlink(tmp_path / "weights.hdf5", tmp_path / "options.json")
+    with pytest.raises(ValueError, match="same file"):
+        save_original(tiny_model, tmp_path / "options.json", tmp_path / "weights.hdf5")
+    assert (tmp_path / "weights.hdf5").read_bytes() == b"precious"
