@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import sys
 import tempfile
 import time
@@ -142,6 +143,11 @@ def output_lock(lock_path: str | Path, what: str) -> Iterator[None]:
     system drops the lock when its process ends, however it ends, so the file a killed process
     leaves behind is a stale lock that the next writer simply takes over (and says so). The file
     is removed on release; a directory made here for it is removed too if left empty.
+
+    Only a lock of ours is ever written or removed: the file is opened without following a
+    symbolic link (O_NOFOLLOW), and an existing file that is not a lock record (a symbolic link,
+    a hard link, a directory, a file with other contents) is refused with NotALockFileError,
+    untouched.
     """
     import fcntl
 
@@ -149,7 +155,7 @@ def output_lock(lock_path: str | Path, what: str) -> Iterator[None]:
     made = [parent for parent in (lock_path.parent, *lock_path.parent.parents) if not parent.exists()]
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     while True:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock_file(lock_path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:
@@ -161,7 +167,7 @@ def output_lock(lock_path: str | Path, what: str) -> Iterator[None]:
             raise OutputInUseError(f"{what} is being written by another process ({holder}); wait for it "
                                    f"to finish or stop it (lock file: {lock_path})") from None
         try:  # the last holder may have removed the file between our open and our lock: retry
-            if os.path.samestat(os.fstat(fd), os.stat(lock_path)):
+            if os.path.samestat(os.fstat(fd), os.lstat(lock_path)):
                 break
         except FileNotFoundError:
             pass
@@ -173,15 +179,56 @@ def output_lock(lock_path: str | Path, what: str) -> Iterator[None]:
                   "has ended", file=sys.stderr)
         record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                   "command": " ".join(sys.argv)[:500]}
-        os.ftruncate(fd, 0)
+        os.ftruncate(fd, 0)  # our own lock file (checked by _open_lock_file), held
         os.pwrite(fd, json.dumps(record).encode(), 0)
         yield
     finally:
-        lock_path.unlink(missing_ok=True)  # while still holding it (see the retry above)
+        with contextlib.suppress(OSError):  # only the file we hold (see the retry above)
+            if os.path.samestat(os.fstat(fd), os.lstat(lock_path)):
+                lock_path.unlink()
         os.close(fd)
         for directory in made:  # innermost first
             with contextlib.suppress(OSError):
                 directory.rmdir()  # only if empty
+
+
+class NotALockFileError(FileExistsError):
+    """The path of a lock holds something that is not a lock file of elmokit."""
+
+
+def _open_lock_file(lock_path: Path) -> int:
+    """A descriptor of the lock file at `lock_path`: made new (O_EXCL), or an existing lock file
+    of ours (a regular file with one link, empty or holding a lock record), never through a
+    symbolic link. Anything else there is refused, untouched (NotALockFileError)."""
+    nofollow = getattr(os, "O_NOFOLLOW", 0)
+    try:
+        return os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | nofollow, 0o644)
+    except FileExistsError:
+        pass
+    refusal = (f"{lock_path} is in the way of the lock file, and is not a lock of elmokit: it is left "
+               "as it is; move or remove it")
+    try:
+        fd = os.open(lock_path, os.O_RDWR | nofollow)
+    except FileNotFoundError:  # removed since: try again
+        return _open_lock_file(lock_path)
+    except OSError as error:  # ELOOP: a symbolic link; EISDIR: a directory
+        raise NotALockFileError(f"{refusal} ({error.strerror})") from None
+    status = os.fstat(fd)
+    if not stat.S_ISREG(status.st_mode) or status.st_nlink != 1 or not _is_lock_record(fd, status.st_size):
+        os.close(fd)
+        raise NotALockFileError(refusal)
+    return fd
+
+
+def _is_lock_record(fd: int, size: int) -> bool:
+    """Whether the file holds nothing (a lock whose writer was killed before writing) or a record
+    written by `output_lock`."""
+    if size == 0:
+        return True
+    if size > 4096:
+        return False
+    record = _read_holder(fd)
+    return bool(record) and {"pid", "host", "started"} <= set(record)
 
 
 def _read_holder(fd: int) -> dict:
