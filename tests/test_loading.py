@@ -183,3 +183,18 @@ def test_fetch_of_a_plain_url_without_check(cache, tmp_path, monkeypatch):
         path = fetch(f"{server.url}/notes.txt")
     assert path.read_text() == "hello" and path.is_relative_to(cache)
     assert (REPO / "src").is_dir()  # the repo layout the fixtures assume
+
+
+def test_a_server_that_stalls_times_out(cache, tmp_path, monkeypatch):
+    """A transfer that stops sending is abandoned after the read timeout (then retried), never hung on."""
+    import elmokit.download
+
+    publish(tmp_path / "mirror", "small")
+    monkeypatch.setattr(elmokit.download, "TIMEOUT", (1, 1))
+    with MirrorServer(tmp_path / "mirror", delay=4.0) as server:  # headers at once, the body 4 s later
+        monkeypatch.setenv("ELMOKIT_MIRROR", server.url)
+        started = time.monotonic()
+        with pytest.raises(DownloadError, match="cannot download .*3 tries"):
+            load_model("small")
+        assert time.monotonic() - started < 15
+    assert cache_entries() == []
