@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,8 +70,10 @@ def _sample(path: Path) -> list[str]:
         return [line.rstrip("\r\n") for _, line in zip(range(SAMPLE_LINES), handle)]
 
 
-def detect_format(path: str | Path, kind: str) -> str:
-    """The format of `path` for a 'tagger' or a 'classifier', from its name and first lines."""
+def detect_format(path: str | Path, kind: str, labels: Collection[str] | None = None) -> str:
+    """The format of `path` for a 'tagger' or a 'classifier', from its name and first lines.
+    `labels` (a trained run's, when predicting) settles a file without blank lines or tabs: it is
+    columns only where the last word of every line is one of them."""
     path = Path(path)
     name = path.name.lower().removesuffix(".gz")
     sample = _sample(path)
@@ -92,14 +94,20 @@ def detect_format(path: str | Path, kind: str) -> str:
         return "columns"
     widths = {len(line.split()) for line in token_lines}
     # a column file without blank lines (one sentence) has 2 to 4 columns (CoNLL-2003's 4) on every
-    # line; lines of text that happen to have the same number of words (5 and 5) are text
-    return "columns" if len(token_lines) > 1 and len(widths) == 1 and widths <= {2, 3, 4} else "text"
+    # line; lines of text that happen to have the same number of words (5 and 5) are text, and so are
+    # lines of 2 to 4 words whose last words are not all labels of the run that reads them
+    if len(token_lines) > 1 and len(widths) == 1 and widths <= {2, 3, 4}:
+        if labels is None or all(line.split()[-1] in labels for line in token_lines):
+            return "columns"
+    return "text"
 
 
-def resolve_format(path: str | Path, kind: str, name: str = "auto", column: str = "upos") -> FileFormat:
-    """The FileFormat of `path`: `name` ('auto' detects it), with the layout details read from it."""
+def resolve_format(path: str | Path, kind: str, name: str = "auto", column: str = "upos",
+                   labels: Collection[str] | None = None) -> FileFormat:
+    """The FileFormat of `path`: `name` ('auto' detects it, with `labels` as `detect_format`), with
+    the layout details read from it."""
     path = Path(path)
-    name = detect_format(path, kind) if name == "auto" else name
+    name = detect_format(path, kind, labels) if name == "auto" else name
     if name not in KIND_FORMATS[kind]:
         raise ValueError(f"{path}: format {name!r} is not one a {kind} reads ({', '.join(KIND_FORMATS[kind])})")
     if name == "conllu" and column not in CONLLU_COLUMNS[1:]:

@@ -118,7 +118,8 @@ def predict_file(run, input_path: str | Path, output: str | Path | None = None, 
 
     if tokenize and data_format == "auto" and run.kind == "tagger":
         data_format = "text"
-    fmt = resolve_format(input_path, run.kind, data_format, column or run.config.column)
+    fmt = resolve_format(input_path, run.kind, data_format, column or run.config.column,
+                         labels=set(run.vocabularies.labels))
     records = iter_records(input_path, fmt, run.kind, make_tokenizer(tokenize))
     batch_size = 2 * run.config.batch_size
     if output is None:

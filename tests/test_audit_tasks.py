@@ -1,0 +1,44 @@
+"""The hostile audit's defects in task models, training options and run files (issue 32): each
+case is the audit's reproduction, made small, through the command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from elmokit.cli import main
+from tests.conftest import one_error_line
+
+TINY = ["--max-epochs", "1", "--min-word-count", "1", "--word-dim", "8", "--hidden-dim", "12", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def pos_run(tmp_path_factory):
+    """A tiny POS run without ELMo, trained once for the module (tests copy it before editing it)."""
+    folder = tmp_path_factory.mktemp("posrun")
+    data = folder / "train.txt"
+    data.write_text("I PRON\nlike VERB\ncats NOUN\n\nYou PRON\nhate VERB\ndogs NOUN\n\n", encoding="utf-8")
+    run = folder / "run"
+    assert main(["task", "train", "--task", "pos", "--train", str(data), "--dev", str(data), "--out", str(run),
+                 "--model", "none", *TINY]) == 0
+    return run
+
+
+def predict(capsys, run, path, *args) -> str:
+    capsys.readouterr()
+    assert main(["task", "predict", str(run), str(path), "--no-progress", *args]) == 0
+    return capsys.readouterr().out
+
+
+# 6: lines of text with the same number of words are text, not a column file
+def test_predict_reads_equal_word_counts_as_text(pos_run, tmp_path, capsys):
+    text = tmp_path / "s.txt"
+    text.write_text("I like cats\nYou hate dogs\n", encoding="utf-8")
+    blocks = predict(capsys, pos_run, text).strip("\n").split("\n\n")
+    assert [[line.split("\t")[0] for line in block.splitlines()] for block in blocks] == [
+        ["I", "like", "cats"], ["You", "hate", "dogs"]]
+    # a one-sentence column file whose last column holds the run's labels stays a column file
+    columns = tmp_path / "c.txt"
+    columns.write_text("I PRON\nlike VERB\n", encoding="utf-8")
+    assert [line.split("\t")[0] for line in predict(capsys, pos_run, columns).split()[::2]] == ["I", "like"]
