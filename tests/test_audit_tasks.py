@@ -42,3 +42,22 @@ def test_predict_reads_equal_word_counts_as_text(pos_run, tmp_path, capsys):
     columns = tmp_path / "c.txt"
     columns.write_text("I PRON\nlike VERB\n", encoding="utf-8")
     assert [line.split("\t")[0] for line in predict(capsys, pos_run, columns).split()[::2]] == ["I", "like"]
+
+
+# 7: one process at a time writes a run, and a run being written is not read
+def test_task_train_and_predict_refuse_a_run_being_written(pos_run, tmp_path, capsys):
+    from elmokit.io import output_lock
+
+    text = tmp_path / "s.txt"
+    text.write_text("I like cats\n", encoding="utf-8")
+    data = pos_run.parent / "train.txt"
+    with output_lock(pos_run / "task.lock", "a test holding the run"):
+        capsys.readouterr()
+        assert main(["task", "train", "--task", "pos", "--train", str(data), "--dev", str(data), "--out", str(pos_run),
+                     "--model", "none", "--overwrite", *TINY]) != 0
+        one_error_line(capsys, "being written by another process", "task.lock")
+        assert main(["task", "predict", str(pos_run), str(text), "--no-progress"]) != 0
+        one_error_line(capsys, "being written by another process", "task.lock")
+    assert (pos_run / "task_model.safetensors").is_file()  # the run the lock kept safe
+    assert not (pos_run / "task.lock").exists()
+    predict(capsys, pos_run, text)

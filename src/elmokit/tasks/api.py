@@ -14,22 +14,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from elmokit.io import refuse_overwrite, removed_if_unfinished
+from elmokit.io import output_lock, refuse_overwrite, removed_if_unfinished
 from elmokit.tasks.options import config_from_keywords
 from elmokit.tasks.run import TaskRun, load
 from elmokit.tasks.task_config import TaskConfig
-from elmokit.tasks.train import train_task
+from elmokit.tasks.train import RUN_LOCK, train_task
 
 
 def train_into(config: TaskConfig, overwrite: bool = False) -> dict:
     """Train `config` into `config.out`, which must be new or empty unless `overwrite`; a run that
-    fails leaves nothing half-made there. Returns the results (OUT/results.json)."""
+    fails leaves nothing half-made there. One process at a time writes a run: OUT/task.lock
+    (`elmokit.io.output_lock`) is held throughout, and `load` refuses a run while it is held.
+    Returns the results (OUT/results.json)."""
     out = Path(config.out)
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"--out {out} is a file (out= in Python); give the directory to write the run in")
-    refuse_overwrite(sorted(out.iterdir()) if out.is_dir() else [], overwrite, f"a run in {out}")
-    with removed_if_unfinished(out, keep_if="results.json"):  # a failed run leaves nothing half-made
-        return train_task(config)
+    with output_lock(out / RUN_LOCK, f"run directory {out}"):
+        earlier = [path for path in sorted(out.iterdir()) if path.name != RUN_LOCK]
+        refuse_overwrite(earlier, overwrite, f"a run in {out}")
+        with removed_if_unfinished(out, keep_if="results.json"):  # a failed run leaves nothing half-made
+            return train_task(config)
 
 
 def train_task_model(*, overwrite: bool = False, **options) -> TaskRun:

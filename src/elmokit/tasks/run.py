@@ -35,7 +35,7 @@ from elmokit.tasks.readers import LabelledSentence, TaggedSentence
 from elmokit.tasks.results import Evaluation, LabelPrediction, TagPrediction
 from elmokit.tasks.scores import score_predictions
 from elmokit.tasks.task_config import SPLITS, TaskConfig
-from elmokit.tasks.train import RUN_CONFIG, RUN_WEIGHTS, build_task_model
+from elmokit.tasks.train import RUN_CONFIG, RUN_LOCK, RUN_WEIGHTS, build_task_model
 
 Prediction = TagPrediction | LabelPrediction
 
@@ -176,6 +176,11 @@ def load(run_dir: str | Path, device: str | torch.device | None = None,
     name, or by its path relative to the run, then where it was), or `bilm`: a BiLM, a name or a
     model directory, for a run moved away from its biLM; either must have the recorded fingerprint."""
     run_dir = Path(run_dir)
+    if (run_dir / RUN_LOCK).exists():  # being written (OutputInUseError), or a stale lock taken and dropped
+        from elmokit.io import output_lock
+
+        with output_lock(run_dir / RUN_LOCK, f"run directory {run_dir}"):
+            pass
     for name in (RUN_CONFIG, RUN_WEIGHTS):
         if not (run_dir / name).is_file():
             raise FileNotFoundError(f"{run_dir}: not a task run directory (no {name})")

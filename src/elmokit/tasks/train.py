@@ -200,6 +200,7 @@ def train_task(config: TaskConfig, bilm: BiLM | None = None, data: TaskData | No
 # Checkpoint: OUT/task_config.json (config, vocabularies, labels, the biLM) + task_model.safetensors
 # ---------------------------------------------------------------------------------------------
 RUN_CONFIG, RUN_WEIGHTS = "task_config.json", "task_model.safetensors"
+RUN_LOCK = "task.lock"  # held by the process writing the run (`elmokit.tasks.api.train_into`)
 
 
 def save_run(model, config: TaskConfig, vocabularies: Vocabularies, bilm: BiLM | None, out: Path) -> dict | None:
