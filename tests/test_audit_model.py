@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 
+import h5py
+import numpy as np
 import pytest
 
-from elmokit import save_original
+from elmokit import load_original, save_original
+from elmokit.model.config import read_options
+from elmokit.model.errors import WeightFileError
+from elmokit.model.weights import expected_datasets
 from elmokit.cli import main
 from elmokit.training.checkpoint import save_model_dir
 from elmokit.training.lm import LanguageModel
@@ -46,3 +52,21 @@ def test_save_original_refuses_a_link_to_its_other_output(tiny_model, tmp_path):
     with pytest.raises(ValueError, match="same file"):
         save_original(tiny_model, tmp_path / "options.json", tmp_path / "weights.hdf5")
     assert (tmp_path / "weights.hdf5").read_bytes() == b"precious"
+
+
+# ---------------------------------------------------------------------------------------------
+# Defect 4: gzip chunks of zeros as a decompression bomb
+# ---------------------------------------------------------------------------------------------
+def test_a_compressed_weight_file_declaring_far_more_than_it_holds_is_refused(tiny_model, tmp_path):
+    options, weights = tmp_path / "options.json", tmp_path / "weights.hdf5"
+    save_original(tiny_model, options, weights)
+    edited = json.loads(options.read_text())
+    edited["char_cnn"]["embedding"]["dim"] = 20_000  # 24 MB of float32 zeros, each dataset under 1032x
+    options.write_text(json.dumps(edited))
+    with h5py.File(weights, "w") as file:
+        for name, shape in expected_datasets(read_options(options)).items():
+            file.create_dataset(name, data=np.zeros(shape, "f4"), compression="gzip", compression_opts=9,
+                                chunks=True)
+    assert weights.stat().st_size < 2**20
+    with pytest.raises(WeightFileError, match="decompression bomb"):
+        load_original(options, weights)

@@ -7,6 +7,10 @@
 The original layout is TensorFlow's: matrices (in, out), LSTM gates (i, j, f, o), W_0 acting on
 [x, h], a 261-row char table (a zero row for "no token" is prepended here). Nothing is unpickled:
 HDF5 and safetensors hold plain arrays.
+
+Why this file is long: each format's reader sits beside the checks that make an untrusted file
+safe to read (links, storage, sizes before allocating); split, a reader would hold two files to
+see what a hostile weight file can make the reader do.
 """
 
 from __future__ import annotations
@@ -73,6 +77,11 @@ def expected_datasets(config: ElmoConfig) -> dict[str, tuple[int, ...]]:
 
 
 MAX_DEFLATE_RATIO = 1032  # the most a deflate (gzip) stream can expand: bounds a compressed dataset
+# Real float weights compress little (float32 ~1.1x, float64 holding float32 values ~3x): a file whose
+# datasets declare more than this many times its size, beyond a small allowance, is refused before
+# any value is read (gzip chunks of zeros would otherwise expand 1000x in memory).
+MAX_WEIGHTS_EXPANSION = 16
+WEIGHTS_EXPANSION_ALLOWANCE = 16 * 2**20  # bytes: small models with zero biases stay well inside it
 
 
 def _read_hdf5(path: Path, config: ElmoConfig, options_name: str) -> dict[str, np.ndarray]:
@@ -129,7 +138,17 @@ def _checked_datasets(path: Path, file: h5py.File, config: ElmoConfig, options_n
                 f"in {options_name} imply {shape}"
             )
         _check_hdf5_storage(path, name, datasets[name])
+    _check_expansion(path, sum(dataset.size * dataset.dtype.itemsize for dataset in datasets.values()))
     return {name: datasets[name] for name in expected}
+
+
+def _check_expansion(path: Path, declared: int) -> None:
+    """Refuse a file whose datasets declare far more bytes than compressed float weights can."""
+    size = path.stat().st_size
+    if declared > MAX_WEIGHTS_EXPANSION * size + WEIGHTS_EXPANSION_ALLOWANCE:
+        raise WeightFileError(f"{path}: its datasets declare {declared:,} bytes in a file of {size:,}, more "
+                              f"than {MAX_WEIGHTS_EXPANSION}x its size (+{WEIGHTS_EXPANSION_ALLOWANCE:,}) that "
+                              "compressed float weights can hold: refused before reading (a decompression bomb)")
 
 
 def _hdf5_datasets(path: Path, file: h5py.File) -> dict[str, h5py.Dataset]:
