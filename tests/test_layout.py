@@ -13,7 +13,7 @@ PACKAGE = SRC / "elmokit"
 
 # The floors, lowest first: a module may import from its own floor or a lower one.
 FLOORS = [
-    {"elmokit.io", "elmokit.devices", "elmokit.extras", "elmokit.kernels", "elmokit.download",
+    {"elmokit.io", "elmokit.textfiles", "elmokit.devices", "elmokit.extras", "elmokit.kernels", "elmokit.download",
      "elmokit.progress"},  # leaf utilities
     {"elmokit.model"},
     {"elmokit.inference", "elmokit.training", "elmokit.hub"},

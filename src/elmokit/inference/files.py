@@ -69,7 +69,6 @@ import h5py
 import numpy as np
 import torch
 
-from elmokit.training.corpus import CorpusError, not_a_regular_file, open_binary
 from elmokit.inference.segments import (
     FILE_FORMATS,
     INDEX_KEY,
@@ -84,6 +83,7 @@ from elmokit.inference.windows import OUTPUT_FORMATS, position_windows, select_l
 
 from elmokit.extras import require
 from elmokit.io import atomic_write_text, durable_replace, output_lock, refuse_overwrite
+from elmokit.textfiles import CorpusError, not_a_regular_file, read_lines
 from elmokit.inference.estimate import EmbedReport, InputScan, check_output_size
 from elmokit.progress import progress_bar
 
@@ -144,18 +144,6 @@ class EmbedOptions:
 # ---------------------------------------------------------------------------------------------
 # Reading: lines, tokens, fingerprints
 # ---------------------------------------------------------------------------------------------
-def read_lines(path: Path) -> Iterator[str]:
-    """The stripped lines of a UTF-8 file (plain or .gz), lazily; a line that is not UTF-8 raises
-    CorpusError naming the file, the line and the byte."""
-    with open_binary(path) as handle:
-        for line_number, raw in enumerate(handle, start=1):
-            try:
-                yield raw.decode("utf-8").strip()
-            except UnicodeDecodeError as error:
-                raise CorpusError(f"{path}:{line_number}: invalid UTF-8 byte 0x{raw[error.start]:02x} "
-                                  f"at byte {error.start} of the line; the input must be UTF-8") from None
-
-
 def scan_input(path: Path, use_sentence_keys: bool, file_format: str = "hdf5",
                tokenize: Callable[[str], list[str]] = str.split) -> InputScan:
     """Read the whole input once before anything is written, so that a bad line (or a sentence

@@ -97,7 +97,7 @@ def find_similar(embedder: ElmoEmbedder, query: Sequence[str], position: int, co
     """Rank the occurrences in `corpus` (one sentence per line) by cosine with query[position];
     `progress`: report the corpus read (`elmokit.progress`)."""
     from elmokit.progress import progress_bar
-    from elmokit.training.corpus import text_size
+    from elmokit.textfiles import text_size
 
     check_max_length(max_length)
     word = query[position]

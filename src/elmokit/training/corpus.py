@@ -1,5 +1,5 @@
-"""Raw text -> tokenized shards, one sentence per line (`elmo prepare`), and the file helpers
-every corpus reader in elmokit shares (globs, gzip or plain, UTF-8 errors with file:line).
+"""Raw text -> tokenized shards, one sentence per line (`elmo prepare`); the file helpers every
+corpus reader shares (globs, gzip or plain, UTF-8 errors with file:line) are `elmokit.textfiles`.
 
 The pipeline, in the order text travels:
 
@@ -13,24 +13,17 @@ The pipeline, in the order text travels:
 Pre-tokenized input (e.g. PTB: one sentence per line, tokens split by spaces) only has its
 whitespace normalised; it is detected automatically when neither `raw` nor `pretokenized` is
 forced (see `looks_pretokenized`).
-
-Why this file is long: reading raw text safely (gzip, encodings, bad lines) and turning it into
-shards (sentence split, Moses tokens, worker processes, atomic shards) share their counters and
-errors; it is only just over the bound.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import glob
 import gzip
-import io
 import itertools
 import json
 import os
 import re
-import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from multiprocessing import Pool
@@ -39,94 +32,16 @@ from typing import IO
 
 from elmokit.extras import require
 from elmokit.io import atomic_path, atomic_write_text
+from elmokit.textfiles import (  # noqa: F401  (re-exported: the readers of training and tasks)
+    CorpusError, GzipReader, expand_paths, is_gzip, locate_decode_error, not_a_regular_file, open_binary,
+    open_text, text_size)
 
 CHUNK_LINES = 256  # raw lines per task sent to a worker
 
 
-class CorpusError(ValueError):
-    """A corpus file that cannot be read as asked; the message names the file and line."""
-
-
 # ---------------------------------------------------------------------------------------------
-# Files: globs, gzip or plain, UTF-8 errors located to a line
+# Files: whole corpora (the file helpers are elmokit.textfiles', shared with inference)
 # ---------------------------------------------------------------------------------------------
-
-def expand_paths(patterns: Iterable[str | Path]) -> list[Path]:
-    """Files named by `patterns` (paths or globs), each pattern's matches sorted, duplicates dropped.
-
-    Raises FileNotFoundError naming the pattern that matched nothing or the directory given.
-    """
-    paths: list[Path] = []
-    for pattern in map(str, patterns):
-        matches = sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]
-        if not matches:
-            raise FileNotFoundError(f"no file matches {pattern!r}")
-        for match in matches:
-            path = Path(match)
-            if path.is_dir():
-                raise IsADirectoryError(f"{path} is a directory; give files or a glob such as '{path}/*.gz'")
-            if not path.is_file():
-                if path.exists():
-                    raise CorpusError(not_a_regular_file(path))
-                raise FileNotFoundError(f"no such file: {path}")
-            paths.append(path)
-    return list(dict.fromkeys(paths))
-
-
-def not_a_regular_file(path: Path) -> str:
-    """The message for a pipe, socket or device given as an input file: elmokit reads its inputs
-    more than once (a scan before writing anything, a resume, an epoch), which a pipe cannot do."""
-    return (f"{path} is not a regular file (a pipe, or a device such as /dev/stdin): inputs are read "
-            "more than once, so save it to a file first")
-
-
-def is_gzip(path: Path) -> bool:
-    return path.suffix == ".gz"
-
-
-class GzipReader(gzip.GzipFile):
-    """A .gz file read as bytes, whose reads turn the errors of a fake, corrupt or truncated
-    file (gzip's BadGzipFile, zlib's error, EOFError) into a CorpusError naming the file."""
-
-    def _checked(self, read, *args):
-        try:
-            return read(*args)
-        except (EOFError, gzip.BadGzipFile, zlib.error) as error:
-            raise CorpusError(f"{self.name}: corrupt, truncated or not a gzip file ({error})") from None
-
-    def read(self, size: int = -1) -> bytes:
-        return self._checked(super().read, size)
-
-    def read1(self, size: int = -1) -> bytes:
-        return self._checked(super().read1, size)
-
-    def readline(self, size: int = -1) -> bytes:
-        return self._checked(super().readline, size)
-
-    def peek(self, n: int) -> bytes:
-        return self._checked(super().peek, n)
-
-
-def open_binary(path: Path) -> IO[bytes]:
-    return GzipReader(path, "rb") if is_gzip(path) else open(path, "rb")
-
-
-def open_text(path: Path) -> IO[str]:
-    """Open a plain or gzip file as strict UTF-8 text (universal newlines)."""
-    return io.TextIOWrapper(open_binary(path), encoding="utf-8", errors="strict")
-
-
-def text_size(path: Path) -> int:
-    """The bytes of text in a plain or .gz file, for a progress bar's total: a gzip member's
-    trailer holds its size modulo 2**32 (a larger file, or several members: an estimate)."""
-    size = path.stat().st_size
-    if not is_gzip(path) or size < 18:
-        return size
-    with open(path, "rb") as handle:
-        handle.seek(-4, os.SEEK_END)
-        stored = int.from_bytes(handle.read(4), "little")
-    return stored if stored >= size else 4 * size  # wrapped past 4 GiB: text compresses about 4x
-
 
 def count_targets(paths: Sequence[Path], max_sentences: int | None = None) -> int:
     """About the targets per direction in `paths` (words + one per non-blank line), counted by
@@ -159,18 +74,6 @@ def require_tokens(paths: Sequence[Path], what: str) -> None:
     names = ", ".join(map(str, paths[:3])) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
     raise CorpusError(f"{what} has no tokens: {names} {'is' if len(paths) == 1 else 'are'} empty or blank; "
                       "expected one tokenized sentence a line")
-
-
-def locate_decode_error(path: Path) -> str:
-    """'path:LINE: invalid UTF-8 ...' for the first undecodable line of `path` (a re-scan)."""
-    with open_binary(path) as handle:
-        for line_number, raw in enumerate(handle, start=1):
-            try:
-                raw.decode("utf-8")
-            except UnicodeDecodeError as error:
-                return (f"{path}:{line_number}: invalid UTF-8 byte 0x{raw[error.start]:02x} at byte "
-                        f"{error.start} of the line")
-    return f"{path}: invalid UTF-8 (the file ends inside a multi-byte character)"
 
 
 def read_raw_lines(path: Path, skip_bad_lines: bool, stats: PrepareStats) -> Iterator[str]:

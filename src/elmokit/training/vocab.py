@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN
-from elmokit.training.corpus import CorpusError, expand_paths, locate_decode_error, open_text, text_size
+from elmokit.textfiles import CorpusError, expand_paths, locate_decode_error, open_text, text_size
 from elmokit.io import atomic_write_text
 
 UNK_TOKEN = "<UNK>"
