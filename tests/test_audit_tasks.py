@@ -61,3 +61,17 @@ def test_task_train_and_predict_refuse_a_run_being_written(pos_run, tmp_path, ca
     assert (pos_run / "task_model.safetensors").is_file()  # the run the lock kept safe
     assert not (pos_run / "task.lock").exists()
     predict(capsys, pos_run, text)
+
+
+# 8: a label with a tab or a line break would break the lines predict writes: refused in training
+@pytest.mark.parametrize("label", ["X\tY", "X\nY", "X\u2028Y"])
+def test_train_refuses_labels_with_tabs_or_line_breaks(tmp_path, capsys, label):
+    data = tmp_path / "train.jsonl"
+    lines = [{"tokens": ["I", "like", "cats"], "labels": ["PRON", "VERB", "NOUN"]},
+             {"tokens": ["You", "hate", "dogs"], "labels": ["PRON", label, "NOUN"]}]
+    data.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    capsys.readouterr()
+    assert main(["task", "train", "--task", "pos", "--train", str(data), "--dev", str(data), "--out",
+                 str(tmp_path / "run"), "--model", "none", *TINY]) != 0
+    one_error_line(capsys, f"{data}:2:", "tab or a line break")
+    assert not (tmp_path / "run").exists()

@@ -321,6 +321,7 @@ def read_examples(path: str | Path, kind: str, fmt: FileFormat, entity_tags: boo
     for record in records:
         if record.labels is None:
             raise DataFormatError(path, record.line, f"this {fmt.name} file has no labels; training and scoring need them")
+        _check_label_characters(path, record)
     info = {"format": fmt.name, "n": len(records)}
     if kind == "classifier":
         return [LabelledSentence(r.tokens, r.labels) for r in records], info
@@ -333,6 +334,21 @@ def read_examples(path: str | Path, kind: str, fmt: FileFormat, entity_tags: boo
         info["scheme"] = detect_scheme(r.labels for r in records)
         return [TaggedSentence(r.tokens, to_bio(r.labels, info["scheme"])) for r in records], info
     return [TaggedSentence(r.tokens, list(r.labels)) for r in records], info
+
+
+def label_breaks_lines(label: str) -> bool:
+    """Whether `label` holds a tab or a line break, which no file `predict` writes could hold:
+    a CoNLL-U or column line would gain a column, a line would split in two."""
+    return "\t" in label or len(f"x{label}x".splitlines()) != 1
+
+
+def _check_label_characters(path: str | Path, record: Record) -> None:
+    labels = [record.labels] if isinstance(record.labels, str) else record.labels
+    for index, label in enumerate(labels):
+        if label_breaks_lines(label):
+            line = record.token_lines[index] if record.token_lines else record.line
+            raise DataFormatError(path, line, f"label {label!r} holds a tab or a line break, which the files "
+                                              "`elmo task predict` writes cannot hold; labels are one word or phrase")
 
 
 def _check_entity_tags(path: str | Path, record: Record) -> None:
