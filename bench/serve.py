@@ -167,6 +167,19 @@ def main() -> None:
     write_report(args, rows, len(sentences), n_tokens, started, load_before, busy_processes())
 
 
+def stack() -> str:
+    """The versions of the HTTP stack `elmo serve` ran on."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for package in ("uvicorn", "httptools", "starlette", "orjson"):
+        try:
+            found.append(f"{package} {version(package)}")
+        except PackageNotFoundError:
+            found.append(f"no {package}")
+    return ", ".join(found)
+
+
 def write_report(args, rows, n_sentences: int, n_tokens: int, started: str, load_before: str, load_after: str) -> None:
     lines = [
         "# Serving benchmark (`bench/serve.py`)", "",
@@ -181,6 +194,7 @@ def write_report(args, rows, n_sentences: int, n_tokens: int, started: str, load
         f"{args.server_args or 'the defaults'} (--max-batch-tokens 16384, --max-wait-ms 2 unless given). "
         f"In-process: `ElmoEmbedder.embed_sentences(batch_size={args.batch_size})` on the same sentences, run "
         f"just before each served run ({args.repeats} of each per row, interleaved, the fastest of each kept).", "",
+        f"Server stack: {stack()}.", "",
         f"Machine load: before, {load_before}. After, {load_after}.", "",
         "| sentences / request | clients | requests | served tokens/s | in-process tokens/s | served / in-process | "
         "served / in-process (CPU time) | p50 ms | p95 ms | p99 ms |",

@@ -9,7 +9,7 @@ rest is imported only where it is used, after `require` has checked it is there:
 | `plot` | matplotlib | `curves.png` of `elmo train`, `elmo similar --plot`, the task and probe figures |
 | `prepare` | sacremoses, sentencex | `elmo prepare`, Moses tokenization (`--tokenize`) |
 | `zh` | jieba, sentencex | `elmo prepare --lang zh`: Chinese word segmentation |
-| `serve` | starlette, uvicorn, prometheus_client, orjson, sacremoses | `elmo serve`: the HTTP service and its page |
+| `serve` | starlette, uvicorn, httptools, prometheus_client, orjson, sacremoses | `elmo serve`: the HTTP service and its page |
 | `all` | all of the above | |
 """
 
@@ -21,7 +21,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "plot": ("matplotlib",),
     "prepare": ("sacremoses", "sentencex"),
     "zh": ("jieba", "sentencex"),
-    "serve": ("starlette", "uvicorn", "prometheus_client", "orjson", "sacremoses"),
+    "serve": ("starlette", "uvicorn", "httptools", "prometheus_client", "orjson", "sacremoses"),
 }
 """The packages of each optional extra (import names, the same as their pip names)."""
 

@@ -8,5 +8,5 @@ token budget, limits, an API key, Prometheus metrics, and a page to explore the 
     metrics.py   the Prometheus metrics
     static/      the page (HTML and JavaScript, no build step)
 
-Needs the `serve` extra (starlette, uvicorn, prometheus_client, orjson, sacremoses).
+Needs the `serve` extra (starlette, uvicorn, httptools, prometheus_client, orjson, sacremoses).
 """

@@ -71,7 +71,9 @@ class Batcher:
         self._worker = asyncio.get_running_loop().create_task(self._run(), name="elmo-batcher")
 
     async def stop(self) -> None:
-        """Finish what is queued, then end the worker and its thread."""
+        """End the worker and its thread. Called once the server has answered every request it
+        accepted (uvicorn drains before the lifespan ends), so nothing is left queued; a job that
+        still is gets QueueFull rather than a wait that never ends."""
         if self._worker is not None:
             self._worker.cancel()
             try:
