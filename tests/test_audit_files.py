@@ -61,3 +61,61 @@ def test_an_empty_or_stale_lock_file_is_still_taken_over(tmp_path):
     with output_lock(lock, "X"):
         assert json.loads(lock.read_text())["pid"] == os.getpid()
     assert not lock.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Defect 16: a UTF-8 byte order mark is not text
+# ---------------------------------------------------------------------------------------------
+BOM = "\ufeff"
+
+
+def _embedder(tiny_model):
+    from elmokit import ElmoEmbedder
+
+    return ElmoEmbedder(module=tiny_model, device="cpu")
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_a_leading_bom_is_dropped_by_every_reader(tmp_path, compressed):
+    import gzip
+
+    from elmokit.textfiles import open_text, read_lines
+
+    path = tmp_path / ("bom.txt.gz" if compressed else "bom.txt")
+    data = (BOM + "hello world\nbye\n").encode("utf-8")
+    path.write_bytes(gzip.compress(data) if compressed else data)
+    assert list(read_lines(path)) == ["hello world", "bye"]
+    with open_text(path) as handle:
+        assert handle.read() == "hello world\nbye\n"
+
+
+def test_embed_gives_a_bom_file_the_vectors_of_the_same_file_without_it(tiny_model, tmp_path):
+    import h5py
+
+    embedder = _embedder(tiny_model)
+    (tmp_path / "bom.txt").write_text(BOM + "hello world\n", encoding="utf-8")
+    (tmp_path / "plain.txt").write_text("hello world\n", encoding="utf-8")
+    embedder.embed_file(tmp_path / "bom.txt", tmp_path / "bom.h5")
+    embedder.embed_file(tmp_path / "plain.txt", tmp_path / "plain.h5")
+    with h5py.File(tmp_path / "bom.h5") as bom, h5py.File(tmp_path / "plain.h5") as plain:
+        assert json.loads(bom["sentence_to_index"][0]) == {"hello world": "0"}
+        assert (bom["0"][()] == plain["0"][()]).all()
+
+
+def test_prepare_keeps_no_bom_token(tmp_path):
+    import gzip
+
+    from elmokit.training.corpus import prepare_corpus
+
+    (tmp_path / "raw.txt").write_text(BOM + "hello world\n", encoding="utf-8")
+    prepare_corpus([tmp_path / "raw.txt"], tmp_path / "out", workers=1, pretokenized=True, progress=False)
+    shards = sorted((tmp_path / "out").glob("shard-*"))
+    text = "".join(gzip.open(shard, "rt", encoding="utf-8").read() for shard in shards)
+    assert text == "hello world\n"
+
+
+def test_a_vocabulary_saved_with_a_bom_loads(tmp_path):
+    from elmokit.training.vocab import Vocabulary
+
+    (tmp_path / "vocab.txt").write_text(BOM + "<S>\n</S>\n<UNK>\nthe\n", encoding="utf-8")
+    assert len(Vocabulary.load(tmp_path / "vocab.txt")) == 4

@@ -83,8 +83,48 @@ class GzipReader(gzip.GzipFile):
         return self._checked(super().peek, n)
 
 
+UTF8_BOM = b"\xef\xbb\xbf"  # what Notepad and others put first in a "UTF-8 with BOM" file
+
+
+class TextBytes(io.RawIOBase):
+    """The bytes of a plain or .gz text file as every reader sees them: a leading UTF-8 byte
+    order mark dropped (it is not text: kept, it would glue itself to the first token)."""
+
+    def __init__(self, path: Path):
+        self.name = str(path)
+        self._inner = GzipReader(path, "rb") if is_gzip(path) else open(path, "rb", buffering=0)
+        self._started = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer).cast("B")
+        if not self._started:
+            self._started = True
+            head = self._read_fully(len(UTF8_BOM))
+            head = b"" if head == UTF8_BOM else head
+            data = head + self._inner.read(max(len(view) - len(head), 0))
+        else:
+            data = self._inner.read(len(view))
+        view[:len(data)] = data
+        return len(data)
+
+    def _read_fully(self, size: int) -> bytes:
+        data = b""
+        while len(data) < size and (more := self._inner.read(size - len(data))):
+            data += more
+        return data
+
+    def close(self) -> None:
+        if not self.closed:
+            self._inner.close()
+        super().close()
+
+
 def open_binary(path: Path) -> IO[bytes]:
-    return GzipReader(path, "rb") if is_gzip(path) else open(path, "rb")
+    """A plain or .gz file as bytes, without a leading byte order mark (`TextBytes`)."""
+    return io.BufferedReader(TextBytes(path), buffer_size=1 << 16)
 
 
 def open_text(path: Path) -> IO[str]:
