@@ -75,3 +75,40 @@ def test_train_refuses_labels_with_tabs_or_line_breaks(tmp_path, capsys, label):
                  str(tmp_path / "run"), "--model", "none", *TINY]) != 0
     one_error_line(capsys, f"{data}:2:", "tab or a line break")
     assert not (tmp_path / "run").exists()
+
+
+def edited_run(pos_run, tmp_path, edit) -> object:
+    """A copy of the tiny run whose task_config.json `edit` changes (a dict in, the dict out)."""
+    import shutil
+
+    run = tmp_path / "edited"
+    shutil.copytree(pos_run, run)
+    path = run / "task_config.json"
+    path.write_text(json.dumps(edit(json.loads(path.read_text(encoding="utf-8")))), encoding="utf-8")
+    return run
+
+
+# 3: an edited size is checked against task_model.safetensors before anything is allocated
+def test_edited_sizes_are_checked_before_building(pos_run, tmp_path, capsys, monkeypatch):
+    import torch
+
+    from elmokit.tasks import run as run_module
+
+    def bigger(saved):
+        saved["config"]["hidden_dim"] = 300  # the audit's 30000 would allocate 23.5 GB were it built
+        return saved
+
+    builds = []
+    real_build = run_module.build_task_model
+
+    def spy(*args):
+        builds.append(str(torch.get_default_device()))
+        return real_build(*args)
+
+    monkeypatch.setattr(run_module, "build_task_model", spy)
+    text = tmp_path / "s.txt"
+    text.write_text("I like cats\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["task", "predict", str(edited_run(pos_run, tmp_path, bigger)), str(text), "--no-progress"]) != 0
+    one_error_line(capsys, "task_model.safetensors: does not match task_config.json", "[1200] in the config")
+    assert builds == ["meta"]  # a skeleton, never the model itself

@@ -25,7 +25,7 @@ import torch
 from elmokit.devices import resolve_device
 from elmokit.inference.elmo import module_device
 from elmokit.model.bilm import BiLM
-from elmokit.model.weights import WeightFileError, read_safetensors
+from elmokit.model.weights import WeightFileError, read_safetensors, safetensors_header
 from elmokit.tasks.bilm_ref import describe, find_bilm
 from elmokit.tasks.confidence import label_predictions, tag_predictions
 from elmokit.tasks.data import Vocabularies, gold_labels, read_split, subsample
@@ -196,6 +196,7 @@ def load(run_dir: str | Path, device: str | torch.device | None = None,
     elif bilm is not None:
         raise ValueError(f"{run_dir}: this run was trained without ELMo; it reads no biLM (bilm= / --model)")
     vocabularies = Vocabularies(saved["vocab"], saved["labels"], saved.get("chars"))
+    _check_sizes(run_dir, config, vocabularies, bilm)  # before anything is allocated
     model = build_task_model(config, vocabularies, bilm)
     weights = read_safetensors(run_dir / RUN_WEIGHTS)  # float and finite, or an error naming the tensor
     try:
@@ -206,6 +207,27 @@ def load(run_dir: str | Path, device: str | torch.device | None = None,
     results_path = run_dir / "results.json"
     results = json.loads(results_path.read_text(encoding="utf-8")) if results_path.is_file() else None
     return TaskRun(config, model.to(resolve_device(device)), vocabularies, bilm, run_dir, record, results)
+
+
+def _check_sizes(run_dir: Path, config: TaskConfig, vocabularies: Vocabularies, bilm: BiLM | None) -> None:
+    """The task model `task_config.json` describes, built as a skeleton on the meta device (no
+    memory), has exactly the tensors of `task_model.safetensors`'s header: an edited size
+    (`hidden_dim: 30000`) is an error here rather than gigabytes allocated before the check."""
+    header = safetensors_header(run_dir / RUN_WEIGHTS)
+    try:
+        with torch.device("meta"):
+            skeleton = build_task_model(config, vocabularies, bilm)
+    except (RuntimeError, ValueError, OverflowError) as error:  # sizes no model can have
+        raise WeightFileError(f"{run_dir / RUN_CONFIG}: sizes no task model can have ({error})") from None
+    expected = {name: tuple(t.shape) for name, t in skeleton.state_dict().items()}
+    actual = {name: shape for name, (_, shape) in header.items()}
+    if expected != actual:
+        wrong = sorted(name for name in expected.keys() | actual.keys() if expected.get(name) != actual.get(name))
+        described = ", ".join(f"{name} {list(expected[name]) if name in expected else 'absent'} in the config, "
+                              f"{list(actual[name]) if name in actual else 'absent'} in the weights"
+                              for name in wrong[:3])
+        raise WeightFileError(f"{run_dir / RUN_WEIGHTS}: does not match {RUN_CONFIG} ({len(wrong)} tensors differ: "
+                              f"{described}); was the config edited?")
 
 
 def _read_run_config(path: Path) -> dict:
