@@ -119,3 +119,32 @@ def test_a_vocabulary_saved_with_a_bom_loads(tmp_path):
 
     (tmp_path / "vocab.txt").write_text(BOM + "<S>\n</S>\n<UNK>\nthe\n", encoding="utf-8")
     assert len(Vocabulary.load(tmp_path / "vocab.txt")) == 4
+
+
+# ---------------------------------------------------------------------------------------------
+# Defect 19: embed_file refuses to replace an existing output unless overwrite=True
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("as_open_file", [False, True])
+def test_embed_file_refuses_an_existing_output_like_the_command(tiny_model, tmp_path, as_open_file):
+    embedder = _embedder(tiny_model)
+    source = tmp_path / "in.txt"
+    source.write_text("hello world\n", encoding="utf-8")
+    output = tmp_path / "precious.h5"
+    output.write_text("precious\n")
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        embedder.embed_file(open(source) if as_open_file else source, output)
+    assert output.read_text() == "precious\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["in.txt", "precious.h5"]
+    embedder.embed_file(open(source) if as_open_file else source, output, overwrite=True)
+    assert output.read_bytes().startswith(b"\x89HDF")
+
+
+def test_the_library_embed_file_refuses_by_default_too(tiny_model, tmp_path):
+    from elmokit.inference.files import embed_file
+
+    source = tmp_path / "in.txt"
+    source.write_text("hello\n", encoding="utf-8")
+    (tmp_path / "out.h5").write_text("precious\n")
+    with pytest.raises(FileExistsError):
+        embed_file(_embedder(tiny_model), source, tmp_path / "out.h5", progress=False)
+    assert (tmp_path / "out.h5").read_text() == "precious\n"

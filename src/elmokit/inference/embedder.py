@@ -175,7 +175,8 @@ class ElmoEmbedder:
             yield from self.embed_many(window, rows=batch_size)
 
     def embed_file(self, input_file: str | Path | IO, output_file_path: str | Path, output_format: str = "all",
-                   batch_size: int = 64, forget_sentences: bool = False, use_sentence_keys: bool = False) -> None:
+                   batch_size: int = 64, forget_sentences: bool = False, use_sentence_keys: bool = False, *,
+                   overwrite: bool = False) -> None:
         """Embed a file of whitespace-tokenized sentences, one per line, into HDF5 (spec §10).
 
         `input_file` is a path, or an open file (text or binary, as AllenNLP takes it; read to its
@@ -186,13 +187,17 @@ class ElmoEmbedder:
         plus `sentence_to_index` (JSON) unless `forget_sentences`. A blank line is an empty
         sentence. Streams batch by batch; the file appears only when complete. More options
         (.npz, sentence vectors, resume, long sentences): `elmokit.inference.files.embed_file`.
+        An existing `output_file_path` is replaced only with `overwrite=True` (elmokit's own
+        argument, after AllenNLP's; as `elmo embed --overwrite`), else FileExistsError.
         """
         from elmokit.inference.files import EmbedOptions, embed_file
+        from elmokit.io import refuse_overwrite
 
         options = EmbedOptions(output_format=output_format, batch_size=batch_size,
                                forget_sentences=forget_sentences, use_sentence_keys=use_sentence_keys)
+        refuse_overwrite([output_file_path], overwrite)  # before an open input is copied
         if not hasattr(input_file, "read"):
-            embed_file(self, input_file, output_file_path, options)
+            embed_file(self, input_file, output_file_path, options, overwrite=overwrite)
             return
         output = Path(output_file_path)
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -201,7 +206,7 @@ class ElmoEmbedder:
             with input_file, open(handle, "wb") as file:  # a path the streaming writer can read again
                 for chunk in iter(lambda: input_file.read(2**20), type(input_file.read(0))()):
                     file.write(chunk.encode("utf-8") if isinstance(chunk, str) else chunk)
-            embed_file(self, copy, output, options)
+            embed_file(self, copy, output, options, overwrite=overwrite)
         finally:
             Path(copy).unlink(missing_ok=True)
 

@@ -336,12 +336,13 @@ def start_progress(partial: Path, rank: int, identity: dict, resume: bool) -> Ra
 # The run: this rank's segments, then (rank 0) the merge
 # ---------------------------------------------------------------------------------------------
 def embed_file(embedder: Embedder, input_path: str | Path, output_path: str | Path,
-               options: EmbedOptions | None = None, *, overwrite: bool = True, resume: bool = False,
+               options: EmbedOptions | None = None, *, overwrite: bool = False, resume: bool = False,
                progress: bool = True, rank: int = 0, world_size: int = 1,
                barrier: Callable[[], None] = lambda: None, max_output_bytes: int | None = None) -> int:
     """Embed `input_path` into `output_path` (see the module docstring). Returns the number of
     sentences this process embedded. With several processes, every rank calls this with the same
-    arguments and a `barrier` that waits for all of them. `max_output_bytes`: refuse (before
+    arguments and a `barrier` that waits for all of them. An existing output is replaced only
+    with `overwrite` (FileExistsError otherwise). `max_output_bytes`: refuse (before
     writing anything) an output estimated larger (`OutputTooLargeError`); see `embed_file_report`."""
     return embed_file_report(embedder, input_path, output_path, options, overwrite=overwrite, resume=resume,
                              progress=progress, rank=rank, world_size=world_size, barrier=barrier,
@@ -349,7 +350,7 @@ def embed_file(embedder: Embedder, input_path: str | Path, output_path: str | Pa
 
 
 def embed_file_report(embedder: Embedder, input_path: str | Path, output_path: str | Path,
-                      options: EmbedOptions | None = None, *, overwrite: bool = True, resume: bool = False,
+                      options: EmbedOptions | None = None, *, overwrite: bool = False, resume: bool = False,
                       progress: bool = True, rank: int = 0, world_size: int = 1,
                       barrier: Callable[[], None] = lambda: None,
                       max_output_bytes: int | None = None) -> EmbedReport:
