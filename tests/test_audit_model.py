@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import pickle
 
 import h5py
 import numpy as np
 import pytest
 
-from elmokit import load_original, save_original
+from elmokit import Elmo, ElmoEmbedder, HubElmo, batch_to_ids, load_original, save_original
 from elmokit.model.config import read_options
 from elmokit.model.errors import WeightFileError
 from elmokit.model.weights import expected_datasets
@@ -70,3 +72,53 @@ def test_a_compressed_weight_file_declaring_far_more_than_it_holds_is_refused(ti
     assert weights.stat().st_size < 2**20
     with pytest.raises(WeightFileError, match="decompression bomb"):
         load_original(options, weights)
+
+
+# ---------------------------------------------------------------------------------------------
+# Defect 18: the API's edges
+# ---------------------------------------------------------------------------------------------
+def test_hub_elmo_takes_an_empty_batch_as_elmo_does(model_dir):
+    outputs = HubElmo(str(model_dir))([])
+    assert outputs["elmo"].shape == (0, 0, 12) and outputs["word_emb"].shape == (0, 0, 6)
+    assert outputs["lstm_outputs2"].shape == (0, 0, 12) and outputs["default"].shape == (0, 12)
+    assert outputs["sequence_len"].shape == (0,)
+
+
+@pytest.mark.parametrize("arguments, message", [
+    ({"num_output_representations": -1}, "num_output_representations must be an integer >= 1, got -1"),
+    ({"num_output_representations": 0}, "num_output_representations must be an integer >= 1, got 0"),
+    ({"dropout": float("nan")}, r"dropout must be a probability in \[0, 1\], got nan"),
+    ({"dropout": -0.1}, r"dropout must be a probability in \[0, 1\], got -0.1"),
+], ids=["negative", "zero", "nan", "below-zero"])
+def test_elmo_refuses_bad_arguments_when_built(model_dir, arguments, message):
+    with pytest.raises(ValueError, match=message):
+        Elmo(str(model_dir), **arguments)
+
+
+def test_elmo_forward_names_what_it_expects(model_dir):
+    elmo = Elmo(str(model_dir), dropout=0.0)
+    with pytest.raises(TypeError, match=r"Elmo.forward: inputs: expected a tensor of char ids .*got list"):
+        elmo([["a", "cat"]])
+    with pytest.raises(TypeError, match="expected integer char ids"):
+        elmo(batch_to_ids([["a"]]).float())
+
+
+@pytest.mark.parametrize("bad_id", [262, 1000, -1])
+def test_char_ids_beyond_the_table_are_named(model_dir, bad_id):
+    ids = batch_to_ids([["a", "cat"]])
+    ids[0, 1, 2] = bad_id
+    for module, who in ((Elmo(str(model_dir), dropout=0.0), "Elmo.forward"), (HubElmo(str(model_dir)), "HubElmo")):
+        with pytest.raises(ValueError, match=rf"{who}.*char ids must lie in \[0, 262\).*{bad_id}"):
+            module(ids)
+
+
+@pytest.mark.parametrize("copy_of", [copy.deepcopy, lambda embedder: pickle.loads(pickle.dumps(embedder))],
+                         ids=["deepcopy", "pickle"])
+def test_elmo_embedder_can_be_copied_and_pickled(model_dir, copy_of):
+    embedder = ElmoEmbedder(str(model_dir))
+    expected = embedder.embed_sentence(["a", "cat"])
+    copied = copy_of(embedder)
+    assert copied.cache is not None and copied.cache is not embedder.cache
+    np.testing.assert_array_equal(copied.embed_sentence(["a", "cat"]), expected)
+    np.testing.assert_array_equal(copy_of(ElmoEmbedder(str(model_dir), cache_tokens=False))
+                                  .embed_sentence(["a", "cat"]), expected)

@@ -120,6 +120,27 @@ def remove_boundaries(layer: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Te
     return layer[:, 1:-1] * token_mask_.unsqueeze(-1).to(layer.dtype), token_mask_
 
 
+def check_char_ids(bilm: BiLM, char_ids: object, who: str) -> None:
+    """TypeError unless `char_ids` is an integer tensor (..., T, W); ValueError naming the range
+    unless every id is a row of the model's character table (and word table, where it has one)."""
+    if not isinstance(char_ids, torch.Tensor):
+        raise TypeError(f"{who}: expected a tensor of char ids (B, T, W), e.g. batch_to_ids(sentences), "
+                        f"got {type(char_ids).__name__}")
+    if char_ids.is_floating_point() or char_ids.is_complex() or char_ids.dtype == torch.bool or char_ids.dim() < 2:
+        raise TypeError(f"{who}: expected integer char ids (B, T, W), got {char_ids.dtype} of shape "
+                        f"{tuple(char_ids.shape)}")
+    encoder = bilm.token_encoder
+    words = getattr(encoder, "word_embedding", None)  # ELMoForManyLangs: a word id after the chars
+    n_chars = encoder.char_cnn.char_embedding.num_embeddings
+    tables = [(char_ids, n_chars, "char")] if words is None else [
+        (char_ids[..., :encoder.max_chars], n_chars, "char"),
+        (char_ids[..., encoder.max_chars:], words.num_embeddings, "word")]
+    for ids, n_rows, what in tables:
+        if ids.numel() and bool(((ids < 0) | (ids >= n_rows)).any()):
+            raise ValueError(f"{who}: {what} ids must lie in [0, {n_rows}) (the rows of the model's {what} "
+                             f"table), got ids from {int(ids.min())} to {int(ids.max())}")
+
+
 def token_layers(output: BiLMOutput) -> torch.Tensor:
     """Every layer of a biLM output without <S> and </S>, stacked: (B, L+1, T, 2P), zero past
     each sentence (what `ElmoEmbedder` returns and what a fine-tuned task mixes)."""
@@ -164,6 +185,12 @@ class Elmo(nn.Module):
                  stateful: bool = False, device: str | torch.device | None = None,
                  dtype: str | torch.dtype | None = None):
         super().__init__()
+        if isinstance(num_output_representations, bool) or not isinstance(num_output_representations, int) \
+                or num_output_representations < 1:
+            raise ValueError(f"Elmo: num_output_representations must be an integer >= 1, got "
+                             f"{num_output_representations!r}")
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout <= 1:
+            raise ValueError(f"Elmo: dropout must be a probability in [0, 1], got {dropout!r}")
         self.bilm = module if module is not None else load_model(options_file, weight_file)
         self.bilm = place_bilm(self.bilm, resolve_device(device), dtype, requires_grad, stateful, "Elmo")
         self.bilm.requires_grad_(requires_grad)
@@ -219,6 +246,7 @@ class Elmo(nn.Module):
         else:
             if inputs is None:
                 raise ValueError("Elmo needs `inputs` (char ids), or `word_inputs` with vocab_to_cache")
+            check_char_ids(self.bilm, inputs, "Elmo.forward: inputs")
             leading = inputs.shape[:-2]
             char_ids = inputs.reshape(math.prod(leading), *inputs.shape[-2:])  # (B, T, W)
             if len(char_ids) == 0:  # batch_to_ids([]): nothing to run
@@ -297,7 +325,10 @@ class HubElmo(nn.Module):
 
     def forward(self, sentences: Sequence[Sequence[str]] | torch.Tensor) -> dict[str, torch.Tensor]:
         char_ids = sentences if isinstance(sentences, torch.Tensor) else self.bilm.batch_ids(sentences)
+        check_char_ids(self.bilm, char_ids, "HubElmo")
         char_ids = char_ids.to(module_device(self.bilm))
+        if char_ids.shape[0] == 0:  # no sentence: nothing to run (as Elmo)
+            return self._empty_output(char_ids.shape[1], char_ids.device)
         output = bilm_forward(self.bilm, char_ids)
         layers = [remove_boundaries(layer, output.mask)[0] for layer in output.layers]
         mask = token_mask(char_ids)  # (B, T)
@@ -308,4 +339,14 @@ class HubElmo(nn.Module):
         outputs["elmo"] = elmo
         outputs["default"] = elmo.sum(dim=1) / lengths.clamp(min=1).unsqueeze(1).to(elmo.dtype)
         outputs["sequence_len"] = lengths
+        return outputs
+
+    def _empty_output(self, n_tokens: int, device: torch.device) -> dict[str, torch.Tensor]:
+        """Every output of a batch without sentences: (0, T, ...) tensors, `sequence_len` (0,)."""
+        dims = {"word_emb": self.bilm.config.lstm.projection_dim,
+                **{f"lstm_outputs{k}": self.bilm.output_dim for k in range(1, self.bilm.config.n_output_layers)},
+                "elmo": self.bilm.output_dim}
+        outputs = {name: torch.zeros(0, n_tokens, dim, device=device) for name, dim in dims.items()}
+        outputs["default"] = torch.zeros(0, self.bilm.output_dim, device=device)
+        outputs["sequence_len"] = torch.zeros(0, dtype=torch.long, device=device)
         return outputs

@@ -71,6 +71,15 @@ class ElmoEmbedder:
         self.carried = CarriedState() if stateful else None
         self.cache = TokenCache(self.bilm) if cache_tokens else None
 
+    def __getstate__(self) -> dict:
+        """Pickling and copy.deepcopy: the token cache (a lock, and vectors recomputed exactly on
+        demand) is left out and rebuilt empty; the carried state travels (`CarriedState`)."""
+        return {**self.__dict__, "cache": self.cache is not None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.cache = TokenCache(self.bilm) if state["cache"] else None
+
     @property
     def output_dim(self) -> int:
         return self.bilm.output_dim
