@@ -148,3 +148,28 @@ def test_the_library_embed_file_refuses_by_default_too(tiny_model, tmp_path):
     with pytest.raises(FileExistsError):
         embed_file(_embedder(tiny_model), source, tmp_path / "out.h5", progress=False)
     assert (tmp_path / "out.h5").read_text() == "precious\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Defect 21: a sentence key is never a path, in HDF5 nor in a .npz (zip) member name
+# ---------------------------------------------------------------------------------------------
+def test_sentence_keys_escape_backslashes_and_invert():
+    from elmokit.inference.segments import key_sentence, sentence_key
+
+    for sentence in ["\\..\\x", "a\\b", "%5C", "\\", "..\\..\\evil"]:
+        key = sentence_key(sentence)
+        assert "\\" not in key and key_sentence(key) == sentence
+
+
+def test_npz_member_names_hold_no_backslash(tiny_model, tmp_path):
+    import zipfile
+
+    from elmokit.inference.files import EmbedOptions, embed_file
+
+    source = tmp_path / "in.txt"
+    source.write_text("\\.. \\x\nplain\n", encoding="utf-8")
+    embed_file(_embedder(tiny_model), source, tmp_path / "out.npz",
+               EmbedOptions(file_format="npz", use_sentence_keys=True), progress=False)
+    names = zipfile.ZipFile(tmp_path / "out.npz").namelist()
+    assert not [name for name in names if "\\" in name], names
+    assert "%5C.. %5Cx.npy" in names

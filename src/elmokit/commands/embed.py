@@ -37,7 +37,7 @@ text with --tokenize; a blank line is an empty sentence, its key kept) into OUTP
 
 Layout (as AllenNLP's `elmo` command): one array per input line, keyed by the line number ("0",
 "1", ...) or by the sentence text (--use-sentence-keys; a repeated sentence is stored once, and '%',
-'/' and NUL are written %25, %2F, %00, "." and "sentence_to_index" as %2E and %73entence_to_index,
+'/', '\\' and NUL are written %25, %2F, %5C, %00, "." and "sentence_to_index" as %2E and %73entence_to_index,
 a blank line as "%"); shape (3, n, 2P) with --all, (n, 2P) with
 --top (the last layer) or --average (the mean of the layers). With --sentence-vectors, the mean
 over the sentence's tokens instead: (3, 2P) with --all, (2P,) with --top or --average (zeros for an

@@ -17,7 +17,7 @@ The pipeline, in the order text travels:
 
 Output layout (spec §10): one array per input line, keyed by the line number ("0", "1", ...) or,
 with `use_sentence_keys`, by the sentence text (a repeated sentence is stored once), escaped where
-the file format needs it (`sentence_key`: '%', '/' and NUL as %25, %2F, %00; "." and
+the file format needs it (`sentence_key`: '%', '/', '\\' and NUL as %25, %2F, %5C, %00; "." and
 "sentence_to_index" with their first character escaped; the empty sentence as "%"). Per token:
 (L+1, n, 2P) for "all", (n, 2P) for "top" (the last layer) and "average" (the mean of the layers).
 With `sentence_vectors`, the mean over the sentence's tokens instead: (L+1, 2P) for "all", (2P,)

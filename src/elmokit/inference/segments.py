@@ -29,12 +29,13 @@ def format_for_path(path: Path) -> str:
 
 def sentence_key(sentence: str) -> str:
     """The name a sentence is stored under with `use_sentence_keys`: its text, except that '%',
-    '/' and NUL become %25, %2F and %00 (HDF5 reads '/' as a group path and ends a name at NUL),
+    '/', '\\' and NUL become %25, %2F, %5C and %00 (HDF5 reads '/' as a group path and ends a name
+    at NUL; a zip extractor on Windows reads '\\' in a .npz member name as a folder, `\\..\\x`),
     the names the file reserves ("." is HDF5's root group, "sentence_to_index" the index) have
     their first character escaped, and the empty sentence is "%". `key_sentence` inverts it."""
     if not sentence:
         return "%"
-    key = sentence.replace("%", "%25").replace("/", "%2F").replace("\x00", "%00")
+    key = sentence.replace("%", "%25").replace("/", "%2F").replace("\\", "%5C").replace("\x00", "%00")
     if key in (".", INDEX_KEY):
         key = f"%{ord(key[0]):02X}{key[1:]}"
     return key
