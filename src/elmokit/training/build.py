@@ -48,11 +48,29 @@ def _same_vocabulary(a: Path, b: Path) -> bool:
     return a.is_file() and a.read_bytes() == b.read_bytes()
 
 
+_FUSED_KERNELS = {"adagrad": "aten::_fused_adagrad_", "adam": "aten::_fused_adam_"}
+
+
+def has_fused_kernel(optimizer: str, device: torch.device) -> bool:
+    """Whether the torch in use has a fused kernel of `optimizer` for `device`, asked of its
+    dispatcher: which devices have one changes with the torch (torch 2.11's CUDA build has no
+    fused Adagrad, so asking for it there crashed at the first step), and a device type without
+    one (meta, mps, ...) gets torch's foreach path instead."""
+    try:
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+        return (device.type in _get_fused_kernels_supported_devices()  # what torch's optimizers accept
+                and torch._C._dispatch_has_kernel_for_dispatch_key(_FUSED_KERNELS[optimizer], device.type.upper()))
+    except (ImportError, AttributeError, RuntimeError):  # a torch without these private queries: the safe path
+        return False
+
+
 def build_optimizer(config: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
-    """Adagrad (bilm-tf's) or Adam, as torch's fused kernels on the CPU and CUDA (one pass over
-    all parameters instead of a dozen elementwise ops each: ~3x faster on this model)."""
+    """Adagrad (bilm-tf's) or Adam, as torch's fused kernel where the parameters' device has one
+    (one pass over all parameters instead of a dozen elementwise ops each: ~3x faster on this
+    model on the CPU), else torch's foreach kernels (`has_fused_kernel`)."""
     parameters = list(model.parameters())
-    fused = all(p.device.type in ("cpu", "cuda") for p in parameters)
+    fused = all(has_fused_kernel(config.optimizer, p.device) for p in parameters)
     if config.optimizer == "adagrad":
         return torch.optim.Adagrad(parameters, lr=config.lr, initial_accumulator_value=config.initial_accumulator,
                                    fused=fused)
