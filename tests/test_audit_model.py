@@ -6,19 +6,23 @@ import copy
 import json
 import os
 import pickle
+import resource
+import signal
 
 import h5py
 import numpy as np
 import pytest
+import torch
 
 from elmokit import Elmo, ElmoEmbedder, HubElmo, batch_to_ids, load_original, save_original
 from elmokit.model.config import read_options
 from elmokit.model.errors import WeightFileError
 from elmokit.model.weights import expected_datasets
 from elmokit.cli import main
-from elmokit.training.checkpoint import save_model_dir
+from elmokit.training.checkpoint import save_checkpoint, save_model_dir
 from elmokit.training.lm import LanguageModel
 from tests.conftest import one_error_line
+from tests.test_train import corpus  # noqa: F401 (a fixture: a tiny corpus, vocabulary and training config)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,3 +126,33 @@ def test_elmo_embedder_can_be_copied_and_pickled(model_dir, copy_of):
     np.testing.assert_array_equal(copied.embed_sentence(["a", "cat"]), expected)
     np.testing.assert_array_equal(copy_of(ElmoEmbedder(str(model_dir), cache_tokens=False))
                                   .embed_sentence(["a", "cat"]), expected)
+
+
+# ---------------------------------------------------------------------------------------------
+# Defect 11: a full disk while writing a checkpoint
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture
+def small_file_limit():
+    """Writes past 64 KiB fail with EFBIG, as on a full disk (SIGXFSZ ignored; restored after)."""
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, limits[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+def test_a_checkpoint_that_cannot_be_written_is_one_oserror_naming_it(tmp_path, small_file_limit):
+    path = tmp_path / "checkpoint.pt"
+    path.write_bytes(b"previous")
+    with pytest.raises(OSError, match=r"checkpoint.pt: could not write the checkpoint .*disk full.*bytes free"):
+        save_checkpoint(path, {"model": {"weight": torch.zeros(100_000)}})
+    assert path.read_bytes() == b"previous" and [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
+
+
+def test_elmo_train_on_a_full_disk_says_so_in_one_line(corpus, tmp_path, capsys, small_file_limit):
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(corpus["train_json"]), "--output-dir", str(run), "--epochs", "1"]) == 2
+    one_error_line(capsys, "checkpoint.pt: could not write the checkpoint", "disk full")

@@ -86,9 +86,27 @@ def set_rng_state(state: dict[str, Any]) -> None:
 # checkpoint.pt
 # ---------------------------------------------------------------------------------------------
 def save_checkpoint(path: str | Path, checkpoint: dict[str, Any]) -> None:
-    """Atomically write a checkpoint dictionary of tensors and plain values."""
+    """Atomically write a checkpoint dictionary of tensors and plain values. A failed write (a
+    full disk, a quota) is an OSError naming the file and the space left, not torch's RuntimeError;
+    the previous checkpoint stays in place."""
     with atomic_path(path) as tmp:
-        torch.save(to_plain(checkpoint), tmp)
+        try:
+            torch.save(to_plain(checkpoint), tmp)
+        except RuntimeError as error:  # torch's zip writer reports a failed write(2) this way
+            if "inline_container" not in str(error) and "write" not in str(error):
+                raise
+            raise _write_error(Path(path), error) from error
+
+
+def _write_error(path: Path, error: RuntimeError) -> OSError:
+    """What a failed torch.save of `path` means, in one line: the file, the disk, its free space."""
+    try:
+        free = f"{shutil.disk_usage(path.parent).free:,} bytes free"
+    except OSError:
+        free = "free space unknown"
+    first_line = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
+    return OSError(f"{path}: could not write the checkpoint ({first_line}); is the disk full or over its "
+                   f"quota? ({free} on the disk of {path.parent}; the previous checkpoint is unchanged)")
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
