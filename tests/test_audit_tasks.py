@@ -112,3 +112,31 @@ def test_edited_sizes_are_checked_before_building(pos_run, tmp_path, capsys, mon
     assert main(["task", "predict", str(edited_run(pos_run, tmp_path, bigger)), str(text), "--no-progress"]) != 0
     one_error_line(capsys, "task_model.safetensors: does not match task_config.json", "[1200] in the config")
     assert builds == ["meta"]  # a skeleton, never the model itself
+
+
+# 14: every hand-edited value of a run file is one error naming the file and the key
+@pytest.mark.parametrize("edit, expected", [
+    (lambda saved: saved | {"labels": [1, 2, 3]}, "labels must be a list"),
+    (lambda saved: saved | {"vocab": []}, "vocab must be a list"),
+    (lambda saved: saved | {"vocab": [[1], [2], *saved["vocab"][2:]]}, "vocab must be a list"),
+    (lambda saved: saved | {"chars": [1]}, "chars must be a list"),
+    (lambda saved: saved | {"labels": ["A\tB", *saved["labels"]]}, "labels must not hold a tab"),
+    (lambda saved: saved | {"config": saved["config"] | {"hidden_dim": 16.5}}, "config.hidden_dim must be int"),
+    (lambda saved: saved | {"config": saved["config"] | {"hidden_dim": True}}, "config.hidden_dim must be int"),
+    (lambda saved: saved | {"config": saved["config"] | {"hidden_dim": 10 ** 40}}, "sizes no task model can have"),
+    (lambda saved: saved | {"config": saved["config"] | {"seed": "x"}}, "config.seed must be int"),
+    (lambda saved: saved | {"bilm": {"path": 5, "fingerprint": None}}, "bilm.path must be a string"),
+])
+def test_hand_edited_run_files_are_one_error(pos_run, tmp_path, capsys, edit, expected):
+    text = tmp_path / "s.txt"
+    text.write_text("I like cats\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["task", "predict", str(edited_run(pos_run, tmp_path, edit)), str(text), "--no-progress"]) != 0
+    one_error_line(capsys, "task_config.json", expected)
+
+
+def test_info_refuses_a_provenance_that_is_not_an_object(model_dir, capsys):
+    (model_dir / "provenance.json").write_text("[1, 2]\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["info", str(model_dir)]) != 0
+    one_error_line(capsys, "provenance.json: not a provenance record")

@@ -48,6 +48,9 @@ def run(args: argparse.Namespace) -> int:
         provenance = directory / "provenance.json"
         if provenance.is_file():
             facts["provenance"] = json.loads(provenance.read_text(encoding="utf-8"))
+            if not isinstance(facts["provenance"], dict):
+                raise ValueError(f"{provenance}: not a provenance record (expected a JSON object, got "
+                                 f"{json.dumps(facts['provenance'])[:80]})")
     if args.json:
         print(json.dumps(facts, indent=2, default=list))
         return 0

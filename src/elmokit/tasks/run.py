@@ -16,6 +16,7 @@ weights, checked here so that another biLM is an error rather than silently diff
 from __future__ import annotations
 
 import json
+import typing
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -30,7 +31,7 @@ from elmokit.tasks.bilm_ref import describe, find_bilm
 from elmokit.tasks.confidence import label_predictions, tag_predictions
 from elmokit.tasks.data import Vocabularies, gold_labels, read_split, subsample
 from elmokit.tasks.features import compute_layers
-from elmokit.tasks.formats import read_examples, resolve_format
+from elmokit.tasks.formats import label_breaks_lines, read_examples, resolve_format
 from elmokit.tasks.readers import LabelledSentence, TaggedSentence
 from elmokit.tasks.results import Evaluation, LabelPrediction, TagPrediction
 from elmokit.tasks.scores import score_predictions
@@ -185,10 +186,7 @@ def load(run_dir: str | Path, device: str | torch.device | None = None,
         if not (run_dir / name).is_file():
             raise FileNotFoundError(f"{run_dir}: not a task run directory (no {name})")
     saved = _read_run_config(run_dir / RUN_CONFIG)
-    try:
-        config = TaskConfig(**saved["config"])
-    except TypeError as error:  # a key TaskConfig does not have, or lacks
-        raise ValueError(f"{run_dir / RUN_CONFIG}: not a task run's config ({error})") from None
+    config = _config_from_saved(run_dir / RUN_CONFIG, saved["config"])
     record = None
     if config.model is not None:
         record = saved.get("bilm") or {"path": config.model, "fingerprint": None}
@@ -217,8 +215,9 @@ def _check_sizes(run_dir: Path, config: TaskConfig, vocabularies: Vocabularies, 
     try:
         with torch.device("meta"):
             skeleton = build_task_model(config, vocabularies, bilm)
-    except (RuntimeError, ValueError, OverflowError) as error:  # sizes no model can have
-        raise WeightFileError(f"{run_dir / RUN_CONFIG}: sizes no task model can have ({error})") from None
+    except (RuntimeError, TypeError, ValueError, OverflowError) as error:  # sizes no model can have
+        raise WeightFileError(f"{run_dir / RUN_CONFIG}: sizes no task model can have "
+                              f"({str(error).splitlines()[0][:200]})") from None
     expected = {name: tuple(t.shape) for name, t in skeleton.state_dict().items()}
     actual = {name: shape for name, (_, shape) in header.items()}
     if expected != actual:
@@ -231,7 +230,8 @@ def _check_sizes(run_dir: Path, config: TaskConfig, vocabularies: Vocabularies, 
 
 
 def _read_run_config(path: Path) -> dict:
-    """OUT/task_config.json, checked for the structure `save_run` writes (it may have been edited)."""
+    """OUT/task_config.json, checked for the structure `save_run` writes (it may have been edited):
+    anything else is a ValueError naming the file and the key."""
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
@@ -242,10 +242,45 @@ def _read_run_config(path: Path) -> dict:
                          "vocab and labels lists)")
     if not isinstance(saved.get("chars"), (list, type(None))) or not isinstance(saved.get("bilm"), (dict, type(None))):
         raise ValueError(f"{path}: not a task run's config (chars must be a list, bilm an object)")
+    for key, least in (("vocab", 2), ("labels", 1), ("chars", 1)):  # the words start with padding and unknown
+        items = saved.get(key)
+        if items is not None and (len(items) < least or not all(isinstance(item, str) and item for item in items)):
+            raise ValueError(f"{path}: {key} must be a list of at least {least} non-empty strings, got "
+                             f"{json.dumps(items)[:80]}")
+    if any(label_breaks_lines(label) for label in saved["labels"]):
+        raise ValueError(f"{path}: labels must not hold a tab or a line break")
     record = saved.get("bilm")
     if record and ("fingerprint" not in record or not ({"path", "name"} & set(record))):
         raise ValueError(f"{path}: its bilm record lacks the name or path, or the fingerprint, of the biLM")
+    for key in ("path", "name", "absolute_path", "fingerprint"):
+        if record and record.get(key) is not None and not isinstance(record[key], str):
+            raise ValueError(f"{path}: bilm.{key} must be a string, got {json.dumps(record[key])[:80]}")
     return saved
+
+
+def _config_from_saved(path: Path, values: dict) -> TaskConfig:
+    """The TaskConfig of a run's config object, each value of the type of its field."""
+    hints = typing.get_type_hints(TaskConfig)
+    for name, value in values.items():
+        if name in hints and not _has_type(value, hints[name]):
+            wanted = " or ".join("null" if kind is type(None) else kind.__name__
+                                 for kind in typing.get_args(hints[name]) or (hints[name],))
+            raise ValueError(f"{path}: config.{name} must be {wanted}, got {json.dumps(value)[:80]}")
+    try:
+        return TaskConfig(**values)
+    except TypeError as error:  # a key TaskConfig does not have, or lacks
+        raise ValueError(f"{path}: not a task run's config ({error})") from None
+    except ValueError as error:  # a value out of its range (TaskOptionError)
+        raise ValueError(f"{path}: config: {error}") from None
+
+
+def _has_type(value, hint) -> bool:
+    allowed = typing.get_args(hint) or (hint,)
+    if value is None or isinstance(value, bool):
+        return type(value) in allowed
+    if isinstance(value, int):
+        return int in allowed or float in allowed
+    return isinstance(value, tuple(kind for kind in allowed if kind is not int))
 
 
 def evaluate_run(run_dir: str | Path, split: str = "test", data_dir: str | None = None,
