@@ -173,3 +173,72 @@ def test_npz_member_names_hold_no_backslash(tiny_model, tmp_path):
     names = zipfile.ZipFile(tmp_path / "out.npz").namelist()
     assert not [name for name in names if "\\" in name], names
     assert "%5C.. %5Cx.npy" in names
+
+
+# ---------------------------------------------------------------------------------------------
+# Defect 9: a tampered progress record is refused, and the merge checks that every line is there
+# ---------------------------------------------------------------------------------------------
+def _partial_run(tiny_model, tmp_path, monkeypatch):
+    """A run stopped just before its merge: OUT.partial holds every segment and a finished record."""
+    from elmokit.inference import files
+
+    source = tmp_path / "in.txt"
+    source.write_text("".join(f"w{i} x\n" for i in range(7)), encoding="utf-8")
+    output = tmp_path / "out.h5"
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(files, "merge_segments", stop)
+        with pytest.raises(KeyboardInterrupt):
+            files.embed_file(_embedder(tiny_model), source, output, files.EmbedOptions(checkpoint_every=2),
+                             progress=False)
+    record_path = tmp_path / "out.h5.partial" / "progress-rank0.json"
+    return source, output, record_path, json.loads(record_path.read_text())
+
+
+def _resume(tiny_model, source, output):
+    from elmokit.inference.files import EmbedOptions, embed_file
+
+    return embed_file(_embedder(tiny_model), source, output, EmbedOptions(checkpoint_every=2), resume=True,
+                      progress=False)
+
+
+def test_a_progress_record_naming_a_file_outside_its_folder_is_refused(tiny_model, tmp_path, monkeypatch):
+    source, output, record_path, record = _partial_run(tiny_model, tmp_path, monkeypatch)
+    assert record["done"] and len(record["segments"]) == 4
+    other = tmp_path / "other.h5"
+    (record_path.parent / record["segments"][0]).rename(other)
+    record["segments"][0] = str(other)
+    record_path.write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="not a segment of rank 0.*overwrite=True"):
+        _resume(tiny_model, source, output)
+    assert not output.exists() and other.exists()
+
+
+def test_a_merge_missing_lines_is_refused(tiny_model, tmp_path, monkeypatch):
+    source, output, record_path, record = _partial_run(tiny_model, tmp_path, monkeypatch)
+    record.update(next_line=10**9, segments=record["segments"][:1], done=True)
+    record_path.write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="lines 3-4 of .* are in no segment"):
+        _resume(tiny_model, source, output)
+    assert not output.exists()
+
+
+def test_a_segment_holding_other_lines_is_refused(tiny_model, tmp_path, monkeypatch):
+    source, output, record_path, record = _partial_run(tiny_model, tmp_path, monkeypatch)
+    record["segments"][1] = record["segments"][0]
+    record_path.write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="does not hold lines 3-4"):
+        _resume(tiny_model, source, output)
+    assert not output.exists()
+
+
+@pytest.mark.parametrize("text", ["{}", "[1, 2]", '{"identity": {}, "next_line": 1.5, "segments": [], "done": true}',
+                                  "not json"])
+def test_a_progress_record_of_the_wrong_shape_is_an_error_not_a_traceback(tiny_model, tmp_path, monkeypatch, text):
+    source, output, record_path, _ = _partial_run(tiny_model, tmp_path, monkeypatch)
+    record_path.write_text(text)
+    with pytest.raises(ValueError, match="not a progress record of elmo embed"):
+        _resume(tiny_model, source, output)

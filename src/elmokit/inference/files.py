@@ -59,6 +59,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -290,8 +291,33 @@ class RankProgress:
 
     @classmethod
     def load(cls, path: Path) -> RankProgress:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        """The progress saved at `path`, checked: a file that is not what `save` writes (hand-edited,
+        or naming a segment that is not this rank's file in its folder) is a PartialOutputError."""
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, RecursionError) as error:
+            raise PartialOutputError(f"{path}: not a progress record of elmo embed ({error})") from None
+        rank = path.name.removeprefix("progress-rank").removesuffix(".json")
+        fields = {"identity": dict, "next_line": int, "segments": list, "done": bool}
+        if not isinstance(record, dict) or set(record) != set(fields) or not all(
+                isinstance(record[key], kind) and (kind is bool or not isinstance(record[key], bool))
+                for key, kind in fields.items()):
+            raise PartialOutputError(f"{path}: not a progress record of elmo embed (expected the keys "
+                                     f"{', '.join(fields)} with a dict, int, list and bool)")
+        segment_name = re.compile(rf"rank{re.escape(rank)}-\d{{5}}\.(h5|npz)")
+        strange = [name for name in record["segments"] if not (isinstance(name, str) and segment_name.fullmatch(name))]
+        if strange or record["next_line"] < 0:
+            raise PartialOutputError(f"{path}: names {strange[0]!r}, which is not a segment of rank {rank} in "
+                                     f"{path.parent}" if strange else f"{path}: next_line is negative")
         return cls(path, record["identity"], record["next_line"], record["segments"], record["done"])
+
+
+class PartialOutputError(ValueError):
+    """The partial output of an earlier run was changed or lost part of its work: it cannot be
+    resumed or merged (overwrite=True starts over)."""
+
+    def __init__(self, problem: str):
+        super().__init__(f"{problem}; the partial output cannot be resumed: pass overwrite=True to start over")
 
 
 def partial_dir(output: Path) -> Path:
@@ -461,30 +487,48 @@ def merge_segments(input_path: Path, partial: Path, output_path: Path, options: 
     """Every rank's segments, copied array by array into one new file with `sentence_to_index`,
     renamed onto `output_path`; then the partial directory is removed (so the disk holds the
     output twice for a moment)."""
-    names: list[str] = []
+    names: list[tuple[int, str]] = []
     for rank in range(world_size):
         progress = RankProgress.load(partial / f"progress-rank{rank}.json")
         if not progress.done:
             raise RuntimeError(f"rank {rank} of {world_size} did not finish; run again with resume=True")
-        names += progress.segments
+        names += [(rank, name) for name in progress.segments]
     segment_type = SEGMENT_TYPES[options.file_format]
     merged = partial / f"merged{segment_type.suffix}"  # a fresh file: a killed merge can be redone
     bar = progress_bar(total=len(names), desc=f"writing {output_path.name}", unit="segments",
                        enabled=show_progress)
     with bar, _writing(merged, options.file_format, partial) as out:
-        for name in names:
+        expected = {rank: _segment_keys(input_path, rank, world_size, options) for rank in range(world_size)}
+        for rank, name in names:
+            keys, lines = next(expected[rank], (None, "no line"))
             source = segment_type(partial / name, "r")
             try:
                 for key, values in source.items():
                     out.write(key, values)
+                    if keys is not None:
+                        keys.discard(key)
             finally:
                 source.close()
+            if keys is None or keys:  # a segment too many, or one without all of its lines
+                raise PartialOutputError(f"{partial / name} does not hold {lines} of {input_path}")
             bar.update(1)
+        for rank, rest in expected.items():
+            for _, lines in itertools.islice(rest, 1):  # lines that no segment holds
+                raise PartialOutputError(f"{lines} of {input_path} (rank {rank}) are in no segment of {partial}")
         if not options.forget_sentences:
             out.write(INDEX_KEY, _sentence_index(input_path, options.use_sentence_keys, options.file_format))
         out.close()
         durable_replace(merged, output_path)
     shutil.rmtree(partial)
+
+
+def _segment_keys(input_path: Path, rank: int, world_size: int,
+                  options: EmbedOptions) -> Iterator[tuple[set[str], str]]:
+    """The keys each segment of `rank` must hold, in order, and its lines ("lines 1-2000")."""
+    own = ((i, line) for i, line in enumerate(read_lines(input_path)) if i % world_size == rank)
+    while chunk := list(itertools.islice(own, options.checkpoint_every)):
+        yield ({_key(input_path, i, line, options.use_sentence_keys) for i, line in chunk},
+               f"lines {chunk[0][0] + 1}-{chunk[-1][0] + 1}")
 
 
 def _sentence_index(input_path: Path, use_sentence_keys: bool, file_format: str) -> np.ndarray:
