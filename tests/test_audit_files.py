@@ -242,3 +242,59 @@ def test_a_progress_record_of_the_wrong_shape_is_an_error_not_a_traceback(tiny_m
     record_path.write_text(text)
     with pytest.raises(ValueError, match="not a progress record of elmo embed"):
         _resume(tiny_model, source, output)
+
+
+# ---------------------------------------------------------------------------------------------
+# Defect 2: a line has a length limit, checked before the line is held whole
+# ---------------------------------------------------------------------------------------------
+def test_a_gzip_bomb_of_one_line_is_refused_without_reading_it_whole(tmp_path):
+    import gzip
+    import tracemalloc
+
+    from elmokit.textfiles import LineTooLongError, read_lines
+
+    bomb = tmp_path / "bomb.txt.gz"
+    with gzip.open(bomb, "wb", compresslevel=1) as handle:
+        handle.write(b"fine\n")
+        for _ in range(64):
+            handle.write(bytes(1 << 20))  # 64 MiB of NULs on line 2
+    tracemalloc.start()
+    try:
+        with pytest.raises(LineTooLongError, match=r"bomb.txt.gz:2: a line longer than 8,388,608 bytes"):
+            list(read_lines(bomb))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 24 * 2**20, peak
+
+
+@pytest.fixture
+def short_lines(monkeypatch, tmp_path):
+    """A 100-byte line limit, and a file whose third line is 101 bytes."""
+    monkeypatch.setenv("ELMOKIT_MAX_LINE_BYTES", "100")
+    path = tmp_path / "long.txt"
+    path.write_text("a b\n" + "x" * 100 + "\n" + "y " * 50 + "z\nc\n", encoding="utf-8")
+    return path
+
+
+def test_every_reader_names_the_file_and_line_of_a_line_too_long(short_lines, tmp_path, tiny_model):
+    from elmokit.inference.files import embed_file
+    from elmokit.training.corpus import prepare_corpus
+    from elmokit.training.vocab import count_tokens
+
+    where = f"{short_lines}:3: a line longer than 100 bytes"
+    with pytest.raises(ValueError, match=where):
+        embed_file(_embedder(tiny_model), short_lines, tmp_path / "out.h5", progress=False)
+    with pytest.raises(ValueError, match=where):
+        prepare_corpus([short_lines], tmp_path / "shards", workers=1, pretokenized=True, progress=False)
+    with pytest.raises(ValueError, match=where):
+        count_tokens([short_lines])
+    assert not (tmp_path / "out.h5").exists()
+
+
+def test_the_command_prints_the_limit_as_one_line(short_lines, tmp_path, model_dir, capsys):
+    from elmokit.cli import main
+
+    assert main(["embed", str(short_lines), str(tmp_path / "o.h5"), "--model", str(model_dir), "-q"]) != 0
+    error = capsys.readouterr().err
+    assert f"{short_lines}:3: a line longer than 100 bytes" in error and "Traceback" not in error

@@ -84,31 +84,66 @@ class GzipReader(gzip.GzipFile):
 
 
 UTF8_BOM = b"\xef\xbb\xbf"  # what Notepad and others put first in a "UTF-8 with BOM" file
+MAX_LINE_BYTES = 1 << 23  # 8 MiB: a long paragraph is a few KB; ELMOKIT_MAX_LINE_BYTES raises it
+
+
+class LineTooLongError(CorpusError):
+    """A line longer than the limit: one sentence (or paragraph) a line is expected, and a line
+    is held in memory whole (several times over, once escaped and tokenized)."""
+
+
+def max_line_bytes() -> int:
+    """The longest line any reader takes, in bytes: ELMOKIT_MAX_LINE_BYTES, else MAX_LINE_BYTES."""
+    value = os.environ.get("ELMOKIT_MAX_LINE_BYTES", "")
+    if not value:
+        return MAX_LINE_BYTES
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"ELMOKIT_MAX_LINE_BYTES must be a positive number of bytes, got {value!r}")
+    return int(value)
 
 
 class TextBytes(io.RawIOBase):
     """The bytes of a plain or .gz text file as every reader sees them: a leading UTF-8 byte
-    order mark dropped (it is not text: kept, it would glue itself to the first token)."""
+    order mark dropped (it is not text: kept, it would glue itself to the first token), and a
+    line longer than `max_line_bytes()` stopped with LineTooLongError naming file:line before it
+    is read whole (a 2 GB line of NULs, from a gzip bomb, would fill the memory)."""
 
     def __init__(self, path: Path):
         self.name = str(path)
+        self._limit = max_line_bytes()
         self._inner = GzipReader(path, "rb") if is_gzip(path) else open(path, "rb", buffering=0)
         self._started = False
+        self._line_number = 1  # of the line being read
+        self._line_bytes = 0  # read of it so far
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer) -> int:
         view = memoryview(buffer).cast("B")
+        size = min(len(view), self._limit)  # no whole line past the limit fits in one read
         if not self._started:
             self._started = True
             head = self._read_fully(len(UTF8_BOM))
             head = b"" if head == UTF8_BOM else head
-            data = head + self._inner.read(max(len(view) - len(head), 0))
+            data = head + self._inner.read(max(size - len(head), 0))
         else:
-            data = self._inner.read(len(view))
+            data = self._inner.read(size)
+        self._count_lines(data)
         view[:len(data)] = data
         return len(data)
+
+    def _count_lines(self, data: bytes) -> None:
+        first = data.find(b"\n")
+        if self._line_bytes + (len(data) if first < 0 else first) > self._limit:
+            raise LineTooLongError(
+                f"{self.name}:{self._line_number}: a line longer than {self._limit:,} bytes; the input must hold "
+                "one sentence (or paragraph) a line (ELMOKIT_MAX_LINE_BYTES raises the limit)")
+        if first < 0:
+            self._line_bytes += len(data)
+        else:
+            self._line_number += data.count(b"\n")
+            self._line_bytes = len(data) - data.rfind(b"\n") - 1
 
     def _read_fully(self, size: int) -> bytes:
         data = b""
