@@ -298,3 +298,64 @@ def test_the_command_prints_the_limit_as_one_line(short_lines, tmp_path, model_d
     assert main(["embed", str(short_lines), str(tmp_path / "o.h5"), "--model", str(model_dir), "-q"]) != 0
     error = capsys.readouterr().err
     assert f"{short_lines}:3: a line longer than 100 bytes" in error and "Traceback" not in error
+
+
+# ---------------------------------------------------------------------------------------------
+# Defect 15: the merge's sentence index is streamed, not built in memory
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("use_sentence_keys", [False, True])
+def test_the_sentence_index_is_the_json_of_the_dict_with_the_last_line_winning(tmp_path, use_sentence_keys):
+    from elmokit.inference.files import write_sentence_index
+    from elmokit.inference.segments import sentence_key
+
+    lines = ["a b", "", "c \"q\" \\ é", "a b", "x", "", "a b", "sentence_to_index", "\x00"]
+    source = tmp_path / "in.txt"
+    source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    write_sentence_index(source, use_sentence_keys, tmp_path / "index.json")
+    expected = {line: (sentence_key(line) if use_sentence_keys else str(i)) for i, line in enumerate(lines)}
+    assert (tmp_path / "index.json").read_text(encoding="ascii") == json.dumps(expected)
+
+
+def test_the_sentence_index_takes_memory_by_line_not_by_text(tmp_path):
+    import tracemalloc
+
+    from elmokit.inference.files import write_sentence_index
+
+    source = tmp_path / "in.txt"
+    line = "\x00" * 2000  # escaped 6 times over in the JSON
+    with open(source, "w", encoding="utf-8") as handle:
+        for i in range(4000):  # 8 MB of text, 48 MB of JSON
+            handle.write(f"{i} {line}\n")
+    tracemalloc.start()
+    try:
+        write_sentence_index(source, False, tmp_path / "index.json")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (tmp_path / "index.json").stat().st_size > 48_000_000
+    assert peak < 4 * 2**20, peak
+
+
+@pytest.mark.parametrize("suffix", [".h5", ".npz"])
+def test_the_output_index_reads_back_as_before(tiny_model, tmp_path, suffix):
+    from elmokit.inference.files import EmbedOptions, embed_file
+
+    source = tmp_path / "in.txt"
+    source.write_text("a b\nc\na b\n", encoding="utf-8")
+    output = tmp_path / f"out{suffix}"
+    embed_file(_embedder(tiny_model), source, output, EmbedOptions(file_format=suffix.strip(".").replace("h5", "hdf5")),
+               progress=False)
+    if suffix == ".npz":
+        import numpy as np
+
+        with np.load(output, allow_pickle=False) as archive:
+            index = archive["sentence_to_index"]
+            assert index.shape == () and index.dtype.kind == "U"
+            text = str(index)
+    else:
+        import h5py
+
+        with h5py.File(output) as file:
+            text = file["sentence_to_index"][0]
+            assert file["sentence_to_index"].shape == (1,)
+    assert json.loads(text) == {"a b": "2", "c": "1"}

@@ -66,7 +66,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import h5py
 import numpy as np
 import torch
 
@@ -516,7 +515,9 @@ def merge_segments(input_path: Path, partial: Path, output_path: Path, options: 
             for _, lines in itertools.islice(rest, 1):  # lines that no segment holds
                 raise PartialOutputError(f"{lines} of {input_path} (rank {rank}) are in no segment of {partial}")
         if not options.forget_sentences:
-            out.write(INDEX_KEY, _sentence_index(input_path, options.use_sentence_keys, options.file_format))
+            index = partial / "sentence_to_index.json"
+            write_sentence_index(input_path, options.use_sentence_keys, index)
+            out.write_json(INDEX_KEY, index)
         out.close()
         durable_replace(merged, output_path)
     shutil.rmtree(partial)
@@ -531,14 +532,30 @@ def _segment_keys(input_path: Path, rank: int, world_size: int,
                f"lines {chunk[0][0] + 1}-{chunk[-1][0] + 1}")
 
 
-def _sentence_index(input_path: Path, use_sentence_keys: bool, file_format: str) -> np.ndarray:
-    """The JSON {sentence text: key} (the last line wins), as a 1-element string array (HDF5,
-    as the original) or a 0-d unicode array (.npz, loadable without pickle)."""
-    index = {line: (sentence_key(line) if use_sentence_keys else str(i)) for i, line in enumerate(read_lines(input_path))}
-    text = json.dumps(index)
-    if file_format == "npz":
-        return np.array(text)
-    return np.array([text], dtype=h5py.string_dtype())
+def write_sentence_index(input_path: Path, use_sentence_keys: bool, json_path: Path) -> None:
+    """Write the JSON {sentence text: key} (a repeated sentence once, in its first place, with its
+    last line's key), exactly `json.dumps` of that dict, streamed to `json_path`: memory holds an
+    8-byte hash per line and the repeated sentences, not the index (which was 5x the input).
+
+    Two passes: hashes find the lines that may repeat (a collision only costs memory); the second
+    pass keeps the last key of those lines alone, and writes every other line as it comes."""
+    hashes = np.fromiter(map(hash, read_lines(input_path)), dtype=np.int64)
+    ordered = np.sort(hashes)
+    may_repeat = np.isin(hashes, ordered[1:][ordered[1:] == ordered[:-1]])
+    del hashes, ordered
+    last_key: dict[str, str | None] = {}
+    for i, line in enumerate(read_lines(input_path)):
+        if may_repeat[i]:
+            last_key[line] = _key(input_path, i, line, use_sentence_keys)
+    with open(json_path, "w", encoding="ascii") as out:
+        out.write("{")
+        for i, line in enumerate(read_lines(input_path)):
+            key = last_key.get(line) if may_repeat[i] else _key(input_path, i, line, use_sentence_keys)
+            if key is not None:  # None: a repeated sentence, already written
+                out.write(f"{', ' if i else ''}{json.dumps(line)}: {json.dumps(key)}")
+                if may_repeat[i]:
+                    last_key[line] = None
+        out.write("}")
 
 
 def fix_malloc_mmap_threshold(threshold: int = 256 * 2**10) -> bool:

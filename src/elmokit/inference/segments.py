@@ -101,6 +101,11 @@ class Hdf5Segment(_Segment):
         if key not in self.file:  # a repeated sentence under use_sentence_keys
             self.file.create_dataset(key, data=array)
 
+    def write_json(self, key: str, json_path: Path) -> None:
+        """The ASCII JSON text of `json_path` as a 1-element string array (the original's layout:
+        `file[key][0]`); h5py needs the text in memory once (as bytes, never as str)."""
+        self.file.create_dataset(key, data=np.array([json_path.read_bytes()], dtype=h5py.string_dtype()))
+
     def items(self) -> Iterator[tuple[str, np.ndarray]]:
         names: list[str] = []
         self.file.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
@@ -137,6 +142,19 @@ class NpzSegment(_Segment):
         with self.zip.open(name, "w", force_zip64=True) as handle:
             np.lib.format.write_array(handle, np.require(array, requirements="C"), allow_pickle=False)
         self.names.add(name)
+
+    def write_json(self, key: str, json_path: Path, block: int = 1 << 22) -> None:
+        """The ASCII JSON text of `json_path` as a 0-d unicode array (loadable without pickle),
+        streamed into the member block by block: never in memory whole (as UTF-32, 4 bytes a
+        character)."""
+        n_chars = json_path.stat().st_size
+        header = {"descr": np.lib.format.dtype_to_descr(np.dtype(f"<U{n_chars}")), "fortran_order": False,
+                  "shape": ()}
+        with self.zip.open(f"{key}.npy", "w", force_zip64=True) as handle, open(json_path, "rb") as source:
+            np.lib.format.write_array_header_2_0(handle, header)
+            for chunk in iter(lambda: source.read(block), b""):
+                handle.write(chunk.decode("ascii").encode("utf-32-le"))
+        self.names.add(f"{key}.npy")
 
     def items(self) -> Iterator[tuple[str, np.ndarray]]:
         for name in self.zip.namelist():
