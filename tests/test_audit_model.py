@@ -7,6 +7,7 @@ import json
 import os
 import pickle
 import resource
+import shutil
 import signal
 
 import h5py
@@ -156,3 +157,19 @@ def test_elmo_train_on_a_full_disk_says_so_in_one_line(corpus, tmp_path, capsys,
     run = tmp_path / "run"
     assert main(["train", "--config", str(corpus["train_json"]), "--output-dir", str(run), "--epochs", "1"]) == 2
     one_error_line(capsys, "checkpoint.pt: could not write the checkpoint", "disk full")
+
+
+# ---------------------------------------------------------------------------------------------
+# Defect 10: torch.compile(Elmo(...)) with oneDNN's kernels on
+# ---------------------------------------------------------------------------------------------
+def test_torch_compile_of_elmo_gives_the_eager_vectors(model_dir, monkeypatch):
+    if shutil.which(os.environ.get("CXX", "g++")) is None and shutil.which("c++") is None:
+        pytest.skip("torch.compile's inductor needs a C++ compiler on the CPU; none is installed")
+    monkeypatch.delenv("ELMOKIT_KERNELS", raising=False)  # the default: oneDNN where it applies
+    torch._dynamo.reset()
+    elmo = Elmo(str(model_dir), dropout=0.0).eval()
+    char_ids = batch_to_ids([["a", "cat"], ["hello"]])
+    with torch.no_grad():
+        expected = elmo(char_ids)["elmo_representations"][0]
+        compiled = torch.compile(elmo)(char_ids)["elmo_representations"][0]
+    torch.testing.assert_close(compiled, expected, rtol=1e-5, atol=1e-6)

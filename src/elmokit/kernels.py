@@ -23,6 +23,9 @@ bfloat16 products, through oneDNN where the CPU has bf16 support.
 
 Which path runs:
     * `ELMOKIT_KERNELS=torch` in the environment forces the plain path (`F.linear`) everywhere.
+    * Under `torch.compile` (`torch.compiler.is_compiling()`) the plain path is traced: the
+      compiler chooses its own kernels (inductor emits oneDNN's for frozen linears where it can),
+      and lowering the private ops with the checks' data-dependent branches fails.
     * The oneDNN ops are private to torch (`torch.ops.mkldnn`), so they are not trusted blindly:
       the first product of each kind (plain, matmul, reordered weight, reordered weight plus an
       addend) and dtype that goes through oneDNN is computed again with `F.linear` in float32 and
@@ -104,7 +107,7 @@ def onednn_active() -> bool:
     requested = os.environ.get(KERNELS_VARIABLE, "auto").strip().lower() or "auto"
     if requested not in ("auto", "torch"):
         raise ValueError(f"{KERNELS_VARIABLE} must be 'torch' or 'auto', got {requested!r}")
-    return ONEDNN and requested == "auto" and _state["disabled"] is None
+    return ONEDNN and requested == "auto" and _state["disabled"] is None and not torch.compiler.is_compiling()
 
 
 def bound_onednn_caches(capacity: int = CACHE_CAPACITY) -> None:
@@ -296,6 +299,8 @@ class PackedLinear:
         return self.source if self.row_scale is None else self.source * self.row_scale
 
     def _plain_weight(self) -> torch.Tensor:
+        if self.weight is None and torch.compiler.is_compiling():  # traced: the eager object keeps its packing
+            return self._scaled()
         if self.weight is None:  # oneDNN was switched off after this product was packed
             self.weight, self.packed = self._scaled(), None
         return self.weight
