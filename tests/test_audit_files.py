@@ -359,3 +359,54 @@ def test_the_output_index_reads_back_as_before(tiny_model, tmp_path, suffix):
             text = file["sentence_to_index"][0]
             assert file["sentence_to_index"].shape == (1,)
     assert json.loads(text) == {"a b": "2", "c": "1"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Defect 22 (embed's part): SIGTERM stops a run as Ctrl-C does; --resume and --overwrite exclude
+# each other, as in elmo train
+# ---------------------------------------------------------------------------------------------
+def test_sigterm_stops_embed_cleanly_and_the_run_resumes(model_dir, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+
+    source = tmp_path / "in.txt"
+    source.write_text("".join(f"w{i % 50} x{i % 7} y z\n" for i in range(2000)), encoding="utf-8")
+    output = tmp_path / "out.h5"
+    partial = tmp_path / "out.h5.partial"
+    command = [sys.executable, "-m", "elmokit", "embed", str(source), str(output), "--model", str(model_dir),
+               "--no-progress", "--batch-size", "4", "--checkpoint-every", "50"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src")}
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    record = partial / "progress-rank0.json"
+    while process.poll() is None:
+        if record.exists() and len(json.loads(record.read_text() or "{}").get("segments", [])) >= 1:
+            break
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate()
+    assert not output.exists(), "the run ended before it could be stopped"
+    assert process.returncode == 130, stderr
+    assert "interrupted: SIGTERM" in stderr and "--resume" in stderr
+    assert not (tmp_path / "out.h5.lock").exists()
+    assert not [path.name for path in partial.iterdir() if path.name.endswith(".tmp")]
+    resumed = subprocess.run(command + ["--resume"], env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert output.exists() and not partial.exists()
+
+
+def test_resume_and_overwrite_together_are_refused_as_train_refuses_them(model_dir, tmp_path, capsys):
+    from elmokit.cli import main
+    from elmokit.inference.files import embed_file
+
+    source = tmp_path / "in.txt"
+    source.write_text("a b\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="resume=True .* or overwrite=True .*, not both"):
+        embed_file(None, source, tmp_path / "o.h5", resume=True, overwrite=True)
+    assert main(["embed", str(source), str(tmp_path / "o.h5"), "--model", str(model_dir), "--resume",
+                 "--overwrite"]) == 2
+    assert "give --resume (continue the unfinished run) or --overwrite (start over), not both" in capsys.readouterr().err
+    assert not (tmp_path / "o.h5").exists()

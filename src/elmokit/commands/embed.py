@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import signal
+import threading
 from pathlib import Path
 
 import torch
@@ -136,10 +139,11 @@ def run(args: argparse.Namespace) -> int:
         if device.type == "cuda" and world_size > 1:  # one GPU a process
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         embedder = ElmoEmbedder(module=model_from_args(args), device=device, dtype=args.dtype)
-        report = embed_file_report(embedder, args.input, args.output, options, overwrite=args.overwrite,
-                                   resume=args.resume, progress=not args.no_progress, rank=rank,
-                                   world_size=world_size, barrier=barrier,
-                                   max_output_bytes=int(args.max_output_gb * 1e9))
+        with sigterm_as_interrupt(args.output):
+            report = embed_file_report(embedder, args.input, args.output, options, overwrite=args.overwrite,
+                                       resume=args.resume, progress=not args.no_progress, rank=rank,
+                                       world_size=world_size, barrier=barrier,
+                                       max_output_bytes=int(args.max_output_gb * 1e9))
     except OutputTooLargeError as error:
         needed = f"{error.estimate / 1e9 * 1.1:.2g}"  # above the estimate, which is within a few %
         raise ValueError(f"{args.output} would be about {format_bytes(error.estimate)}, above --max-output-gb "
@@ -153,3 +157,22 @@ def run(args: argparse.Namespace) -> int:
         log.info(f"wrote {args.output}: {report.summary()}{shared}")
     return 0
 
+
+@contextlib.contextmanager
+def sigterm_as_interrupt(output: Path):
+    """SIGTERM (kill, a batch scheduler, torchrun stopping its processes) stops the run as Ctrl-C
+    does: the segment being written and the lock are removed, the finished segments kept, and
+    the command says so (KeyboardInterrupt: exit status 130)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt(f"SIGTERM; the finished segments are kept in {output}.partial: "
+                                "--resume continues the run")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -384,6 +384,8 @@ def embed_file_report(embedder: Embedder, input_path: str | Path, output_path: s
     with `OutputTooLargeError`; with less free disk space than the run needs (the segments and
     the merged output side by side), a warning is logged."""
     started = time.perf_counter()
+    if resume and overwrite:  # as elmo train: continuing a run and replacing it are opposites
+        raise ValueError("give resume=True (continue the unfinished run) or overwrite=True (start over), not both")
     options = options or EmbedOptions()
     input_path, output_path = Path(input_path), Path(output_path)
     check_input_file(input_path)
