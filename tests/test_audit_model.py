@@ -173,3 +173,27 @@ def test_torch_compile_of_elmo_gives_the_eager_vectors(model_dir, monkeypatch):
         expected = elmo(char_ids)["elmo_representations"][0]
         compiled = torch.compile(elmo)(char_ids)["elmo_representations"][0]
     torch.testing.assert_close(compiled, expected, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 32 point 4: --deterministic
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture
+def restores_deterministic_mode(monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    cudnn = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
+    yield
+    torch.use_deterministic_algorithms(False)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn
+    os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+
+
+def test_train_deterministic_is_recorded_and_sets_torch_deterministic_mode(corpus, tmp_path,
+                                                                           restores_deterministic_mode):
+    assert not torch.are_deterministic_algorithms_enabled()
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(corpus["train_json"]), "--output-dir", str(run), "--epochs", "1",
+                 "--deterministic"]) == 0
+    assert json.loads((run / "train_config.json").read_text())["deterministic"] is True
+    assert torch.are_deterministic_algorithms_enabled()
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8" and torch.backends.cudnn.deterministic

@@ -70,6 +70,8 @@ class TrainConfig:
     n_samples: int = _field(8192, "negatives of the sampled softmax (full softmax if >= the vocabulary)")
     bf16: bool = _field(False, "bfloat16 autocast")
     seed: int = _field(0, "seed of the weights, the dropout, the sampler and the data order")
+    deterministic: bool = _field(False, "deterministic kernels only (torch.use_deterministic_algorithms, "
+                                        "CUBLAS_WORKSPACE_CONFIG): a resumed run exact on CUDA too; slower there")
     data_split: str = _field("files", "how processes share the corpus: files (each reads its own shards "
                               "or lines) or rows (each reads everything and keeps its rows of the global "
                               "batch: the same batches whatever the number of processes)")

@@ -54,8 +54,21 @@ class Dist:
         return tensor.tolist()
 
 
+def use_deterministic_kernels() -> None:
+    """torch's deterministic mode for this process (`--deterministic`): the CUDA kernels that add
+    in a varying order (index_add_, scatter_add_, the embedding's backward) run their deterministic
+    versions, and cuBLAS a fixed workspace (CUBLAS_WORKSPACE_CONFIG, read at its first call; a
+    value already set is kept). A kernel with no deterministic CUDA version raises a RuntimeError
+    naming it rather than run. The CPU's kernels are deterministic already."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+
+
 def setup_distributed(config: TrainConfig) -> Dist:
     """Join the process group when launched by torchrun (WORLD_SIZE > 1)."""
+    if config.deterministic:
+        use_deterministic_kernels()  # before the first CUDA kernel and cuBLAS call
     if config.threads:
         torch.set_num_threads(config.threads)
     kernels.bound_onednn_caches(kernels.TRAINING_CACHE_CAPACITY)  # before the process's first product

@@ -113,7 +113,10 @@ class GatherRows(torch.autograd.Function):
         rows, = ctx.saved_tensors
         weight, ctx.weight = ctx.weight, None
         kept = weight.grad
-        if ctx.sparse and kept is not None and kept.layout == torch.strided:
+        # torch promises no order for a sparse COO gradient added into a dense one on CUDA: under
+        # --deterministic the dense gradient's index_add_ (whose deterministic version it has) instead
+        exact = grad_rows.is_cuda and torch.are_deterministic_algorithms_enabled()
+        if ctx.sparse and kept is not None and kept.layout == torch.strided and not exact:
             return torch.sparse_coo_tensor(rows[None], grad_rows, weight.shape, check_invariants=False), None, None
         return torch.zeros_like(weight).index_add_(0, rows, grad_rows), None, None
 
