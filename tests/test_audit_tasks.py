@@ -140,3 +140,64 @@ def test_info_refuses_a_provenance_that_is_not_an_object(model_dir, capsys):
     capsys.readouterr()
     assert main(["info", str(model_dir)]) != 0
     one_error_line(capsys, "provenance.json: not a provenance record")
+
+
+# 17: errors that say where (file:line) and what a path is (a directory, a pipe, a loop of links)
+def test_task_data_that_is_not_utf8_is_named_with_its_line(pos_run, tmp_path, capsys):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"I PRON\nl\xffike VERB\n\n")
+    good = pos_run.parent / "train.txt"
+    capsys.readouterr()
+    assert main(["task", "train", "--task", "pos", "--train", str(bad), "--dev", str(good), "--out",
+                 str(tmp_path / "run"), "--model", "none", *TINY]) != 0
+    one_error_line(capsys, f"{bad}:2: invalid UTF-8 byte 0xff")
+    text = tmp_path / "bad-text.txt"
+    text.write_bytes(b"I like cats\nYou \xffhate dogs\n")
+    assert main(["task", "predict", str(pos_run), str(text), "--no-progress"]) != 0
+    one_error_line(capsys, f"{text}:2: invalid UTF-8 byte 0xff")
+
+
+def test_task_paths_that_are_not_files_are_said_as_what_they_are(pos_run, tmp_path, capsys):
+    import os
+
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    good = pos_run.parent / "train.txt"
+    for name, expected in (("", "is a directory"), ("fifo", "not a regular file"), ("loop1", "loop of links")):
+        capsys.readouterr()
+        assert main(["task", "predict", str(pos_run), str(tmp_path / name), "--no-progress"]) != 0
+        assert "not found" not in one_error_line(capsys, expected)
+        assert main(["task", "train", "--task", "pos", "--train", str(tmp_path / name), "--dev", str(good), "--out",
+                     str(tmp_path / "run"), "--model", "none", *TINY]) != 0
+        assert "not found" not in one_error_line(capsys, expected)
+
+
+def test_seeds_beyond_torch_are_refused_by_name(tmp_path, capsys):
+    (tmp_path / "c.txt").write_text("hello world\n", encoding="utf-8")
+    (tmp_path / "vocab.txt").write_text("<S>\n</S>\n<UNK>\nhello\nworld\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["train", "--train", str(tmp_path / "c.txt"), "--vocab", str(tmp_path / "vocab.txt"), "--output-dir",
+                 str(tmp_path / "lm"), "--seed", "99999999999999999999"]) != 0
+    one_error_line(capsys, "seed must be in [0, 2**32)")
+    assert main(["task", "train", "--task", "pos", "--train", str(tmp_path / "c.txt"), "--dev",
+                 str(tmp_path / "c.txt"), "--out", str(tmp_path / "run"), "--model", "none",
+                 "--seed", "99999999999999999999", *TINY]) != 0
+    one_error_line(capsys, "--seed must be in [0, 2**32)")
+
+
+def test_model_files_that_cannot_be_read_are_one_error(model_dir, capsys):
+    config = model_dir / "config.json"
+    text = config.read_text(encoding="utf-8")
+    config.write_text(text.replace("12", "1" * 5000, 1), encoding="utf-8")  # an integer past Python's digit limit
+    capsys.readouterr()
+    assert main(["info", str(model_dir)]) != 0
+    one_error_line(capsys, "config.json: not valid JSON")
+    config.write_text(text, encoding="utf-8")
+    (model_dir / "provenance.json").write_text('{"a": \n', encoding="utf-8")
+    assert main(["info", str(model_dir)]) != 0
+    one_error_line(capsys, "provenance.json: not valid JSON")
+    (model_dir / "provenance.json").write_text("{}\n", encoding="utf-8")
+    (model_dir / "vocab.txt").write_bytes(b"<S>\n</S>\n\xff\xfe\n")
+    assert main(["info", str(model_dir)]) != 0
+    one_error_line(capsys, "vocab.txt:3: invalid UTF-8")

@@ -7,6 +7,7 @@ import json
 
 from pathlib import Path
 
+from elmokit.jsonfiles import read_json
 from elmokit.model.builtin import BUILTIN_MODEL, builtin_model_dir
 from elmokit.commands.common import add_model_arguments, model_from_args, model_reference
 
@@ -19,6 +20,17 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     add_model_arguments(parser, positional=True)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.set_defaults(func=run)
+
+
+def _count_lines(path: Path) -> int:
+    """The lines of a UTF-8 text file; one that is not UTF-8 is an error naming its first bad line."""
+    from elmokit.textfiles import CorpusError, locate_decode_error
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return sum(1 for _ in handle)
+    except UnicodeDecodeError:
+        raise CorpusError(f"{locate_decode_error(path)}; a vocabulary is UTF-8 text, one token a line") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,11 +55,10 @@ def run(args: argparse.Namespace) -> int:
         facts["model"] = str(directory)
         vocab = directory / "vocab.txt"
         if vocab.is_file():
-            with open(vocab, encoding="utf-8") as handle:
-                facts["vocabulary_size"] = sum(1 for _ in handle)
+            facts["vocabulary_size"] = _count_lines(vocab)
         provenance = directory / "provenance.json"
         if provenance.is_file():
-            facts["provenance"] = json.loads(provenance.read_text(encoding="utf-8"))
+            facts["provenance"] = read_json(provenance)
             if not isinstance(facts["provenance"], dict):
                 raise ValueError(f"{provenance}: not a provenance record (expected a JSON object, got "
                                  f"{json.dumps(facts['provenance'])[:80]})")

@@ -366,7 +366,7 @@ def _read_json(path: str | Path) -> dict[str, Any]:
         raise FileNotFoundError(f"config file not found: {path}")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+    except (ValueError, RecursionError) as error:  # bad JSON or UTF-8, over-long integers, deep nesting
         raise ConfigError(f"{path}: not valid JSON ({error})") from error
     _require(isinstance(data, dict), f"{path}: expected a JSON object, got {type(data).__name__}")
     return data

@@ -7,12 +7,13 @@ raises `DataFormatError` naming the file and the 1-based line of anything malfor
 from __future__ import annotations
 
 import csv
+import io
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from elmokit.training.corpus import open_text
+from elmokit.textfiles import CorpusError, locate_decode_error, not_a_regular_file, open_binary
 from elmokit.tasks.schemes import iob1_to_bio
 
 UPOS_TAGS = ("ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON",
@@ -56,11 +57,51 @@ class SenseSentence:
 
 def open_data_file(path: str | Path) -> IO[str]:
     """Open a task data file as UTF-8 text (gzip detected, a truncated or fake .gz named by
-    `elmokit.training.corpus`); a clear error if it is missing."""
+    `elmokit.training.corpus`); a clear error if it is missing, not a regular file, or (when
+    read) not UTF-8: the file and the line of the first bad byte."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"data file not found: {path}")
-    return open_text(path)
+    check_data_path(path)
+    return _DataText(open_binary(path), path)
+
+
+def check_data_path(path: Path) -> None:
+    """A clear error unless `path` is a regular file: missing, a directory, a pipe or device, or a
+    symbolic link that leads nowhere (a loop, a missing target) each said as what it is."""
+    try:
+        if path.is_file():
+            return
+        if path.is_dir():
+            raise IsADirectoryError(f"data file {path} is a directory; give a file")
+        if path.exists():
+            raise CorpusError(not_a_regular_file(path))
+    except OSError as error:  # ELOOP from stat: a loop of symbolic links
+        if isinstance(error, IsADirectoryError):
+            raise
+        raise FileNotFoundError(f"data file {path} cannot be opened ({error.strerror})") from None
+    if path.is_symlink():
+        raise FileNotFoundError(f"data file {path} is a symbolic link that leads nowhere (to a missing file, or in "
+                                "a loop of links)")
+    raise FileNotFoundError(f"data file not found: {path}")
+
+
+class _DataText(io.TextIOWrapper):
+    """Strict UTF-8 text whose decoding error names the file and the line (`locate_decode_error`)."""
+
+    def __init__(self, raw, path: Path):
+        super().__init__(raw, encoding="utf-8", errors="strict")
+        self.path = path
+
+    def __next__(self) -> str:
+        try:
+            return super().__next__()
+        except UnicodeDecodeError:
+            raise CorpusError(f"{locate_decode_error(self.path)}; task data must be UTF-8") from None
+
+    def readline(self, size: int = -1) -> str:
+        try:
+            return super().readline(size)
+        except UnicodeDecodeError:
+            raise CorpusError(f"{locate_decode_error(self.path)}; task data must be UTF-8") from None
 
 
 def _numbered_lines(path: str | Path) -> Iterator[tuple[int, str]]:

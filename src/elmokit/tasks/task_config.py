@@ -136,6 +136,8 @@ class TaskConfig:
         for name in ("max_train_sentences", "max_eval_sentences", "threads"):  # None: not limited / torch's
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise TaskOptionError(f"<{name}> must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.seed < 2 ** 32:
+            raise TaskOptionError(f"<seed> must be in [0, 2**32) (the range torch seeds), got {self.seed}")
         for name in ("lr", "bilm_lr"):
             if not 0 < getattr(self, name) < math.inf:  # NaN fails too
                 raise TaskOptionError(f"<{name}> must be a number > 0, got {getattr(self, name)}")
@@ -162,7 +164,11 @@ class TaskConfig:
         self.data_dir = str(Path(self.data_dir).expanduser().resolve())
         for name in ("train_file", "dev_file", "test_file"):
             if getattr(self, name) is not None:
-                setattr(self, name, str(Path(getattr(self, name)).expanduser().resolve()))
+                try:
+                    setattr(self, name, str(Path(getattr(self, name)).expanduser().resolve()))
+                except (RuntimeError, OSError):  # a loop of symbolic links (RuntimeError before Python 3.13)
+                    raise TaskOptionError(f"<{name}> {getattr(self, name)} is a symbolic link in a loop of links; "
+                                          "give the file itself") from None
 
     def _check_files(self) -> None:
         if (self.train_file is None) != (self.dev_file is None):

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from elmokit.jsonfiles import read_json
 from elmokit.model.config import ConfigError
 from elmokit.training.corpus import expand_paths, require_tokens
 from elmokit.devices import check_device_name
@@ -99,6 +100,7 @@ class TrainConfig:
         for name in ("max_tokens", "eval_every", "patience", "warmup_steps", "anneal_start", "anneal_steps",
                      "n_samples", "threads"):
             require(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
+        require(0 <= self.seed < 2 ** 32, f"seed must be in [0, 2**32) (the range torch seeds), got {self.seed}")
         require(self.lr > 0, f"lr must be > 0, got {self.lr}")
         require(0 < self.lr_decay <= 1, f"lr_decay must be in (0, 1], got {self.lr_decay}")
         require((self.anneal_start > 0) == (self.anneal_steps > 0),
@@ -148,13 +150,11 @@ class TrainConfig:
         """Read a JSON file; `overrides` (e.g. from the command line) win over its values."""
         path = Path(path)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = read_json(path)  # JSONFileError (a ValueError) naming the file: bad JSON, UTF-8, nesting
         except FileNotFoundError:
             raise FileNotFoundError(f"training config not found: {path}") from None
         except IsADirectoryError:
             raise IsADirectoryError(f"training config is a directory, expected a JSON file: {path}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise ConfigError(f"{path}: not valid JSON ({error})") from error
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: expected a JSON object of training options, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
