@@ -63,6 +63,18 @@ def test_an_empty_or_stale_lock_file_is_still_taken_over(tmp_path):
     assert not lock.exists()
 
 
+
+def test_elmo_embed_refuses_a_symbolic_link_at_its_lock(model_dir, tmp_path, capsys):
+    from elmokit.cli import main
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (tmp_path / "in.txt").write_text("a b\n", encoding="utf-8")
+    (tmp_path / "out.hdf5.lock").symlink_to(victim)
+    assert main(["embed", str(tmp_path / "in.txt"), str(tmp_path / "out.hdf5"), "--model", str(model_dir)]) == 2
+    assert "is not a lock of elmokit" in capsys.readouterr().err
+    assert victim.read_text() == "precious\n" and not (tmp_path / "out.hdf5").exists()
+
 # ---------------------------------------------------------------------------------------------
 # Defect 16: a UTF-8 byte order mark is not text
 # ---------------------------------------------------------------------------------------------
