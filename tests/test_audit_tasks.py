@@ -201,3 +201,40 @@ def test_model_files_that_cannot_be_read_are_one_error(model_dir, capsys):
     (model_dir / "vocab.txt").write_bytes(b"<S>\n</S>\n\xff\xfe\n")
     assert main(["info", str(model_dir)]) != 0
     one_error_line(capsys, "vocab.txt:3: invalid UTF-8")
+
+
+# 13: JSON nested deeper than Python's recursion limit is one error naming the file, wherever JSON is read
+DEEP = "[" * 100000 + "]" * 100000
+
+
+def test_deeply_nested_json_is_one_error_everywhere(pos_run, model_dir, tmp_path, capsys):
+    import shutil
+
+    (tmp_path / "deep.json").write_text(DEEP, encoding="utf-8")
+    (tmp_path / "c.txt").write_text("hello world\n", encoding="utf-8")
+    (tmp_path / "vocab.txt").write_text("<S>\n</S>\n<UNK>\nhello\nworld\n", encoding="utf-8")
+    lm = ["train", "--train", str(tmp_path / "c.txt"), "--vocab", str(tmp_path / "vocab.txt"), "--output-dir",
+          str(tmp_path / "lm")]
+    capsys.readouterr()
+    for option in ("--model", "--config"):
+        assert main([*lm, option, str(tmp_path / "deep.json")]) != 0
+        one_error_line(capsys, "deep.json", "nested")
+    data = tmp_path / "deep.jsonl"
+    data.write_text('{"tokens": ["I"], "labels": ["PRON"]}\n' + DEEP + "\n", encoding="utf-8")
+    assert main(["task", "predict", str(pos_run), str(data), "--no-progress"]) != 0
+    one_error_line(capsys, f"{data}:2:", "nested too deeply")
+    assert main(["task", "train", "--task", "pos", "--train", str(data), "--dev", str(data), "--out",
+                 str(tmp_path / "run"), "--model", "none", *TINY]) != 0
+    one_error_line(capsys, f"{data}:2:", "nested too deeply")
+    for name in ("task_config.json", "results.json"):
+        run = tmp_path / f"run-{name}"
+        shutil.copytree(pos_run, run)
+        (run / name).write_text(DEEP, encoding="utf-8")
+        assert main(["task", "predict", str(run), str(tmp_path / "c.txt"), "--no-progress"]) != 0
+        one_error_line(capsys, f"{name}: JSON nested too deeply")
+    (model_dir / "provenance.json").write_text(DEEP, encoding="utf-8")
+    assert main(["info", str(model_dir)]) != 0
+    one_error_line(capsys, "provenance.json: JSON nested too deeply")
+    (model_dir / "config.json").write_text(DEEP, encoding="utf-8")
+    assert main(["info", str(model_dir)]) != 0
+    one_error_line(capsys, "config.json", "nested")

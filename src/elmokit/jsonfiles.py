@@ -27,16 +27,16 @@ def decode_json(text: str | bytes, source: str) -> Any:
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as error:
-            raise JSONFileError(f"{source}: not UTF-8 text (byte {error.start}: {error.object[error.start:error.start + 1]!r}); "
-                                "JSON is UTF-8") from None
+            raise JSONFileError(f"{source}: not valid JSON (invalid UTF-8 byte 0x{error.object[error.start]:02x} at "
+                                f"byte {error.start}; JSON is UTF-8 text)") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:
         raise JSONFileError(f"{source}: not valid JSON ({error.msg} at line {error.lineno} column {error.colno})"
                             ) from None
     except RecursionError:
-        raise JSONFileError(f"{source}: JSON nested too deeply to read (arrays or objects inside one another "
-                            "thousands of levels down)") from None
+        raise JSONFileError(f"{source}: JSON nested too deeply to read (arrays or objects thousands of levels "
+                            "inside one another)") from None
     except ValueError as error:  # an integer longer than the interpreter converts
         raise JSONFileError(f"{source}: not readable JSON ({error})") from None
 

@@ -59,6 +59,7 @@ def _default(spec: dataclasses.Field) -> Any:
 def config_from_args(args: argparse.Namespace) -> Any:
     """The TrainConfig of these arguments: --config (or the resumed run's file), then overrides."""
     from elmokit.commands.common import default_device
+    from elmokit.jsonfiles import read_json
     from elmokit.training.loop import TRAIN_CONFIG_NAME, TrainConfig
 
     names = {spec.name for spec in dataclasses.fields(TrainConfig)}
@@ -70,7 +71,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         base = Path(overrides["output_dir"]) / TRAIN_CONFIG_NAME
         if not base.is_file():
             raise FileNotFoundError(f"--resume: no {TRAIN_CONFIG_NAME} in {overrides['output_dir']}")
-    if "device" not in overrides and not (base is not None and "device" in json.loads(Path(base).read_text())):
+    base_values = read_json(base) if base is not None and Path(base).is_file() else {}  # errors name the file
+    if "device" not in overrides and not (isinstance(base_values, dict) and "device" in base_values):
         overrides["device"] = default_device()  # the commands' one default (ELMOKIT_DEVICE, else auto)
     if base is not None:
         return TrainConfig.load(base, **overrides)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from elmokit.jsonfiles import decode_json
 from elmokit.tasks.readers import DataFormatError, LabelledSentence, TaggedSentence, open_data_file
 from elmokit.tasks.schemes import detect_scheme, split_tag, to_bio
 
@@ -258,6 +259,8 @@ def _jsonl_records(path: Path, fmt: FileFormat, kind: str, tokenize) -> Iterator
             item = json.loads(line)
         except json.JSONDecodeError as error:
             raise DataFormatError(path, number, f"invalid JSON: {error.msg} at character {error.pos + 1}") from None
+        except (RecursionError, ValueError):  # deep nesting ([[[[...]]]]), an integer past Python's digit limit
+            item = decode_json(line, f"{path}:{number}")  # raises JSONFileError, which says which
         if not isinstance(item, dict):
             raise DataFormatError(path, number, f"expected a JSON object, got {type(item).__name__}")
         tokens = _json_tokens(item, path, number, kind, tokenize)

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from elmokit.devices import resolve_device
+from elmokit.jsonfiles import read_json
 from elmokit.inference.elmo import module_device
 from elmokit.model.bilm import BiLM
 from elmokit.model.weights import WeightFileError, read_safetensors, safetensors_header
@@ -203,7 +204,7 @@ def load(run_dir: str | Path, device: str | torch.device | None = None,
         raise WeightFileError(f"{run_dir / RUN_WEIGHTS}: does not match {RUN_CONFIG} "
                               f"({' '.join(str(error).split())[:400]})") from None
     results_path = run_dir / "results.json"
-    results = json.loads(results_path.read_text(encoding="utf-8")) if results_path.is_file() else None
+    results = read_json(results_path) if results_path.is_file() else None
     return TaskRun(config, model.to(resolve_device(device)), vocabularies, bilm, run_dir, record, results)
 
 
@@ -232,10 +233,7 @@ def _check_sizes(run_dir: Path, config: TaskConfig, vocabularies: Vocabularies, 
 def _read_run_config(path: Path) -> dict:
     """OUT/task_config.json, checked for the structure `save_run` writes (it may have been edited):
     anything else is a ValueError naming the file and the key."""
-    try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path}: not valid JSON ({error})") from None
+    saved = read_json(path)  # JSONFileError naming the file: not JSON, not UTF-8, nested too deeply
     expected = {"config": dict, "vocab": list, "labels": list}
     if not isinstance(saved, dict) or any(not isinstance(saved.get(key), kind) for key, kind in expected.items()):
         raise ValueError(f"{path}: not a task run's config (expected an object with a config object and "
@@ -245,8 +243,8 @@ def _read_run_config(path: Path) -> dict:
     for key, least in (("vocab", 2), ("labels", 1), ("chars", 1)):  # the words start with padding and unknown
         items = saved.get(key)
         if items is not None and (len(items) < least or not all(isinstance(item, str) and item for item in items)):
-            raise ValueError(f"{path}: {key} must be a list of at least {least} non-empty strings, got "
-                             f"{json.dumps(items)[:80]}")
+            raise ValueError(f"{path}: not a task run's config ({key} must be a list of at least {least} "
+                             f"non-empty strings, got {json.dumps(items)[:80]})")
     if any(label_breaks_lines(label) for label in saved["labels"]):
         raise ValueError(f"{path}: labels must not hold a tab or a line break")
     record = saved.get("bilm")
