@@ -238,3 +238,21 @@ def test_deeply_nested_json_is_one_error_everywhere(pos_run, model_dir, tmp_path
     (model_dir / "config.json").write_text(DEEP, encoding="utf-8")
     assert main(["info", str(model_dir)]) != 0
     one_error_line(capsys, "config.json", "nested")
+
+
+# 12: --threads bounded, refused before anything is made (no lock, no run directory)
+@pytest.mark.parametrize("threads", ["20000", "100000"])
+def test_threads_beyond_the_machine_are_refused(tmp_path, capsys, threads):
+    (tmp_path / "c.txt").write_text("hello world\n", encoding="utf-8")
+    (tmp_path / "vocab.txt").write_text("<S>\n</S>\n<UNK>\nhello\nworld\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["train", "--train", str(tmp_path / "c.txt"), "--vocab", str(tmp_path / "vocab.txt"), "--output-dir",
+                 str(tmp_path / "lm"), "--threads", threads]) != 0
+    one_error_line(capsys, "threads must be at most")
+    assert not (tmp_path / "lm").exists()
+    data = tmp_path / "train.txt"
+    data.write_text("I PRON\nlike VERB\n\n", encoding="utf-8")
+    assert main(["task", "train", "--task", "pos", "--train", str(data), "--dev", str(data), "--out",
+                 str(tmp_path / "run"), "--model", "none", "--threads", threads, *TINY]) != 0
+    one_error_line(capsys, "--threads must be at most")
+    assert not (tmp_path / "run").exists()

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from elmokit.devices import DEVICE_HELP, DTYPES, check_device_name
+from elmokit.training.config import max_threads
 from elmokit.tasks.formats import CONLLU_COLUMNS, FORMATS
 
 DATA_DIR_VARIABLE = "ELMOKIT_DATA_DIR"
@@ -138,6 +139,9 @@ class TaskConfig:
                 raise TaskOptionError(f"<{name}> must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.seed < 2 ** 32:
             raise TaskOptionError(f"<seed> must be in [0, 2**32) (the range torch seeds), got {self.seed}")
+        if self.threads is not None and self.threads > max_threads():
+            raise TaskOptionError(f"<threads> must be at most {max_threads()} (4 a CPU core of this machine, at "
+                                  f"least 64), got {self.threads}")
         for name in ("lr", "bilm_lr"):
             if not 0 < getattr(self, name) < math.inf:  # NaN fails too
                 raise TaskOptionError(f"<{name}> must be a number > 0, got {getattr(self, name)}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,13 @@ def _field(default: Any, help: str) -> Any:
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata={"help": help})
     return field(default=default, metadata={"help": help})
+
+
+def max_threads() -> int:
+    """The most torch threads an option may ask for: 4 a CPU core, at least 64. Beyond it OpenMP
+    fails (20000: libgomp cannot make them) or the process crashes (100000: a segfault that leaves
+    a stale lock and a half-made run)."""
+    return max(64, 4 * (os.cpu_count() or 1))
 
 
 @dataclass
@@ -100,6 +108,8 @@ class TrainConfig:
         for name in ("max_tokens", "eval_every", "patience", "warmup_steps", "anneal_start", "anneal_steps",
                      "n_samples", "threads"):
             require(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
+        require(self.threads <= max_threads(), f"threads must be at most {max_threads()} (4 a CPU core of this "
+                f"machine, at least 64), got {self.threads}")
         require(0 <= self.seed < 2 ** 32, f"seed must be in [0, 2**32) (the range torch seeds), got {self.seed}")
         require(self.lr > 0, f"lr must be > 0, got {self.lr}")
         require(0 < self.lr_decay <= 1, f"lr_decay must be in (0, 1], got {self.lr_decay}")
