@@ -126,9 +126,13 @@ class BiLM(nn.Module):
 
     @property
     def boundary_ids(self) -> tuple[np.ndarray, np.ndarray]:
-        """The (W,) ids of `<S>` and `</S>`."""
-        bos, eos = self.token_ids([BOS_TOKEN, EOS_TOKEN])
-        return bos, eos
+        """The (W,) ids of `<S>` and `</S>`, made once (host-side numpy on strings: under
+        `torch.compile` it runs as plain Python, untraced)."""
+        cached = self.__dict__.get("_boundary_ids")
+        if cached is None:
+            token_ids = torch.compiler.disable(self.token_ids) if torch.compiler.is_compiling() else self.token_ids
+            cached = self.__dict__["_boundary_ids"] = tuple(token_ids([BOS_TOKEN, EOS_TOKEN]))
+        return cached
 
     def encode_words(self, tokens: list[str]) -> torch.Tensor:
         """The token layer (n, P) of a flat list of token strings, on the model's device."""

@@ -49,7 +49,6 @@ BOS_IDS = _boundary_ids(_BOS_CHAR)  # (50,) [259, 257, 260, 261, ...]
 EOS_IDS = _boundary_ids(_EOS_CHAR)  # (50,) [259, 258, 260, 261, ...]
 
 
-@torch.compiler.disable  # host-side numpy on strings: torch.compile runs it as Python, untraced
 def tokens_to_char_ids(tokens: Sequence[str]) -> np.ndarray:
     """Character ids of a flat sequence of tokens.
 
