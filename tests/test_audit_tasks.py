@@ -256,3 +256,24 @@ def test_threads_beyond_the_machine_are_refused(tmp_path, capsys, threads):
                  str(tmp_path / "run"), "--model", "none", "--threads", threads, *TINY]) != 0
     one_error_line(capsys, "--threads must be at most")
     assert not (tmp_path / "run").exists()
+
+
+# 20: options bounded where memory or time grows with them
+@pytest.mark.parametrize("unroll, budget, expected", [("100000", "300", "unroll_steps must be at most 4096"),
+                                                      ("400", "300", "must be at most max_tokens (300)")])
+def test_train_window_is_bounded(tmp_path, capsys, unroll, budget, expected):
+    (tmp_path / "c.txt").write_text("hello world\n", encoding="utf-8")
+    (tmp_path / "vocab.txt").write_text("<S>\n</S>\n<UNK>\nhello\nworld\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["train", "--train", str(tmp_path / "c.txt"), "--vocab", str(tmp_path / "vocab.txt"), "--output-dir",
+                 str(tmp_path / "lm"), "--unroll-steps", unroll, "--max-tokens", budget]) != 0
+    one_error_line(capsys, expected)
+    assert not (tmp_path / "lm").exists()
+
+
+def test_similar_clusters_are_bounded(model_dir, tmp_path, capsys):
+    (tmp_path / "c.txt").write_text("hello world\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["similar", str(tmp_path / "c.txt"), "--query", "hello world", "--word", "hello", "--model",
+                 str(model_dir), "--clusters", "100000"]) != 0
+    one_error_line(capsys, "--clusters must be at most 20")

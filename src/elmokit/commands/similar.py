@@ -48,6 +48,9 @@ words (each occurrence gets the first cue word its sentence contains, case-insen
 'other'), or else by k-means clusters (--clusters, cosine geometry) of the full vectors."""
 
 
+MAX_CLUSTERS = 20  # --clusters: the colours of one plot
+
+
 def register(subcommands: argparse._SubParsersAction) -> None:
     parser = subcommands.add_parser(
         "similar", help="nearest occurrences of a word in context, per layer (polysemy demo)",
@@ -89,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
     for name in ("top_k", "batch_size", "clusters"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.clusters > MAX_CLUSTERS:  # k-means loops over k in Python, and a plot tells apart a few colours
+        raise ValueError(f"--clusters must be at most {MAX_CLUSTERS} (colours a plot tells apart), got {args.clusters}")
     check_max_length(args.max_length)
     query = make_tokenizer(args.tokenize)(args.query)
     position = query_position(query, args.position, args.word)

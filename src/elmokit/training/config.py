@@ -39,6 +39,9 @@ def _field(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
 
 
+MAX_UNROLL_STEPS = 4096  # tokens a row per window: activations for backpropagation grow with it
+
+
 def max_threads() -> int:
     """The most torch threads an option may ask for: 4 a CPU core, at least 64. Beyond it OpenMP
     fails (20000: libgomp cannot make them) or the process crashes (100000: a segfault that leaves
@@ -108,6 +111,11 @@ class TrainConfig:
         for name in ("max_tokens", "eval_every", "patience", "warmup_steps", "anneal_start", "anneal_steps",
                      "n_samples", "threads"):
             require(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
+        require(self.unroll_steps <= MAX_UNROLL_STEPS, f"unroll_steps must be at most {MAX_UNROLL_STEPS} (memory "
+                f"grows with the window; bilm-tf trained with 20), got {self.unroll_steps}")
+        require(not self.max_tokens or self.unroll_steps <= self.max_tokens,
+                f"unroll_steps ({self.unroll_steps}) must be at most max_tokens ({self.max_tokens}): one step "
+                "trains a window of unroll_steps tokens a row, past the token budget")
         require(self.threads <= max_threads(), f"threads must be at most {max_threads()} (4 a CPU core of this "
                 f"machine, at least 64), got {self.threads}")
         require(0 <= self.seed < 2 ** 32, f"seed must be in [0, 2**32) (the range torch seeds), got {self.seed}")
