@@ -422,3 +422,15 @@ def test_resume_and_overwrite_together_are_refused_as_train_refuses_them(model_d
                  "--overwrite"]) == 2
     assert "give --resume (continue the unfinished run) or --overwrite (start over), not both" in capsys.readouterr().err
     assert not (tmp_path / "o.h5").exists()
+
+
+def test_embed_threads_are_bounded_as_train_threads_are(tmp_path, model_dir, capsys):
+    """elmo embed --threads beyond the machine is refused by name, as elmo train's is (defect 12)."""
+    from elmokit.cli import main
+    from elmokit.training.config import max_threads
+
+    (tmp_path / "in.txt").write_text("a b\n", encoding="utf-8")
+    assert main(["embed", str(tmp_path / "in.txt"), str(tmp_path / "out.h5"), "--model", str(model_dir),
+                 "--threads", str(max_threads() + 1)]) == 2
+    assert f"--threads must be from 1 to {max_threads()}" in capsys.readouterr().err
+    assert not (tmp_path / "out.h5").exists()

@@ -21,6 +21,7 @@ from elmokit.commands.common import (
     model_from_args,
 )
 from elmokit.inference.embedder import ElmoEmbedder
+from elmokit.training.config import max_threads
 from elmokit.inference.estimate import OutputTooLargeError, format_bytes
 from elmokit.inference.files import (
     EmbedOptions,
@@ -127,8 +128,9 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, max_length=args.max_length, overlap=args.overlap,
         checkpoint_every=args.checkpoint_every)
     if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        if not 1 <= args.threads <= max_threads():
+            raise ValueError(f"--threads must be from 1 to {max_threads()} (4 a CPU core, at least 64), "
+                             f"got {args.threads}")
         torch.set_num_threads(args.threads)
     if not args.max_output_gb > 0:
         raise ValueError(f"--max-output-gb must be > 0, got {args.max_output_gb}")
