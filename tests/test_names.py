@@ -40,3 +40,24 @@ def test_a_native_model_directory_records_the_elmokit_version(tiny_model, tmp_pa
     saved = json.loads((tmp_path / "model" / "config.json").read_text(encoding="utf-8"))
     assert saved["elmokit_version"] == elmokit.__version__
     assert load_pretrained(tmp_path / "model").config == tiny_model.config
+
+
+def test_a_model_directory_is_given_the_same_way_to_perplexity_and_export(tmp_path, capsys):
+    """--model DIR means what the positional MODEL / SOURCE means, in elmo perplexity and elmo export
+    (as in every command that takes a model); both at once must agree."""
+    import json
+
+    from elmokit.cli import main
+
+    model = str(builtin_model_dir())
+    text = tmp_path / "text.txt"
+    text.write_text("The cat sat on the mat .\nThey play football on Sundays .\n", encoding="utf-8")
+    assert main(["perplexity", model, str(text), "--json", "--device", "cpu", "--no-progress"]) == 0
+    positional = json.loads(capsys.readouterr().out)
+    assert main(["perplexity", "--model", model, str(text), "--json", "--device", "cpu", "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out) == positional
+    assert main(["export", "--model", model, "--native", str(tmp_path / "a"), "--no-softmax"]) == 0
+    assert main(["export", model, "--native", str(tmp_path / "b"), "--no-softmax"]) == 0
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
+    assert main(["export", model, "--model", str(tmp_path), "--native", str(tmp_path / "c")]) == 2
+    assert "give the model once" in capsys.readouterr().err

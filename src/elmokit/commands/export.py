@@ -13,7 +13,10 @@ def register(subcommands: argparse._SubParsersAction) -> None:
         description="Export a trained model: SOURCE is a training run directory (its best/ model, or "
                     "its last checkpoint with --last), a model directory, or a checkpoint.pt file. "
                     "The original format drops the softmax; the native directory keeps it with vocab.txt.")
-    parser.add_argument("source", type=Path, metavar="SOURCE", help="run directory, model directory or checkpoint.pt")
+    parser.add_argument("source", type=Path, metavar="SOURCE", nargs="?",
+                        help="run directory, model directory or checkpoint.pt (or --model)")
+    parser.add_argument("--model", type=Path, metavar="SOURCE",
+                        help="the same as SOURCE, spelled as every command that takes a model spells it")
     parser.add_argument("--last", action="store_true", help="from a run directory, export its last checkpoint "
                         "instead of its best model")
     parser.add_argument("--original", nargs=2, type=Path, metavar=("OPTIONS_JSON", "WEIGHTS_HDF5"),
@@ -28,6 +31,15 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser.add_argument("--overwrite", action="store_true",
                         help="replace existing output files (even the run's own best/ model)")
     parser.set_defaults(func=run)
+
+
+def one_source(positional: Path | None, option: Path | None) -> Path:
+    """SOURCE or --model: one of them, once."""
+    if positional is not None and option is not None and positional != option:
+        raise ValueError(f"give the model once: SOURCE {positional} or --model {option}")
+    if positional is None and option is None:
+        raise ValueError("give the run or model to export: SOURCE or --model")
+    return positional if positional is not None else option
 
 
 def load_source(source: Path, last: bool = False):
@@ -66,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
         if args.native is not None else []
     refuse_same_file([*(args.original or []), *native])  # one output must not replace another
     refuse_overwrite([*(args.original or []), *native], args.overwrite)  # before anything is written
+    args.source = one_source(args.source, args.model)
     model, vocab_path, card = load_source(args.source, args.last)
     if args.original is not None:
         save_original(model.bilm, *args.original)

@@ -21,6 +21,9 @@ def register(subcommands: argparse._SubParsersAction) -> None:
                     "directory; without it, the built-in English model scores the files.")
     parser.add_argument("inputs", nargs="+", metavar="[MODEL] FILE",
                         help="an optional model or run directory, then tokenized files or globs (plain or .gz)")
+    parser.add_argument("--model", type=Path, metavar="MODEL",
+                        help="the model or run directory, as the optional first argument (then every "
+                             "argument is a file)")
     parser.add_argument("--max-sentences", type=int, metavar="N",
                         help="score only the first N sentences of the files (in the order given)")
     parser.add_argument("--batch-size", type=int, default=64, help="rows of a batch (default: 64)")
@@ -96,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-sentences must be at least 1, got {args.max_sentences}")
     if args.per_sentence is not None:
         refuse_overwrite([args.per_sentence], args.overwrite)
-    model_dir, patterns = split_inputs(args.inputs)
+    model_dir, patterns = (resolve_model_dir(args.model), args.inputs) if args.model else split_inputs(args.inputs)
     files = expand_paths(patterns)  # a missing file is named before any model is loaded
     model, vocab_path = load_model_dir(model_dir or builtin_scoring_model())
     vocab = Vocabulary.load(vocab_path)
