@@ -12,11 +12,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _sync_module():
-    spec = importlib.util.spec_from_file_location("sync_pages", REPO / "scripts" / "sync_pages.py")
+def _script_module(name: str):
+    """scripts/NAME.py as a module (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _sync_module():
+    return _script_module("sync_pages")
 
 
 def test_readme_tables_equal_their_sources():
@@ -96,10 +101,7 @@ def test_the_results_pages_say_which_builtin_model_made_them():
 
 
 def _demo_page_module():
-    spec = importlib.util.spec_from_file_location("demo_page", REPO / "scripts" / "demo_page.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _script_module("demo_page")
 
 
 def test_the_demo_record_is_what_elmo_demo_prints_now():
