@@ -148,7 +148,8 @@ def test_task_train_eval_predict(tiny_model, tmp_path, capsys, finetune):
     capsys.readouterr()
 
 
-def test_lm_training_and_perplexity(tmp_path, capsys):
+def write_lm_inputs(tmp_path):
+    """train.txt (40 lines), valid.txt (10 lines), vocab.txt and a tiny model.json in tmp_path."""
     from tests.test_train import WORDS, tiny_config
 
     rng = np.random.default_rng(0)
@@ -157,6 +158,10 @@ def test_lm_training_and_perplexity(tmp_path, capsys):
         (tmp_path / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
     assert main(["vocab", str(tmp_path / "train.txt"), "-o", str(tmp_path / "vocab.txt")]) == 0
     tiny_config().save(tmp_path / "model.json")
+
+
+def test_lm_training_and_perplexity(tmp_path, capsys):
+    write_lm_inputs(tmp_path)
     run = tmp_path / "run"
     with tensors_need_a_device():
         assert main(["train", "--train", str(tmp_path / "train.txt"), "--valid", str(tmp_path / "valid.txt"),

@@ -285,18 +285,11 @@ def test_verbose_and_quiet_together_is_an_error(capsys):
 # Training and scoring report their progress with a total
 # ---------------------------------------------------------------------------------------------
 def test_train_and_perplexity_report_progress_with_a_total(tmp_path, capsys, monkeypatch):
-    import numpy as np
-
     from elmokit.training.corpus import count_targets
-    from tests.test_train import WORDS, tiny_config
+    from tests.test_devices import write_lm_inputs
 
     monkeypatch.setenv("ELMOKIT_PROGRESS_INTERVAL", "0")
-    rng = np.random.default_rng(0)
-    for name, n_lines in (("train.txt", 40), ("valid.txt", 10)):
-        lines = [" ".join(rng.choice(WORDS, rng.integers(1, 8))) for _ in range(n_lines)]
-        (tmp_path / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
-    assert main(["vocab", str(tmp_path / "train.txt"), "-o", str(tmp_path / "vocab.txt")]) == 0
-    tiny_config().save(tmp_path / "model.json")
+    write_lm_inputs(tmp_path)
     run = tmp_path / "run"
     epoch_targets = count_targets([tmp_path / "train.txt"])
     valid_targets = count_targets([tmp_path / "valid.txt"])
