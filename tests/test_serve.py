@@ -109,18 +109,30 @@ def test_requests_batched_together_get_their_own_vectors(slow_server, embedder):
     """Five requests in one batch (the queue waits 1.5 s): each gets what it gets alone."""
     sentences = [["a"], ["the", "big", "dog", "ran", "home", "."], ["play"], ["I", "play", "chess"], ["x"] * 9]
     before_batches = slow_server.metric("elmo_batch_sentences_count")
+    threads, answers = ask_each_at_once(slow_server, sentences)
+    for thread in threads:
+        thread.join()
+    assert slow_server.metric("elmo_batch_sentences_count") == before_batches + 1  # one batch for all five
+    assert_each_as_alone(sentences, answers, embedder)
+
+
+def ask_each_at_once(served: Server, sentences: list[list[str]]) -> tuple[list[threading.Thread], list]:
+    """One `/embed_all` request per sentence, each in a started thread; `answers[i]` is filled
+    with sentence i's (status, JSON, headers) once its thread is joined."""
     answers = [None] * len(sentences)
 
     def ask(i):
-        answers[i] = slow_server.call("POST", "/embed_all", {"inputs": [sentences[i]]})
+        answers[i] = served.call("POST", "/embed_all", {"inputs": [sentences[i]]})
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(sentences))]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        thread.join()
-    assert slow_server.metric("elmo_batch_sentences_count") == before_batches + 1  # one batch for all five
-    for sentence, (status, answer, _) in zip(sentences, answers):
+    return threads, answers
+
+
+def assert_each_as_alone(sentences: list[list[str]], answers: list, embedder) -> None:
+    """Every answer is a 200 with what the embedder gives its sentence alone."""
+    for sentence, (status, answer, _) in zip(sentences, answers, strict=True):
         assert status == 200
         np.testing.assert_allclose(answer["data"][0]["embedding"], embedder.embed_sentence(sentence), atol=1e-6)
 
@@ -266,21 +278,12 @@ def test_a_full_queue_answers_429(slow_server):
 
 def test_sigterm_finishes_the_accepted_requests_and_exits_0(slow_server, embedder):
     sentences = [["one"], ["two", "words"], ["and", "three", "more"]]
-    answers = [None] * len(sentences)
-
-    def ask(i):
-        answers[i] = slow_server.call("POST", "/embed_all", {"inputs": [sentences[i]]})
-
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(sentences))]
-    for thread in threads:
-        thread.start()
+    threads, answers = ask_each_at_once(slow_server, sentences)
     wait_for_queue(slow_server, len(sentences))  # accepted, waiting for their batch
     slow_server.process.send_signal(signal.SIGTERM)
     for thread in threads:
         thread.join(timeout=60)
-    for sentence, (status, answer, _) in zip(sentences, answers):
-        assert status == 200
-        np.testing.assert_allclose(answer["data"][0]["embedding"], embedder.embed_sentence(sentence), atol=1e-6)
+    assert_each_as_alone(sentences, answers, embedder)
     assert slow_server.process.wait(timeout=60) == 0
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection((slow_server.host, slow_server.port), timeout=5)
