@@ -80,17 +80,9 @@ def _reference(model, weights, sentences, **kwargs) -> tuple[list[list[np.ndarra
     return layers, clipped
 
 
-def test_every_driver_clips_where_the_reference_does(clipping_model, fixture_dir, monkeypatch):
-    """Both clips bind on at least 10% of their values; the stream engine, the step loop (with
-    gradients, as fine-tuning runs) and the training recurrence all give the reference's layers."""
-    model, weights = clipping_model
-    sentences = _fixture_sentences(fixture_dir)
-    expected, clipped = _reference(model, weights, sentences)
-    for name, (hit, total) in clipped.items():
-        assert hit / total > 0.1, f"the {name} clip binds on {hit} of {total} values only"
-
-    step_loop = model(batch_to_ids(sentences))  # gradients enabled: BiLM.forward's step loop
-    assert step_loop.state is not None
+def _assert_every_driver_gives(expected, model, sentences, step_loop, monkeypatch):
+    """The step loop's output (`step_loop`, already run), the training recurrence and the stream
+    engine each give `expected` (per sentence, per layer) to 1e-6; leaves the step loop disabled."""
     for row, sentence in enumerate(sentences):
         for k, layer in enumerate(expected[row]):
             got = step_loop.layers[k][row, :len(sentence) + 2].detach().double().numpy()
@@ -107,6 +99,20 @@ def test_every_driver_clips_where_the_reference_does(clipping_model, fixture_dir
     for got, want in zip(_engine_layers(model, sentences), expected):
         for k, layer in enumerate(want):
             np.testing.assert_allclose(got[k], layer, atol=1e-6, rtol=0, err_msg=f"engine, layer {k}")
+
+
+def test_every_driver_clips_where_the_reference_does(clipping_model, fixture_dir, monkeypatch):
+    """Both clips bind on at least 10% of their values; the stream engine, the step loop (with
+    gradients, as fine-tuning runs) and the training recurrence all give the reference's layers."""
+    model, weights = clipping_model
+    sentences = _fixture_sentences(fixture_dir)
+    expected, clipped = _reference(model, weights, sentences)
+    for name, (hit, total) in clipped.items():
+        assert hit / total > 0.1, f"the {name} clip binds on {hit} of {total} values only"
+
+    step_loop = model(batch_to_ids(sentences))  # gradients enabled: BiLM.forward's step loop
+    assert step_loop.state is not None
+    _assert_every_driver_gives(expected, model, sentences, step_loop, monkeypatch)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,20 +147,7 @@ def test_every_driver_drops_each_layer_input_and_adds_the_dropped_input(clipping
     assert max(np.abs(a[-1] - b[-1]).max() for a, b in zip(expected, undropped)) > 0.1  # the masks matter
 
     step_loop = model(batch_to_ids(sentences))
-    for row, sentence in enumerate(sentences):
-        for k, layer in enumerate(expected[row]):
-            got = step_loop.layers[k][row, :len(sentence) + 2].detach().double().numpy()
-            np.testing.assert_allclose(got, layer, atol=1e-6, rtol=0, err_msg=f"step loop, layer {k}")
-    for row, sentence in enumerate(sentences):
-        tokens = torch.from_numpy(expected[row][0][:, :16])
-        layers, _ = forward_streams(model.lstm, torch.stack([tokens, tokens.flip(0)])[:, None])
-        for k, layer in enumerate(layers, start=1):
-            got = torch.cat([layer[0, 0], layer[1, 0].flip(0)], dim=-1).detach().double().numpy()
-            np.testing.assert_allclose(got, expected[row][k], atol=1e-6, rtol=0, err_msg=f"recurrence, layer {k}")
-    _no_step_loop(monkeypatch)
-    for got, want in zip(_engine_layers(model, sentences), expected):
-        for k, layer in enumerate(want):
-            np.testing.assert_allclose(got[k], layer, atol=1e-6, rtol=0, err_msg=f"engine, layer {k}")
+    _assert_every_driver_gives(expected, model, sentences, step_loop, monkeypatch)
 
 
 def test_dropout_is_torch_dropout_with_a_seeded_bernoulli_mask():
