@@ -311,3 +311,24 @@ def test_prepare_zh_detects_segmented_input_and_names_its_extra(tmp_path, monkey
     assert "pip install 'elmokit[zh]'" in capsys.readouterr().err
     with pytest.raises(MissingExtraError, match=r"elmo prepare --lang zh needs jieba"):
         prepare_corpus([raw], tmp_path / "again", lang="zh", progress=False)
+
+
+def test_the_parity_table_of_the_docs_is_what_the_script_prints_now():
+    """docs/manylangs.md quotes `make_manylangs_fixture.py --check`: each figure within a factor of 2
+    of a fresh run (the run's last digits move with the CPU's kernels), all of them below 1e-5."""
+    import re
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[1]
+    fresh = subprocess.run([sys.executable, str(repo / "scripts" / "make_manylangs_fixture.py"), "--check"],
+                           capture_output=True, text=True, check=True, cwd=repo).stdout
+
+    def figures(text: str) -> dict[str, list[float]]:
+        rows = re.findall(r"^\| (words|chars-only) \|(.*)\|$", text, re.M)
+        return {name: [float(value) for value in cells.split("|")] for name, cells in rows}
+
+    page, now = figures((repo / "docs" / "manylangs.md").read_text(encoding="utf-8")), figures(fresh)
+    assert sorted(page) == sorted(now) == ["chars-only", "words"]
+    for name in now:
+        for quoted, measured in zip(page[name], now[name], strict=True):
+            assert measured < 1e-5 and measured / 2 <= quoted <= measured * 2, (name, quoted, measured)
