@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from elmokit.commands.demo import QUERY, SAMPLES
-from elmokit.inference.similar import LayerNeighbours, highlight, kmeans, pca_2d
+from elmokit.inference.similar import LayerNeighbours, highlight, kmeans, pca_2d, query_position
 from elmokit.serve.inputs import BadRequest
 
 EXAMPLE_WORD = "play"
@@ -25,17 +25,14 @@ def examples() -> dict:
     return {"query": QUERY, "word": EXAMPLE_WORD, "sentences": sentences}
 
 
-def word_position(query: list[str], word: str) -> int:
-    if word not in query:
-        raise BadRequest(422, f"'word' {word!r} is not a token of the query sentence: {' '.join(query)}")
-    return query.index(word)
-
-
 def explore(query: list[str], word: str, sentences: list[list[str]], vectors: list[np.ndarray],
             top_k: int = TOP_K) -> dict:
     """Nearest occurrences and the PCA picture per layer. `vectors[0]` is the query's
     (L+1, n, 2P), then one per sentence of `sentences`."""
-    position = word_position(query, word)
+    try:
+        position = query_position(query, None, word)
+    except ValueError as error:  # the word is not a token of the query
+        raise BadRequest(422, str(error)) from None
     query_vectors = vectors[0][:, position]  # (L+1, 2P)
     found = [(i, t) for i, tokens in enumerate(sentences) for t, token in enumerate(tokens) if token == word]
     if not found:
