@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from elmokit.training.corpus import (CorpusError, ShardWriter, expand_paths, looks_pretokenized, prepare_corpus,
-                            tokenize_paragraphs)
+from elmokit.training.corpus import ShardWriter, looks_pretokenized, prepare_corpus, tokenize_paragraphs
+from elmokit.textfiles import CorpusError, expand_paths
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"  # ../shared beside the repo
 DATA = SHARED / "data"

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from elmokit.model.chars import tokens_to_char_ids
-from elmokit.training.corpus import CorpusError
+from elmokit.textfiles import CorpusError
 from elmokit.training.data import LMBatch, LMBatcher, SentenceStream, eval_batches
 from elmokit.training.vocab import Vocabulary, make_vocab
 

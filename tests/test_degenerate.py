@@ -11,7 +11,7 @@ import torch
 
 from elmokit import ElmoEmbedder
 from elmokit.cli import main
-from elmokit.training.corpus import CorpusError
+from elmokit.textfiles import CorpusError
 from tests.conftest import one_error_line, tiny_config
 
 BLANK_FILES = {"empty.txt": "", "blank.txt": "\n  \n\t\n\n", "nbsp.txt": "\u00a0\n \u2009\n"}

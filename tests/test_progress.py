@@ -248,7 +248,8 @@ def test_a_missing_gpu_is_a_python_error_in_python_and_a_flag_on_the_command_lin
 def test_library_errors_say_python_and_the_command_line_says_flags(model_dir, text_file, tmp_path, capsys):
     from elmokit.inference.files import embed_file
     from elmokit.inference.embedder import ElmoEmbedder
-    from elmokit.training.corpus import CorpusError, prepare_corpus
+    from elmokit.training.corpus import prepare_corpus
+    from elmokit.textfiles import CorpusError
 
     prepare_corpus([text_file], tmp_path / "shards", progress=False)
     with pytest.raises(CorpusError) as python_error:

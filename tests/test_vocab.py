@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from elmokit.training.corpus import CorpusError
+from elmokit.textfiles import CorpusError
 from elmokit.training.vocab import Vocabulary, build_vocab, count_tokens, make_vocab
 
 

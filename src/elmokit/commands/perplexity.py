@@ -90,7 +90,7 @@ def builtin_scoring_model() -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from elmokit.training.checkpoint import load_model_dir
-    from elmokit.training.corpus import expand_paths
+    from elmokit.textfiles import expand_paths
     from elmokit.io import refuse_overwrite
     from elmokit.training.perplexity import corpus_perplexity
     from elmokit.training.vocab import Vocabulary
@@ -122,7 +122,7 @@ def write_sentence_scores(model, vocab, files: list[Path], out: Path, batch_size
                           max_sentences: int | None = None, progress: bool = False) -> None:
     """One line per non-blank input line (the first `max_sentences`): file, line number, targets,
     NLLs and perplexities."""
-    from elmokit.training.corpus import open_text
+    from elmokit.textfiles import open_text
     from elmokit.io import atomic_path
     from elmokit.progress import progress_bar
     from elmokit.training.perplexity import sentence_scores

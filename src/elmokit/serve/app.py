@@ -80,6 +80,20 @@ class Service:
         self.batcher = Batcher(embed, limits.max_batch_tokens, limits.max_wait_ms / 1000, limits.max_queue_tokens,
                                self.metrics.record_batch)
         self.metrics.watch(self.batcher)
+        self.info = self._info()  # what GET /info and the page's starting text say never changes: built once
+        self.examples = examples()
+
+    def _info(self) -> dict:
+        config = self.embedder.bilm.config
+        return {
+            "model": self.model_name, "version": __version__,
+            "shape": {"layers": self.n_layers, "dim": self.embedder.output_dim,
+                      "lstm_layers": config.lstm.n_layers, "cell_dim": config.lstm.cell_dim,
+                      "projection_dim": config.lstm.projection_dim,
+                      "parameters": sum(p.numel() for p in self.embedder.bilm.parameters())},
+            "device": str(self.embedder.device), "dtype": str(next(self.embedder.bilm.parameters()).dtype),
+            "tokenizer": self.tokenizer_name, "limits": dataclasses.asdict(self.limits),
+            "api_key_required": self.api_key is not None}
 
     async def body(self, request: Request) -> dict:
         """The JSON object of the body, read up to `max_body_bytes` (413 past it)."""
@@ -191,7 +205,7 @@ async def explore_route(request: Request) -> Response:
 
 
 async def explore_examples(request: Request) -> Response:
-    return JSONResponse(examples())
+    return JSONResponse(request.app.state.service.examples)
 
 
 async def health(request: Request) -> Response:
@@ -199,17 +213,7 @@ async def health(request: Request) -> Response:
 
 
 async def info(request: Request) -> Response:
-    service: Service = request.app.state.service
-    config = service.embedder.bilm.config
-    return JSONResponse({
-        "model": service.model_name, "version": __version__,
-        "shape": {"layers": service.n_layers, "dim": service.embedder.output_dim,
-                  "lstm_layers": config.lstm.n_layers, "cell_dim": config.lstm.cell_dim,
-                  "projection_dim": config.lstm.projection_dim,
-                  "parameters": sum(p.numel() for p in service.embedder.bilm.parameters())},
-        "device": str(service.embedder.device), "dtype": str(next(service.embedder.bilm.parameters()).dtype),
-        "tokenizer": service.tokenizer_name, "limits": dataclasses.asdict(service.limits),
-        "api_key_required": service.api_key is not None})
+    return JSONResponse(request.app.state.service.info)
 
 
 async def metrics(request: Request) -> Response:

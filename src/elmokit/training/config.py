@@ -15,7 +15,8 @@ from typing import Any
 
 from elmokit.jsonfiles import read_json
 from elmokit.model.config import ConfigError
-from elmokit.training.corpus import expand_paths, require_tokens
+from elmokit.training.corpus import require_tokens
+from elmokit.textfiles import expand_paths
 from elmokit.devices import check_device_name
 from elmokit.io import atomic_write_text
 

@@ -32,9 +32,7 @@ from typing import IO
 
 from elmokit.extras import require
 from elmokit.io import atomic_path, atomic_write_text
-from elmokit.textfiles import (  # noqa: F401  (re-exported: the readers of training and tasks)
-    CorpusError, GzipReader, expand_paths, is_gzip, locate_decode_error, not_a_regular_file, open_binary,
-    open_text, text_size)
+from elmokit.textfiles import CorpusError, expand_paths, is_gzip, open_binary, text_size
 
 CHUNK_LINES = 256  # raw lines per task sent to a worker
 

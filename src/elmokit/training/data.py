@@ -60,7 +60,7 @@ import numpy as np
 import torch
 
 from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS, tokens_to_char_ids
-from elmokit.training.corpus import CorpusError, expand_paths, locate_decode_error, open_text
+from elmokit.textfiles import CorpusError, expand_paths, locate_decode_error, open_text
 from elmokit.training.vocab import Vocabulary
 
 STATE_FORMAT = "elmokit.LMBatcher/1"

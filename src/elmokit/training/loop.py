@@ -39,7 +39,8 @@ from elmokit.model.lstm import LstmState
 from elmokit.training.metrics import MetricsWindow, append_metrics, plot_curves, truncate_metrics
 from elmokit.training.config import TrainConfig
 from elmokit.training.processes import Dist, StopSignals, TrainingStopped, check_bf16, seed_everything, setup_distributed
-from elmokit.training.corpus import count_targets, expand_paths
+from elmokit.training.corpus import count_targets
+from elmokit.textfiles import expand_paths
 from elmokit.progress import progress_bar
 
 METRICS_NAME = "metrics.jsonl"

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS, tokens_to_char_ids
-from elmokit.training.corpus import CorpusError
+from elmokit.textfiles import CorpusError
 from elmokit.training.data import eval_batches
 from elmokit.devices import resolve_device
 from elmokit.training.lm import LanguageModel
