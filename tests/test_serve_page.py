@@ -56,9 +56,14 @@ def results_shown(driver) -> bool:
     return len(driver.find_elements(By.CSS_SELECTOR, "section.layer")) == 3
 
 
-def test_the_page_starts_with_the_demos_play_sentences(server, browser):
+def open_page(server, browser) -> None:
+    """Load the page and wait until its starting text (GET /explore/examples) is in."""
     browser.get(server.url + "/")
     WebDriverWait(browser, 30).until(lambda d: d.find_element(By.ID, "sentences").get_property("value"))
+
+
+def test_the_page_starts_with_the_demos_play_sentences(server, browser):
+    open_page(server, browser)
     assert browser.find_element(By.ID, "word").get_property("value") == "play"
     assert len(browser.find_element(By.ID, "sentences").get_property("value").splitlines()) == 24
     browser.find_element(By.ID, "go").click()
@@ -69,8 +74,7 @@ def test_the_page_starts_with_the_demos_play_sentences(server, browser):
 def test_typed_sentences_show_nearest_occurrences_and_a_picture(server, browser, tmp_path):
     from PIL import Image
 
-    browser.get(server.url + "/")
-    WebDriverWait(browser, 30).until(lambda d: d.find_element(By.ID, "sentences").get_property("value"))
+    open_page(server, browser)
     for field, text in (("query", "I like to eat apple ."), ("word", "apple"), ("sentences", "\n".join(APPLE))):
         element = browser.find_element(By.ID, field)
         element.clear()
@@ -98,8 +102,7 @@ def test_typed_sentences_show_nearest_occurrences_and_a_picture(server, browser,
 
 
 def test_a_bad_word_shows_the_servers_message(server, browser):
-    browser.get(server.url + "/")
-    WebDriverWait(browser, 30).until(lambda d: d.find_element(By.ID, "sentences").get_property("value"))
+    open_page(server, browser)
     word = browser.find_element(By.ID, "word")
     word.clear()
     word.send_keys("zebra")
