@@ -13,12 +13,24 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+
+from elmokit import BiLM, save_pretrained
+from tests.conftest import tiny_config
 
 pytest.importorskip("starlette", reason="elmo serve needs the serve extra: pip install 'elmokit[serve]'")
 pytest.importorskip("uvicorn", reason="elmo serve needs the serve extra: pip install 'elmokit[serve]'")
 pytest.importorskip("prometheus_client", reason="elmo serve needs the serve extra: pip install 'elmokit[serve]'")
 
 START_TIMEOUT = 120  # seconds: importing torch on a loaded machine
+
+
+def save_tiny_model(directory: Path) -> Path:
+    """The conftest's tiny model, seeded (0), saved as `directory`/model for a server to load."""
+    torch.manual_seed(0)
+    path = directory / "model"
+    save_pretrained(BiLM(tiny_config()).eval(), path)
+    return path
 
 
 class Server:

@@ -13,15 +13,13 @@ import time
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from elmokit import BiLM, ElmoEmbedder, save_pretrained
+from elmokit import ElmoEmbedder
 from elmokit.inference.files import make_tokenizer
 from elmokit.model.loading import load_model
-from tests.conftest import tiny_config
-from tests.serving import Server
+from tests.serving import Server, save_tiny_model
 
 KEY = "test-key-7f3a"
 TEXTS = ["I like to eat apple.", "I like apple products, don't you?", "They play football on Sundays."]
@@ -29,10 +27,7 @@ TEXTS = ["I like to eat apple.", "I like apple products, don't you?", "They play
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("serve") / "model"
-    save_pretrained(BiLM(tiny_config()).eval(), path)
-    return path
+    return save_tiny_model(tmp_path_factory.mktemp("serve"))
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,8 @@ import io
 import shutil
 
 import pytest
-import torch
 
-from elmokit import BiLM, save_pretrained
-from tests.conftest import tiny_config
-from tests.serving import Server
+from tests.serving import Server, save_tiny_model
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -32,10 +29,7 @@ APPLE = ["I ate an apple and a pear .", "The apple pie was sweet .", "Apple sold
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    torch.manual_seed(0)
-    model = tmp_path_factory.mktemp("page") / "model"
-    save_pretrained(BiLM(tiny_config()).eval(), model)
-    served = Server(model)
+    served = Server(save_tiny_model(tmp_path_factory.mktemp("page")))
     yield served
     served.stop()
 
