@@ -41,8 +41,6 @@ from elmokit.serve.inputs import (BadRequest, Limits, Tokenizer, parse_json, rea
 from elmokit.serve.metrics import ServeMetrics
 
 STATIC = Path(str(files("elmokit") / "serve" / "static"))
-ROUTES = {"/v1/embeddings", "/embed", "/embed_all", "/explore", "/explore/examples", "/health", "/info",
-          "/metrics", "/"}
 
 
 class JSONResponse(Response):
@@ -285,6 +283,15 @@ class KeyAndMetrics:
         return hmac.compare_digest(given, self.expected)
 
 
+API = [Route("/v1/embeddings", openai_embeddings, methods=["POST"]),
+       Route("/embed", tei_embed, methods=["POST"]), Route("/embed_all", embed_all, methods=["POST"]),
+       Route("/explore", explore_route, methods=["POST"]),
+       Route("/explore/examples", explore_examples, methods=["GET"]),
+       Route("/health", health, methods=["GET"]), Route("/info", info, methods=["GET"]),
+       Route("/metrics", metrics, methods=["GET"]), Route("/", page, methods=["GET"])]
+ROUTES = {route.path for route in API}  # the metrics' route labels; any other path (/static/...) is "other"
+
+
 def build_app(service: Service) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -292,13 +299,7 @@ def build_app(service: Service) -> Starlette:
         yield
         await service.batcher.stop()
 
-    routes = [Route("/v1/embeddings", openai_embeddings, methods=["POST"]),
-              Route("/embed", tei_embed, methods=["POST"]), Route("/embed_all", embed_all, methods=["POST"]),
-              Route("/explore", explore_route, methods=["POST"]),
-              Route("/explore/examples", explore_examples, methods=["GET"]),
-              Route("/health", health, methods=["GET"]), Route("/info", info, methods=["GET"]),
-              Route("/metrics", metrics, methods=["GET"]), Route("/", page, methods=["GET"]),
-              Mount("/static", StaticFiles(directory=STATIC), name="static")]
+    routes = [*API, Mount("/static", StaticFiles(directory=STATIC), name="static")]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={BadRequest: bad_request, HTTPException: http_error,
                                         ClientDisconnect: disconnected})
