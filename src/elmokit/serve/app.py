@@ -34,6 +34,7 @@ from starlette.staticfiles import StaticFiles
 
 from elmokit import __version__
 from elmokit.inference.embedder import ElmoEmbedder
+from elmokit.inference.files import shape_output
 from elmokit.serve.batching import Batcher, QueueFull
 from elmokit.serve.explore import examples, explore
 from elmokit.serve.inputs import (BadRequest, Limits, Tokenizer, parse_json, read_bool, read_choice, read_inputs,
@@ -138,8 +139,9 @@ def encode(array: np.ndarray, encoding: str) -> np.ndarray | str:
 
 
 def sentence_vector(layers: np.ndarray) -> np.ndarray:
-    """(L+1, n, 2P) -> (2P,): the mean over tokens of the equal-weight average of the layers."""
-    return layers.mean(axis=0).mean(axis=0)
+    """(L+1, n, 2P) -> (2P,): the mean over tokens of the equal-weight average of the layers, as
+    `elmo embed --average --sentence-vectors` stores it."""
+    return shape_output(layers, "average", sentence_vectors=True)
 
 
 # ---------------------------------------------------------------------------------------------
