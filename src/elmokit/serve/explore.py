@@ -14,6 +14,7 @@ import torch
 from elmokit.commands.demo import QUERY, SAMPLES
 from elmokit.inference.similar import LayerNeighbours, highlight, kmeans, pca_2d, query_position
 from elmokit.serve.inputs import BadRequest
+from elmokit.textfiles import read_lines
 
 EXAMPLE_WORD = "play"
 TOP_K = 5
@@ -21,7 +22,7 @@ TOP_K = 5
 
 def examples() -> dict:
     """The page's starting text: the demo's query and its sentences (`elmo demo`)."""
-    sentences = [line.strip() for line in SAMPLES.read_text(encoding="utf-8").splitlines() if line.strip()]
+    sentences = [line for line in read_lines(SAMPLES) if line]
     return {"query": QUERY, "word": EXAMPLE_WORD, "sentences": sentences}
 
 
