@@ -45,13 +45,14 @@ def explore(query: list[str], word: str, sentences: list[list[str]], vectors: li
     query_unit = query_vectors / np.linalg.norm(query_vectors, axis=-1, keepdims=True).clip(1e-12)
     cosines = np.einsum("lnd,ld->ln", units, query_unit).clip(-1.0, 1.0)  # (L+1, N)
     texts = [highlight(sentences[i], t) for i, t in found]
+    text_of = dict(zip(found, texts))  # (sentence, token) -> its highlighted text, built once for every layer
     layers = []
     for layer in range(occurrences.shape[0]):
         neighbours = LayerNeighbours(layer)
         neighbours.add(cosines[layer], lines, positions, top_k)
         layers.append({"layer": layer, "name": "context-free token layer" if layer == 0 else f"biLSTM layer {layer}",
                        "neighbours": [{"cosine": round(float(score), 4), "sentence": int(line),
-                                       "text": highlight(sentences[int(line)], int(token))}
+                                       "text": text_of[int(line), int(token)]}
                                       for score, line, token in zip(neighbours.scores, neighbours.lines,
                                                                     neighbours.positions)],
                        **_picture(occurrences[layer], query_vectors[layer], texts, lines)})
