@@ -12,6 +12,7 @@ import torch
 
 from elmokit.commands.common import add_device_arguments, add_model_arguments, device_from_args, model_from_args
 from elmokit.extras import require
+from elmokit.training.config import max_threads
 
 API_KEY_VARIABLE = "ELMOKIT_API_KEY"
 
@@ -68,8 +69,9 @@ def run(args: argparse.Namespace) -> int:
                     args.max_queue_tokens, args.max_wait_ms)  # bad limits fail before anything loads
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be between 0 and 65535, got {args.port}")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if args.threads is not None and not 1 <= args.threads <= max_threads():  # as elmo embed's --threads
+        raise ValueError(f"--threads must be from 1 to {max_threads()} (4 a CPU core, at least 64), "
+                         f"got {args.threads}")
     if args.api_key is None:
         args.api_key = os.environ.get(API_KEY_VARIABLE)
     if args.api_key is not None and not args.api_key.strip():
