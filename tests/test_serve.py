@@ -66,7 +66,7 @@ def test_openai_route_gives_the_embedders_numbers(server, embedder):
     assert status == 200 and answer["object"] == "list" and answer["model"]
     n_tokens = sum(len(tokens_of(text)) for text in TEXTS)
     assert answer["usage"] == {"prompt_tokens": n_tokens, "total_tokens": n_tokens}
-    for i, (text, item) in enumerate(zip(TEXTS, answer["data"])):
+    for i, (text, item) in enumerate(zip(TEXTS, answer["data"], strict=True)):  # one vector per text
         expected = embedder.embed_sentence(tokens_of(text)).mean(axis=0).mean(axis=0)  # (2P,)
         assert item["object"] == "embedding" and item["index"] == i
         np.testing.assert_allclose(item["embedding"], expected, atol=1e-6, rtol=1e-5)
