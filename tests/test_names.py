@@ -42,6 +42,18 @@ def test_a_native_model_directory_records_the_elmokit_version(tiny_model, tmp_pa
     assert load_pretrained(tmp_path / "model").config == tiny_model.config
 
 
+def test_the_same_model_saved_twice_gives_the_same_bytes(tiny_model, tmp_path):
+    """A model's file is a function of its weights: saved eight times, eight identical files (a
+    checksum users compare; safetensors orders several metadata keys at random)."""
+    from elmokit import save_pretrained
+
+    files = set()
+    for copy in range(8):
+        save_pretrained(tiny_model, tmp_path / str(copy))
+        files.add((tmp_path / str(copy) / "model.safetensors").read_bytes())
+    assert len(files) == 1
+
+
 def test_a_model_directory_is_given_the_same_way_to_perplexity_and_export(tmp_path, capsys):
     """--model DIR means what the positional MODEL / SOURCE means, in elmo perplexity and elmo export
     (as in every command that takes a model); both at once must agree."""

@@ -320,7 +320,9 @@ def save_pretrained(model: BiLM, directory: str | Path, extra_tensors: dict[str,
     tensors = {name: (t.to(dtype) if dtype is not None and t.is_floating_point() else t).detach().cpu().contiguous()
                for name, t in tensors.items()}
     with atomic_path(directory / WEIGHTS_NAME) as tmp:
-        save_file(tensors, str(tmp), metadata={"format": "pt", "library": "elmokit"})
+        # One metadata key: safetensors writes the metadata from a hash map, so two keys come out in
+        # either order and the same model would give files that differ byte for byte.
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
     if hasattr(model, "save_vocabulary"):  # a model with a vocabulary of its own (ELMoForManyLangs)
         model.save_vocabulary(directory)
     model.config.save(directory / CONFIG_NAME)
