@@ -20,11 +20,12 @@ from tests.conftest import REPO, tiny_config
 WORDS = "the cat sat on a mat dog ran to house big small".split()
 
 
-def fails_in_one_line(argv: list[str], capsys, *expected: str) -> str:
-    """Run `elmo argv` in-process: exit status 2 and one error line on stderr, its last line (what
-    a command reported before, e.g. the data it read, may come above), naming all of `expected`."""
+def fails_in_one_line(argv: list[str], capsys, *expected: str, status: int = 2) -> str:
+    """Run `elmo argv` in-process: exit `status` (2: the request is wrong; 1: the machine failed
+    it) and one error line on stderr, its last line (what a command reported before, e.g. the data
+    it read, may come above), naming all of `expected`."""
     capsys.readouterr()
-    assert main(argv) == 2
+    assert main(argv) == status
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip() and "\r" not in line]  # no progress bars
     errors = [line for line in lines if line.startswith("elmo") and ": error: " in line]
@@ -344,7 +345,7 @@ def test_a_sentence_too_long_for_an_npz_key(files, tmp_path, capsys):
 
 def test_a_batch_too_large_for_memory_is_one_line(files, trained_run, capsys):
     fails_in_one_line(["perplexity", str(trained_run), str(files["train"]), "--batch-size", "10000000000000"],
-                      capsys, "out of memory", "--batch-size")
+                      capsys, "out of memory", "--batch-size", status=1)
 
 
 def test_a_multi_line_library_message_is_one_line(files, tmp_path, capsys):

@@ -244,7 +244,7 @@ def _disk_fills(monkeypatch, when, budget: int) -> None:
 def _fill_disk_at_merge(out: Path, model_dir: Path, source: Path, capsys, *extra: str) -> None:
     with pytest.MonkeyPatch.context() as monkeypatch:
         _disk_fills(monkeypatch, lambda path: path.name.startswith("merged"), budget=3000)
-        assert _embed(source, out, model_dir, *extra) == 2
+        assert _embed(source, out, model_dir, *extra) == 1  # the machine failed, not the request
     one_error_line(capsys, "No space left on device", "segments are kept there", "--resume")
 
 
@@ -275,7 +275,7 @@ def test_disk_full_while_embedding_keeps_finished_segments_and_resume_finishes(m
     partial = Path(f"{out}.partial")
     with pytest.MonkeyPatch.context() as monkeypatch:
         _disk_fills(monkeypatch, lambda path: path.name.startswith("rank0-00002"), budget=2000)
-        assert _embed(source, out, model_dir) == 2
+        assert _embed(source, out, model_dir) == 1
     one_error_line(capsys, "No space left on device", str(partial), "--resume")
     progress = json.loads((partial / "progress-rank0.json").read_text())
     assert progress["segments"] == [f"rank0-0000{i}{suffix}" for i in range(2)] and progress["next_line"] == 12

@@ -1,8 +1,11 @@
 """The `elmo` command line: each subcommand is a plain function in `elmokit.commands`.
 
 Every command module exposes `register(subcommands)`, which adds its parser and sets
-`func` to the typed function that does the work. Errors a user can fix (a missing file, a bad
-option) are printed as one line and exit with status 2; nothing is half-written.
+`func` to the typed function that does the work. Errors are printed as one line; nothing is
+half-written. Exit status: 0 done; 2 what was asked is wrong (an option, a file named or its
+content: fix the command or the data); 1 the machine failed the run (a full disk or quota, an
+I/O error, out of memory: the same command may succeed once that is fixed, with --resume where
+the command has it); 130 interrupted.
 
 Output: what a command computes (scores, JSON, tables) goes to stdout; what it does (files
 written, counts, warnings, progress) goes to stderr through `logging` (`elmokit.progress`):
@@ -13,6 +16,7 @@ subcommand (`elmo -q embed ...`, `elmo embed -q ...`).
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import re
@@ -87,6 +91,12 @@ def as_flags(message: str) -> str:
                                 + (" " if m.group(1) else ""), message)
 
 
+EXIT_USAGE = 2  # what was asked is wrong: the command line, a file it names, the data
+EXIT_FAILED = 1  # the machine failed the run: disk, quota, I/O, memory
+# A failing write or read, not a wrong request.
+MACHINE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.ENOMEM}
+
+
 class UserError(Exception):
     """An error in what the user asked for; printed without a traceback."""
 
@@ -106,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.verbose and args.quiet:
         print(f"elmo {args.command}: error: give -v/--verbose or -q/--quiet, not both", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     configure_logging(-1 if args.quiet else 1 if args.verbose else 0, prefix=f"elmo {args.command}")
     logging.getLogger("elmokit.cli").debug(f"elmokit {__version__}, torch {torch_version()}, Python "
                                            f"{sys.version.split()[0]}; arguments "
@@ -119,13 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     except (UserError, OSError, ValueError, MissingExtraError) as error:  # OSError: a missing file, an output in use, a full disk
         message = error.as_flags() if hasattr(error, "as_flags") else one_line(error)  # TaskOptionError
         print(f"elmo {args.command}: error: {as_flags(one_line(message))}", file=sys.stderr)
-        return 2
+        return EXIT_FAILED if getattr(error, "errno", None) in MACHINE_ERRNOS else EXIT_USAGE
     except (MemoryError, RuntimeError) as error:
         if not out_of_memory(error):
             raise
         print(f"elmo {args.command}: error: out of memory, ask for less at once (a smaller --batch-size or "
               f"sizes): {one_line(error)[:300]}", file=sys.stderr)
-        return 2
+        return EXIT_FAILED
     except KeyboardInterrupt as interrupt:
         detail = f": {interrupt}" if str(interrupt) else ""
         print(f"elmo {args.command}: interrupted{detail}", file=sys.stderr)

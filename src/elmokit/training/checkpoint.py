@@ -14,6 +14,7 @@ Every file is written to a temporary name and renamed into place (`elmokit.io.at
 
 from __future__ import annotations
 
+import errno
 import json
 import random
 import shutil
@@ -105,8 +106,10 @@ def _write_error(path: Path, error: RuntimeError) -> OSError:
     except OSError:
         free = "free space unknown"
     first_line = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
-    return OSError(f"{path}: could not write the checkpoint ({first_line}); is the disk full or over its "
-                   f"quota? ({free} on the disk of {path.parent}; the previous checkpoint is unchanged)")
+    failure = OSError(f"{path}: could not write the checkpoint ({first_line}); is the disk full or over its "
+                      f"quota? ({free} on the disk of {path.parent}; the previous checkpoint is unchanged)")
+    failure.errno = errno.EIO  # a failed write (torch does not say which): the machine, not the request
+    return failure
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
