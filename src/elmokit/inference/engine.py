@@ -28,12 +28,14 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from elmokit.inference import cuda_graphs
 from elmokit.kernels import PackedLinear
 from elmokit.model import cell as lstm_cell
 from elmokit.model.bilm import BiLM, BiLMOutput
 from elmokit.model.lstm import BiLstm, BiLstmLayer, LstmState
 
 GATE_BUDGET = 1 << 23  # floats of precomputed gate inputs held at once by `stream_layer` (32 MB)
+GRAPH_GATE_BUDGET = 1 << 28  # the same in a CUDA graph's block (1 GB of float32 a layer's graph)
 PACKED_KEY = "_packed_products"  # where a BiLstmLayer keeps its reordered weights (see its __getstate__)
 
 
@@ -86,11 +88,17 @@ def stream_layout(sizes: np.ndarray, rows: int) -> StreamLayout:
 # ---------------------------------------------------------------------------------------------
 @torch.no_grad()
 def stream_layer(layer: BiLstmLayer, inputs: torch.Tensor, layout: StreamLayout, cell_clip: float,
-                 proj_clip: float) -> torch.Tensor:
+                 proj_clip: float, batched: bool | None = None) -> torch.Tensor:
     """Inference: inputs (D, U, R, P) laid out by `stream_layout` -> outputs (D, U, R, P),
     every sentence from a zero state. The gate inputs are computed a block of steps at a
-    time (bounded memory however long the streams); the products go through
-    `elmokit.kernels.PackedLinear` (oneDNN on the CPU); the elementwise work is done in place.
+    time (bounded memory however long the streams), then the steps of the block (`run_block`);
+    the elementwise work is done in place.
+
+    The products: on the CPU each direction's through `elmokit.kernels.PackedLinear` (oneDNN,
+    `DirectionProducts`); elsewhere both directions in one batched product (`BatchedProducts`,
+    or with `batched=True` on the CPU too), and on a CUDA GPU each block of steps replayed from a
+    CUDA graph captured once (`GraphedBlocks`; `ELMOKIT_CUDA_GRAPHS=0` turns it off). All three
+    run the same `run_block`, so they give the same numbers up to the order of a product's sums.
 
     Weights in a reduced precision (`BiLM.to(torch.bfloat16)`) with float32 inputs: the
     products run in the weights' dtype, the gate inputs and the bias are held in it (the sum of
@@ -98,38 +106,168 @@ def stream_layer(layer: BiLstmLayer, inputs: torch.Tensor, layout: StreamLayout,
     are widened to the inputs' dtype for the cell: the cell state, the recurrent state and the
     outputs stay in the inputs' dtype."""
     _, n_steps, rows, dim = inputs.shape
-    cell_dim = layer.cell_dim
-    compute_dtype = layer.input_weight.dtype  # of the products
-    mixed = compute_dtype != inputs.dtype
-    block = max(1, min(n_steps, GATE_BUDGET // (2 * rows * 4 * cell_dim)))  # steps of gate inputs at once
-    input_products, recurrent_products, projections = packed_products(layer, rows)
+    batched = inputs.device.type != "cpu" if batched is None else batched
+    products = layer_products(layer, rows, batched)
     keep = (~layout.starts).to(device=inputs.device, dtype=inputs.dtype).unsqueeze(-1)  # (U, R, 1)
     bias = (layer.gate_bias().to(inputs.dtype) * candidate_doubled(layer).to(inputs.dtype)
-            ).squeeze(1).to(compute_dtype)  # (D, 4C): (i, f, o, 2j)
-    outputs = inputs.new_empty(2, n_steps, rows, dim)
-    hidden = inputs.new_zeros(2, rows, dim)
-    cell = inputs.new_zeros(2, rows, cell_dim)
-    cell_output = inputs.new_empty(2, rows, cell_dim)
-    wide_gates = inputs.new_empty(rows, 4 * cell_dim) if mixed else None  # the gates in the inputs' dtype
+            ).to(products.dtype)  # (D, 1, 4C): (i, f, o, 2j)
+    clips = (cell_clip, proj_clip)
+    if batched and cuda_graphs.wanted(inputs.device):
+        graphed = graphed_blocks(products, inputs, bias, clips)
+        outputs = inputs.new_empty(n_steps, 2, rows, dim)  # (U, D, R, P): a step's (D, R, P) contiguous
+        graphed.run(inputs, keep, outputs)
+        return outputs.transpose(0, 1)
+    state = StreamState.zeros(inputs, layer.cell_dim, products.dtype)
+    if batched:
+        outputs = inputs.new_empty(n_steps, 2, rows, dim)  # (U, D, R, P)
+        step_outputs = outputs.unbind(0)
+    else:
+        outputs = inputs.new_empty(2, n_steps, rows, dim)  # (D, U, R, P)
+        step_outputs = outputs.unbind(1)
+    block = max(1, min(n_steps, GATE_BUDGET // (2 * rows * 4 * layer.cell_dim)))  # steps of gate inputs at once
     for first in range(0, n_steps, block):
-        block_inputs = inputs[:, first:first + block].to(compute_dtype)  # (D, k, R, P); itself when not mixed
-        gate_inputs = [input_products[d](block_inputs[d].reshape(-1, dim), bias[d]).view(-1, rows, 4 * cell_dim)
-                       for d in range(2)]  # D x (k, R, 4C)
-        for offset in range(len(gate_inputs[0])):
-            step = first + offset
-            if layout.reset_steps[step]:  # a new sentence starts in some rows: zero their state
-                hidden = hidden * keep[step]  # not in place: `hidden` is the last step's output
-                cell.mul_(keep[step])
-            product_hidden = hidden.to(compute_dtype)  # (D, R, P); `hidden` itself when not mixed
-            for d in range(2):
-                gates = recurrent_products[d].add(gate_inputs[d][offset], product_hidden[d])  # (R, 4C)
-                if mixed:
-                    gates = wide_gates.copy_(gates)
-                lstm_cell.cell_step(lstm_cell.activate_doubled_gates_(gates), cell[d], cell_clip, cell_next=cell[d],
-                                    cell_output=cell_output[d], tanh=lstm_cell.tanh_via_sigmoid)
-                outputs[d, step] = projections[d](cell_output[d].to(compute_dtype))  # (R, P)
-            hidden = lstm_cell.clip_(outputs[:, step], proj_clip)
-    return outputs
+        last = first + block
+        run_block(products, bias, inputs[:, first:last], keep[first:last], layout.reset_steps[first:last], state,
+                  step_outputs[first:last], clips)
+    return outputs.transpose(0, 1) if batched else outputs
+
+
+class StreamState(NamedTuple):
+    """What the streams carry from one block of steps to the next: hidden (D, R, P) and cell
+    (D, R, C) in the inputs' dtype, and the scratch of a step: the cell output (D, R, C), and
+    with products in a reduced precision the gates widened to the inputs' dtype (D, R, 4C)."""
+
+    hidden: torch.Tensor
+    cell: torch.Tensor
+    cell_output: torch.Tensor
+    wide_gates: torch.Tensor | None
+
+    @staticmethod
+    def zeros(inputs: torch.Tensor, cell_dim: int, compute_dtype: torch.dtype) -> "StreamState":
+        _, _, rows, dim = inputs.shape
+        mixed = compute_dtype != inputs.dtype
+        return StreamState(inputs.new_zeros(2, rows, dim), inputs.new_zeros(2, rows, cell_dim),
+                           inputs.new_zeros(2, rows, cell_dim),
+                           inputs.new_zeros(2, rows, 4 * cell_dim) if mixed else None)
+
+
+def run_block(products, bias: torch.Tensor, block_inputs: torch.Tensor, keep: torch.Tensor, resets: list[bool],
+              state: StreamState, step_outputs, clips: tuple[float, float]) -> None:
+    """k steps of every stream, what each path runs (and what a CUDA graph captures).
+
+    block_inputs (D, k, R, P) and keep (k, R, 1) (0 where a sentence starts) of the block's steps;
+    resets: whether a sentence starts at each step (all True in a graph: the state is multiplied by
+    keep at every step, by 1 where nothing starts); state: carried in and out in place;
+    step_outputs: k tensors (D, R, P), written.
+    """
+    cell_clip, proj_clip = clips
+    gate_inputs = products.gate_inputs(block_inputs, bias)  # (D, k, R, 4C) in the products' dtype
+    hidden = state.hidden
+    for offset, output in enumerate(step_outputs):
+        if resets[offset]:  # a new sentence starts in some rows: zero their state
+            hidden = hidden * keep[offset]  # not in place: `hidden` is the last step's output
+            state.cell.mul_(keep[offset])
+        products.step(gate_inputs, offset, hidden.to(products.dtype), state, output, cell_clip)
+        hidden = lstm_cell.clip_(output, proj_clip)
+    state.hidden.copy_(hidden)
+
+
+class DirectionProducts(NamedTuple):
+    """The CPU's products: each direction's through oneDNN with its weights reordered once
+    (`packed_products`)."""
+
+    inputs: list[PackedLinear]
+    recurrent: list[PackedLinear]
+    projections: list[PackedLinear]
+    dtype: torch.dtype
+
+    def gate_inputs(self, block_inputs: torch.Tensor, bias: torch.Tensor) -> list[torch.Tensor]:
+        """(D, k, R, P) -> D x (k, R, 4C): x W_in^T + b, a direction at a time."""
+        _, _, rows, dim = block_inputs.shape
+        block_inputs = block_inputs.to(self.dtype)  # itself when not mixed
+        return [self.inputs[d](block_inputs[d].reshape(-1, dim), bias[d, 0]).view(-1, rows, bias.shape[-1])
+                for d in range(2)]
+
+    def step(self, gate_inputs: list[torch.Tensor], offset: int, hidden: torch.Tensor, state: StreamState,
+             output: torch.Tensor, cell_clip: float) -> None:
+        """Step `offset` of the block, both directions: gate_inputs D x (k, R, 4C), hidden (D, R, P)
+        -> output (D, R, P); the cell state updated in place."""
+        for d in range(2):
+            gates = self.recurrent[d].add(gate_inputs[d][offset], hidden[d])  # (R, 4C)
+            if state.wide_gates is not None:
+                gates = state.wide_gates[d].copy_(gates)
+            lstm_cell.cell_step(lstm_cell.activate_doubled_gates_(gates), state.cell[d], cell_clip,
+                                cell_next=state.cell[d], cell_output=state.cell_output[d],
+                                tanh=lstm_cell.tanh_via_sigmoid)
+            output[d] = self.projections[d](state.cell_output[d].to(self.dtype))  # (R, P)
+
+
+class BatchedProducts(NamedTuple):
+    """Both directions in one batched product (`torch.baddbmm` / `torch.bmm`; cuBLAS on a GPU),
+    the weights transposed once, the candidate's rows doubled (`activate_doubled_gates_`)."""
+
+    input_weight: torch.Tensor  # (D, P, 4C)
+    recurrent_weight: torch.Tensor  # (D, P, 4C)
+    projection: torch.Tensor  # (D, C, P)
+    dtype: torch.dtype
+    graphs: dict  # GraphedBlocks by (rows, steps, dtype, clips), made on first use on a CUDA GPU
+
+    def gate_inputs(self, block_inputs: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """(D, k, R, P) -> (D, k, R, 4C), both directions in one product."""
+        n_dirs, n_steps, rows, dim = block_inputs.shape
+        flat = block_inputs.to(self.dtype).reshape(n_dirs, n_steps * rows, dim)  # (D, k*R, P)
+        return torch.baddbmm(bias, flat, self.input_weight).view(n_dirs, n_steps, rows, -1)
+
+    def step(self, gate_inputs: torch.Tensor, offset: int, hidden: torch.Tensor, state: StreamState,
+             output: torch.Tensor, cell_clip: float) -> None:
+        gates = torch.baddbmm(gate_inputs[:, offset], hidden, self.recurrent_weight)  # (D, R, 4C)
+        if state.wide_gates is not None:
+            gates = state.wide_gates.copy_(gates)
+        lstm_cell.cell_step(lstm_cell.activate_doubled_gates_(gates), state.cell, cell_clip, cell_next=state.cell,
+                            cell_output=state.cell_output, tanh=lstm_cell.tanh_via_sigmoid)
+        if output.dtype == self.dtype:
+            torch.bmm(state.cell_output, self.projection, out=output)  # (D, R, P)
+        else:
+            output.copy_(torch.bmm(state.cell_output.to(self.dtype), self.projection))
+
+
+def layer_products(layer: BiLstmLayer, rows: int, batched: bool) -> DirectionProducts | BatchedProducts:
+    """The layer's products for `rows` rows, made once and kept with the layer until a weight
+    changes (the reordered or transposed copies do not follow the weights)."""
+    weights = (layer.input_weight, layer.recurrent_weight, layer.projection, layer.bias)  # a graph reads the bias
+    key = (batched, rows, *((weight.data_ptr(), weight._version, weight.dtype) for weight in weights))
+    cache = layer.__dict__.get(PACKED_KEY)
+    if cache is None or cache[0] != key:
+        doubled = candidate_doubled(layer)[:, None]  # (4C, 1)
+        dtype = layer.input_weight.dtype
+        if batched:
+            products = BatchedProducts((layer.input_weight * doubled).mT.contiguous(),
+                                       (layer.recurrent_weight * doubled).mT.contiguous(),
+                                       layer.projection.mT.contiguous(), dtype, {})
+        else:
+            products = DirectionProducts(*packed_products(layer, rows), dtype)
+        layer.__dict__[PACKED_KEY] = cache = (key, products)
+    return cache[1]
+
+
+def graphed_blocks(products: BatchedProducts, inputs: torch.Tensor, bias: torch.Tensor,
+                   clips: tuple[float, float]) -> "cuda_graphs.GraphedBlocks":
+    """The layer's `run_block` captured for these rows (kept with its products): blocks of up to
+    GRAPH_STEPS steps, fewer where a block's gate inputs would pass GRAPH_GATE_BUDGET."""
+    _, n_steps, rows, dim = inputs.shape
+    gate_width = bias.shape[-1]
+    steps = max(1, min(cuda_graphs.GRAPH_STEPS, GRAPH_GATE_BUDGET // (2 * rows * gate_width)))
+    steps = min(steps, 1 << max(0, n_steps - 1).bit_length())  # short streams: a power of two, few graphs
+    key = (rows, steps, inputs.dtype, clips)
+    if key not in products.graphs:
+        while len(products.graphs) >= cuda_graphs.GRAPHS_KEPT:  # the oldest row count goes first
+            products.graphs.pop(next(iter(products.graphs)))
+        state = StreamState.zeros(inputs, gate_width // 4, products.dtype)
+        products.graphs[key] = cuda_graphs.GraphedBlocks(
+            lambda block_inputs, keep, outputs: run_block(products, bias, block_inputs, keep, [True] * steps, state,
+                                                          outputs.unbind(0), clips),
+            state, steps, inputs, bias)
+    return products.graphs[key]
 
 
 def candidate_doubled(layer: BiLstmLayer) -> torch.Tensor:
@@ -141,18 +279,13 @@ def candidate_doubled(layer: BiLstmLayer) -> torch.Tensor:
 
 def packed_products(layer: BiLstmLayer, rows: int) -> tuple[list[PackedLinear], ...]:
     """The input, recurrent and projection products of each direction, their weights
-    reordered for oneDNN (the candidate's rows doubled, see `activate_doubled_gates_`): made once per
-    row count, kept until a weight changes."""
+    reordered for oneDNN (the candidate's rows doubled, see `activate_doubled_gates_`), for about
+    `rows` rows (`layer_products` keeps them until a weight changes)."""
     weights = (layer.input_weight, layer.recurrent_weight, layer.projection)
-    key = (rows, *((weight.data_ptr(), weight._version, weight.dtype) for weight in weights))
-    cache = layer.__dict__.get(PACKED_KEY)
-    if cache is None or cache[0] != key:
-        block_rows = max(rows, GATE_BUDGET // (2 * 4 * layer.cell_dim))  # input products: a block of steps
-        doubled = candidate_doubled(layer)[:, None]  # (4C, 1)
-        products = tuple([PackedLinear(weight[d], hint, row_scale=scale) for d in range(2)]
-                         for weight, scale, hint in zip(weights, (doubled, doubled, None), (block_rows, rows, rows)))
-        layer.__dict__[PACKED_KEY] = cache = (key, products)
-    return cache[1]
+    block_rows = max(rows, GATE_BUDGET // (2 * 4 * layer.cell_dim))  # input products: a block of steps
+    doubled = candidate_doubled(layer)[:, None]  # (4C, 1)
+    return tuple([PackedLinear(weight[d], hint, row_scale=scale) for d in range(2)]
+                 for weight, scale, hint in zip(weights, (doubled, doubled, None), (block_rows, rows, rows)))
 
 
 # ---------------------------------------------------------------------------------------------
