@@ -439,3 +439,26 @@ def test_a_run_that_ends_on_its_token_budget_validates_its_last_model(corpus, tm
     last = max(r["step"] for r in records if "loss" in r)
     assert 1 < last < 1000 and [r["step"] for r in records if "valid_ppl" in r] == [last]
     assert json.loads((run / "best" / "provenance.json").read_text())["steps"] == last
+
+
+def test_the_first_metrics_line_after_a_resume_covers_the_same_steps(corpus, tmp_path, monkeypatch):
+    """Logged every 3 steps, stopped at step 5, resumed: the line at step 6 averages steps 4 to 6,
+    as the uninterrupted run's does (the window's sums are in the checkpoint), not step 6 alone."""
+    import itertools
+
+    from elmokit.training import processes
+
+    options = ["--config", str(corpus["train_json"]), "--epochs", "1", "--log-every", "3", "--checkpoint-every", "999"]
+    assert main(["train", *options, "--output-dir", str(tmp_path / "reference")]) == 0
+    steps = itertools.count(1)
+    with monkeypatch.context() as patch:
+        patch.setattr(processes.StopSignals, "requested", lambda self, dist_: next(steps) == 5)
+        assert main(["train", *options, "--output-dir", str(tmp_path / "stopped")]) == 130
+    assert main(["train", "--resume", "--output-dir", str(tmp_path / "stopped")]) == 0
+
+    def lines(run: str) -> list[dict]:
+        return [{key: record[key] for key in ("step", "loss", "grad_norm")}
+                for record in read(tmp_path / run / "metrics.jsonl") if "loss" in record]
+
+    assert [line["step"] for line in lines("stopped")][:2] == [3, 6]
+    assert lines("stopped") == lines("reference")

@@ -176,7 +176,7 @@ def train(config: TrainConfig, resume: bool = False) -> Progress:
                 if config.valid_files and not (config.eval_every and run.progress.step % config.eval_every == 0):
                     run_evaluation(run.model, config, run.vocab, run.progress, run.out_dir, run.dist_, bar)
                 save_training_checkpoint(run.out_dir, config, run.model, run.optimizer, run.progress, run.state,
-                                         None, run.dist_)
+                                         None, run.dist_, run.window)
     bar.close()
     if run.dist_.is_main and not config.valid_files:  # nothing to select on: the last model is the best
         ckpt.save_model_dir(run.model, run.out_dir / BEST_DIR, config.vocab,
@@ -216,6 +216,8 @@ def start_run(config: TrainConfig, resume: bool) -> Run:
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         run.progress = Progress(**checkpoint["progress"])
+        if "metrics_window" in checkpoint:  # older checkpoints: the first line after resuming covers fewer steps
+            run.window.load_state_dict(checkpoint["metrics_window"])
         mine = checkpoint["ranks"][dist_.rank]
         ckpt.set_rng_state(mine["rng"])
         if mine["lstm_state"] is not None:
@@ -273,7 +275,8 @@ def run_epoch(run: Run, bar, stop: StopSignals) -> bool:
         progress.done = progress.done or bool(spent)
         stopping = stop.requested(dist_)
         if progress.step % config.checkpoint_every == 0 or progress.done or stopping:
-            save_training_checkpoint(run.out_dir, config, run.model, run.optimizer, progress, run.state, batches, dist_)
+            save_training_checkpoint(run.out_dir, config, run.model, run.optimizer, progress, run.state, batches, dist_,
+                                     window)
         if stopping:
             bar.close()
             raise TrainingStopped(f"{stop.name} at step {progress.step}: checkpoint written; "
@@ -326,7 +329,7 @@ def run_evaluation(model: LanguageModel, config: TrainConfig, vocab, progress: P
 
 
 def save_training_checkpoint(out_dir: Path, config: TrainConfig, model: LanguageModel, optimizer, progress: Progress,
-                             state: LstmState | None, batches, dist_: Dist) -> None:
+                             state: LstmState | None, batches, dist_: Dist, window: MetricsWindow) -> None:
     """Write checkpoint.pt: shared parts once, and every rank's RNGs, carried state and data position."""
     mine = {"rng": ckpt.rng_state(),
             "lstm_state": None if state is None else [t.detach().cpu() for t in state],
@@ -341,6 +344,7 @@ def save_training_checkpoint(out_dir: Path, config: TrainConfig, model: Language
     if dist_.is_main:
         ckpt.save_checkpoint(out_dir / ckpt.CHECKPOINT_NAME, {
             "model": model.state_dict(), "optimizer": optimizer.state_dict(), "progress": asdict(progress),
+            "metrics_window": window.state_dict(),
             "ranks": ranks, "elmo_config": model.bilm.config.to_dict(), "vocab_size": model.vocab_size,
             "vocab_sha256": _file_sha256(config.vocab), "train_config": asdict(config),
         })

@@ -20,11 +20,22 @@ from elmokit.io import atomic_path, atomic_write_text
 
 
 class MetricsWindow:
-    """Training statistics since the last log line."""
+    """Training statistics since the last log line. Saved in the checkpoint (`state_dict`), so
+    that a run stopped between two lines and resumed writes the next line over the same steps as
+    an uninterrupted run (its time: the seconds before the stop plus those after the resume)."""
 
     def __init__(self) -> None:
         self.loss, self.grad_norm, self.steps, self.tokens = 0.0, 0.0, 0, 0
         self.start = time.perf_counter()
+
+    def state_dict(self) -> dict[str, float | int]:
+        return {"loss": self.loss, "grad_norm": self.grad_norm, "steps": self.steps, "tokens": self.tokens,
+                "seconds": time.perf_counter() - self.start}
+
+    def load_state_dict(self, state: dict[str, float | int]) -> None:
+        self.loss, self.grad_norm = float(state["loss"]), float(state["grad_norm"])
+        self.steps, self.tokens = int(state["steps"]), int(state["tokens"])
+        self.start = time.perf_counter() - float(state["seconds"])
 
     def add(self, loss: float, grad_norm: float, n_tokens: int) -> None:
         self.loss += loss
