@@ -68,7 +68,7 @@ def test_vectors_are_float32_and_do_not_depend_on_the_batch(embedder):
     dim = 2 * embedder.bilm.config.lstm.projection_dim
     assert alone.dtype == np.float32 and alone.shape == (3, 6, dim)
     assert batch[2].shape == (3, 0, dim)
-    np.testing.assert_allclose(batch[1], alone, atol=1e-5)
+    np.testing.assert_allclose(batch[1], alone, rtol=0, atol=2e-6)  # float32 rounding only: the README's bound
 
 
 def test_every_command_defaults_to_the_builtin_model(tmp_path, capsys):

@@ -222,3 +222,22 @@ def test_malloc_threshold_is_set_unless_the_user_chose_one(monkeypatch):
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
     is_glibc = platform.libc_ver()[0] == "glibc" and ctypes.util.find_library("c") is not None
     assert fix_malloc_mmap_threshold() is is_glibc
+
+
+def test_resume_at_another_batch_size_warns_and_goes_on(tmp_path, caplog):
+    """Another batch size changes the vectors in float32's last bits only: a resume says so and goes
+    on (a user halving it after running out of memory keeps the work); any other change is refused."""
+    from elmokit.inference.files import start_progress
+
+    partial = tmp_path / "o.h5.partial"
+    partial.mkdir()
+    made = {"input": {"size": 3}, "options": {"output_format": "all"}, "model": "m", "world_size": 1, "batch_size": 64}
+    first = start_progress(partial, 0, made, resume=False)
+    first.next_line, first.segments = 10, []
+    first.save()
+    with caplog.at_level("WARNING", logger="elmokit"):
+        resumed = start_progress(partial, 0, {**made, "batch_size": 16}, resume=True)
+    assert resumed.next_line == 10 and resumed.identity["batch_size"] == 16
+    assert "at batch size 16, where it was made at 64" in caplog.text and "not bit for bit" in caplog.text
+    with pytest.raises(ValueError, match="cannot resume .* different model;"):
+        start_progress(partial, 0, {**made, "model": "other", "batch_size": 8}, resume=True)

@@ -344,10 +344,16 @@ def start_progress(partial: Path, rank: int, identity: dict, resume: bool) -> Ra
     path = partial / f"progress-rank{rank}.json"
     if resume and path.exists():
         progress = RankProgress.load(path)
-        if progress.identity != identity:
-            changed = sorted(key for key in identity if identity[key] != progress.identity.get(key))
-            raise ValueError(f"cannot resume {partial}: it was made with a different {', '.join(changed)}; "
+        changed = sorted(key for key in identity if identity[key] != progress.identity.get(key))
+        if set(changed) - {"batch_size"}:
+            raise ValueError(f"cannot resume {partial}: it was made with a different "
+                             f"{', '.join(key for key in changed if key != 'batch_size')}; "
                              "run without resume=True to start over")
+        if changed and progress.identity.get("batch_size") is not None:
+            log.warning(f"resuming {partial} at batch size {identity['batch_size']}, where it was made at "
+                        f"{progress.identity['batch_size']}: the vectors are the same up to float32 rounding "
+                        "(products of other shapes round differently, within 2e-6), not bit for bit")
+        progress.identity = identity
     else:
         progress = RankProgress(path, identity)
     for stray in partial.glob(f"rank{rank}-*"):  # a segment being written when the run stopped
@@ -407,7 +413,8 @@ def embed_file_report(embedder: Embedder, input_path: str | Path, output_path: s
             prepare_partial(partial, resume, overwrite)
         barrier()
         identity = {"input": input_fingerprint(input_path), "options": options.identity(),
-                    "model": model_fingerprint(embedder.bilm), "world_size": world_size}
+                    "model": model_fingerprint(embedder.bilm), "world_size": world_size,
+                    "batch_size": options.batch_size}  # rounding only: a resume may change it
         rank_progress = start_progress(partial, rank, identity, resume)
         n_embedded, n_tokens = _embed_rank(embedder, input_path, scan, partial, options, rank_progress, rank,
                                            world_size, show_progress=progress and rank == 0)
