@@ -124,3 +124,32 @@ def test_real_ptb_and_gutenberg_samples(tmp_path):
     assert ptb_stats.pretokenized and ptb_stats.sentences == 400
     gut_stats = prepare_corpus([tmp_path / "gut.txt"], tmp_path / "gut", workers=2, progress=False)
     assert not gut_stats.pretokenized and gut_stats.sentences > 400
+
+
+def test_shards_of_an_unfinished_prepare_are_refused_for_training(tmp_path, capsys):
+    """prepare.json is written last: shards without it (a prepare interrupted, or one started over
+    with --overwrite and interrupted) or not listed in it are refused by elmo train, by name."""
+    from elmokit.cli import main
+
+    (tmp_path / "raw.txt").write_text("".join(f"w{i % 7} w{i % 5} w{i % 3} .\n" for i in range(40)), encoding="utf-8")
+    out = tmp_path / "out"
+    prepare_corpus([tmp_path / "raw.txt"], out, shard_size=10, pretokenized=True, progress=False)
+    assert main(["vocab", str(out / "shard-*.txt.gz"), "-o", str(tmp_path / "vocab.txt"), "--quiet"]) == 0
+    train = ["train", "--train", str(out / "shard-*.txt.gz"), "--vocab", str(tmp_path / "vocab.txt"),
+             "--model", "none", "--output-dir"]
+
+    record = json.loads((out / "prepare.json").read_text())
+    (out / "prepare.json").write_text(json.dumps({**record, "shards": record["shards"][:3]}))
+    assert main([*train, str(tmp_path / "run1"), "--quiet"]) == 2
+    assert "shard-00003.txt.gz is a shard of an `elmo prepare` that did not finish" in capsys.readouterr().err
+    (out / "prepare.json").unlink()
+    assert main([*train, str(tmp_path / "run2"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "prepare.json is missing or unreadable" in err and "--overwrite" in err
+    assert not (tmp_path / "run1").exists() and not (tmp_path / "run2").exists()
+
+    prepare_corpus([tmp_path / "raw.txt"], out, shard_size=10, pretokenized=True, progress=False, overwrite=True)
+    (tmp_path / "bad.txt").write_bytes(b"".join(b"a b .\n" for _ in range(25)) + b"\xff\xfe\n")
+    with pytest.raises(CorpusError):  # started over, stopped by a bad line: the old record is gone first
+        prepare_corpus([tmp_path / "bad.txt"], out, shard_size=10, pretokenized=True, progress=False, overwrite=True)
+    assert not (out / "prepare.json").exists()  # whatever shards it left, none counts as finished

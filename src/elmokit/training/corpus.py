@@ -41,6 +41,29 @@ CHUNK_LINES = 256  # raw lines per task sent to a worker
 # Files: whole corpora (the file helpers are elmokit.textfiles', shared with inference)
 # ---------------------------------------------------------------------------------------------
 
+def require_finished_shards(paths: Sequence[Path], what: str) -> None:
+    """CorpusError for a shard (named as `elmo prepare` names them) that its folder's prepare.json
+    does not list: `elmo prepare` writes prepare.json last, so a shard without it comes from a run
+    that was interrupted (or one whose shards were mixed with another's); training on it would
+    take a corpus cut short without a word."""
+    listed: dict[Path, set[str] | None] = {}
+    for path in paths:
+        if not SHARD_NAME.fullmatch(path.name):
+            continue
+        folder = path.parent
+        if folder not in listed:
+            record = folder / PREPARE_RECORD
+            try:
+                shards = json.loads(record.read_text(encoding="utf-8")).get("shards")
+                listed[folder] = set(shards) if isinstance(shards, list) else None
+            except (OSError, ValueError, AttributeError):
+                listed[folder] = None
+        if listed[folder] is None or path.name not in listed[folder]:
+            raise CorpusError(f"{what}: {path} is a shard of an `elmo prepare` that did not finish ({folder / PREPARE_RECORD} "
+                              f"{'is missing or unreadable' if listed[folder] is None else 'does not list it'}); "
+                              "run elmo prepare again with --overwrite")
+
+
 def count_targets(paths: Sequence[Path], max_sentences: int | None = None) -> int:
     """About the targets per direction in `paths` (words + one per non-blank line), counted by
     bytes (spaces and newlines), fast enough to be a progress bar's total: exact for files with
@@ -61,7 +84,9 @@ def count_targets(paths: Sequence[Path], max_sentences: int | None = None) -> in
 def require_tokens(paths: Sequence[Path], what: str) -> None:
     """CorpusError unless some line of `paths` holds a token: an empty or blank-only corpus
     would train nothing (yet save a model) or score nothing (yet print a perplexity of 1).
-    Reads up to the first non-blank line."""
+    Reads up to the first non-blank line. Shards of an `elmo prepare` that did not finish are
+    refused too (`require_finished_shards`)."""
+    require_finished_shards(paths, what)
     for path in paths:
         try:
             with open_binary(path) as handle:
@@ -186,6 +211,8 @@ def looks_pretokenized(lines: Sequence[str], lang: str = "en") -> bool:
 # ---------------------------------------------------------------------------------------------
 
 SHARD_PATTERN = "shard-{index:05d}.txt{suffix}"
+SHARD_NAME = re.compile(r"shard-\d{5,}\.txt(\.gz)?")
+PREPARE_RECORD = "prepare.json"  # written last: its shards are complete
 
 
 class ShardWriter:
@@ -342,7 +369,7 @@ def prepare_corpus(
     finally:
         bar.close()
     stats.shards = [path.name for path in writer.paths]
-    atomic_write_text(out_dir / "prepare.json", json.dumps(asdict(stats), indent=2) + "\n")
+    atomic_write_text(out_dir / PREPARE_RECORD, json.dumps(asdict(stats), indent=2) + "\n")
     return stats
 
 
@@ -375,5 +402,6 @@ def _clear_old_shards(out_dir: Path, overwrite: bool) -> None:
     if old and not overwrite:
         raise CorpusError(f"{out_dir} already holds {len(old)} shard files ({old[0].name}, ...); "
                           "pass overwrite=True to replace them or choose another output directory")
+    (out_dir / PREPARE_RECORD).unlink(missing_ok=True)  # first: until the new one, no shard here is finished
     for path in old:
         path.unlink()
