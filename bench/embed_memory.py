@@ -46,16 +46,48 @@ def write_input(path: Path, n_tokens: int) -> tuple[int, int]:
     return sentences, tokens
 
 
-def measure(model_dir: Path, source: Path, output: Path, layers: str, threads: int) -> tuple[float, float]:
-    """(peak RSS in MB, seconds) of one `elmo embed` run."""
+def resident_mb(pid: int) -> float | None:
+    """The resident memory of process `pid` now (Linux /proc), None once it has gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmRSS:"))
+    except (OSError, StopIteration):
+        return None
+
+
+def the_child(pid: int) -> int | None:
+    """The one child process of `pid` (the wrapper's `elmo embed`), once it has started."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return None
+    return int(children[0]) if children else None
+
+
+def measure(model_dir: Path, source: Path, output: Path, layers: str, threads: int
+            ) -> tuple[float, float, list[float]]:
+    """(peak RSS in MB, seconds, the largest RSS sampled in each quarter of the run) of one
+    `elmo embed` run: flat quarters are memory that does not creep while streaming."""
     command = [sys.executable, "-m", "elmokit", "embed", str(source), str(output), f"--{layers}",
                "--model", str(model_dir), "--quiet", "--threads", str(threads), "--overwrite"]
     start = time.perf_counter()
-    result = subprocess.run([sys.executable, "-c", WRAPPER, *command], capture_output=True, text=True)
+    wrapper = subprocess.Popen([sys.executable, "-c", WRAPPER, *command], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    samples: list[tuple[float, float]] = []  # (seconds since start, RSS MB) of the embed process
+    child = None
+    while wrapper.poll() is None:
+        child = child or the_child(wrapper.pid)
+        rss = resident_mb(child) if child else None
+        if rss is not None:
+            samples.append((time.perf_counter() - start, rss))
+        time.sleep(0.5)
+    out, err = wrapper.communicate()
     seconds = time.perf_counter() - start
-    if result.returncode != 0:
-        raise SystemExit(result.stderr)
-    return int(result.stdout.strip().splitlines()[-1]) / 1024, seconds
+    if wrapper.returncode != 0:
+        raise SystemExit(err)
+    quarters = [max((rss for at, rss in samples if q * seconds / 4 <= at < (q + 1) * seconds / 4), default=0.0)
+                for q in range(4)]
+    return int(out.strip().splitlines()[-1]) / 1024, seconds, quarters
 
 
 def main() -> None:
@@ -88,10 +120,11 @@ def main() -> None:
             source = work / f"in-{n_tokens}.txt"
             sentences, tokens = write_input(source, n_tokens)
             output = work / f"out-{n_tokens}.h5"
-            peak_mb, seconds = measure(model_dir, source, output, args.format, args.threads)
+            peak_mb, seconds, quarters = measure(model_dir, source, output, args.format, args.threads)
             size_mb = output.stat().st_size / 2 ** 20
-            rows.append((sentences, tokens, source.stat().st_size / 2 ** 20, size_mb, peak_mb, seconds))
-            print(f"{tokens:>10,} tokens {sentences:>7,} sentences: peak RSS {peak_mb:7.0f} MB, "
+            rows.append((sentences, tokens, source.stat().st_size / 2 ** 20, size_mb, peak_mb, seconds, quarters))
+            print(f"{tokens:>10,} tokens {sentences:>7,} sentences: peak RSS {peak_mb:7.0f} MB "
+                  f"(by quarter: {' / '.join(f'{q:.0f}' for q in quarters)}), "
                   f"output {size_mb:7.0f} MB, {seconds:6.0f} s ({tokens / seconds:,.0f} tokens/s)", flush=True)
             output.unlink()
 
@@ -101,14 +134,16 @@ def main() -> None:
         f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; {args.threads} torch "
         f"thread(s), torch {torch.__version__}. Model: {model_name}. Input: the first lines "
         f"of Gutenberg valid.txt.gz (whitespace tokens), `--{args.format}`, HDF5, default batch 64, "
-        "max-length 256. Peak RSS is that of the `elmo embed` process (RUSAGE_CHILDREN of a wrapper).",
+        "max-length 256. Peak RSS is that of the `elmo embed` process (RUSAGE_CHILDREN of a wrapper); "
+        "by quarter: the largest RSS sampled (every 0.5 s) in each quarter of the run's time, so a creep "
+        f"while streaming shows as a rising row. Load average at the start (what else ran): {os.getloadavg()[0]:.2f}.",
         "",
-        "| sentences | tokens | input (MB) | output (MB) | peak RSS (MB) | seconds | tokens/s |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| sentences | tokens | input (MB) | output (MB) | peak RSS (MB) | RSS by quarter (MB) | seconds | tokens/s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for sentences, tokens, input_mb, output_mb, peak_mb, seconds in rows:
+    for sentences, tokens, input_mb, output_mb, peak_mb, seconds, quarters in rows:
         lines.append(f"| {sentences:,} | {tokens:,} | {input_mb:.1f} | {output_mb:,.0f} | {peak_mb:,.0f} | "
-                     f"{seconds:,.0f} | {tokens / seconds:,.0f} |")
+                     f"{' / '.join(f'{q:,.0f}' for q in quarters)} | {seconds:,.0f} | {tokens / seconds:,.0f} |")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"\nwrote {args.output}")
