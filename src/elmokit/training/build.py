@@ -3,6 +3,7 @@ original model), the optimizer, and the windows of the training and validation d
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from elmokit.training.config import TrainConfig
 from elmokit.training.data import LMBatch, LMBatcher, eval_batches
 from elmokit.training.lm import LanguageModel
 from elmokit.training.processes import Dist
+from elmokit.training.recurrence import RecurrenceOptions
 
 _TENSOR_NAMES = ("forward_char_ids", "backward_char_ids", "forward_targets", "backward_targets", "mask")
 
@@ -75,6 +77,23 @@ def build_optimizer(config: TrainConfig, model: torch.nn.Module) -> torch.optim.
         return torch.optim.Adagrad(parameters, lr=config.lr, initial_accumulator_value=config.initial_accumulator,
                                    fused=fused)
     return torch.optim.Adam(parameters, lr=config.lr, fused=fused)
+
+
+def configure_device(config: TrainConfig, model: LanguageModel, device: torch.device) -> None:
+    """The run's device options: how the LSTM's products run (`RecurrenceOptions`: both
+    directions batched off the CPU, `lstm_bf16`, `cuda_graph` on a CUDA GPU), and on a CUDA GPU
+    whether float32 products may use TF32 (`tf32`; off by default, so that a GPU computes what the
+    CPU does: torch's matmuls default to full float32, its cuDNN convolutions to TF32). The
+    CUDA-only options are ignored elsewhere, with a warning."""
+    cuda = device.type == "cuda"
+    model.recurrence = RecurrenceOptions(lstm_bf16=config.lstm_bf16, cuda_graph=config.cuda_graph and cuda)
+    if cuda:
+        torch.set_float32_matmul_precision("high" if config.tf32 else "highest")
+        torch.backends.cudnn.allow_tf32 = config.tf32
+    elif config.tf32 or config.cuda_graph:
+        asked = " and ".join(name for name in ("tf32", "cuda_graph") if getattr(config, name))
+        warnings.warn(f"{asked} apply to a CUDA GPU only; the run is on {device}, where they change nothing",
+                      stacklevel=2)
 
 
 def train_batches(config: TrainConfig, vocab, epoch: int, dist_: Dist):

@@ -81,7 +81,14 @@ class TrainConfig:
     max_tokens: int = _field(0, "stop after this many training tokens (0 = no budget)")
     softmax: str = _field("sampled", "sampled (training only; evaluation is always full) or full")
     n_samples: int = _field(8192, "negatives of the sampled softmax (full softmax if >= the vocabulary)")
-    bf16: bool = _field(False, "bfloat16 autocast")
+    bf16: bool = _field(False, "bfloat16 autocast of the token encoder's highway and projection (the char CNN, "
+                               "the LSTM and the softmax stay float32)")
+    lstm_bf16: bool = _field(False, "the LSTM's products in bfloat16, its cell and recurrent state, gates and "
+                                    "sums in float32 (both directions in one batched product; for GPUs)")
+    tf32: bool = _field(False, "CUDA only: float32 products on TF32 tensor cores (torch.backends "
+                               "allow_tf32; faster, ~1e-3 relative error a product); ignored on the CPU")
+    cuda_graph: bool = _field(False, "CUDA only: replay each LSTM layer's forward and backward from CUDA graphs "
+                                     "captured once (static window shapes); ignored on the CPU")
     seed: int = _field(0, "seed of the weights, the dropout, the sampler and the data order")
     deterministic: bool = _field(False, "deterministic kernels only (torch.use_deterministic_algorithms, "
                                         "CUBLAS_WORKSPACE_CONFIG): a resumed run exact on CUDA too; slower there")

@@ -25,7 +25,7 @@ from elmokit.model.chars import MAX_CHARS
 from elmokit.model.config import ElmoConfig
 from elmokit.model.lstm import LstmState
 from elmokit.model.bilm import BiLM
-from elmokit.training.recurrence import forward_streams
+from elmokit.training.recurrence import RecurrenceOptions, forward_streams
 from elmokit.training.softmax import GatherRows, full_softmax_nll_sum, sampled_softmax_nll_sum
 
 
@@ -134,6 +134,8 @@ class LanguageModel(nn.Module):
     `sparse_softmax_grad` (default False), set by the trainer, which keeps the softmax weight's
     `.grad` between steps (zeroed): the sampled softmax's rows' gradient then arrives sparse and is
     added in place into it (`GatherRows`) instead of building a new dense (V, P) gradient a step.
+    `recurrence` (default `RecurrenceOptions()`), set by the trainer: how the LSTM's products run
+    (batched directions, bfloat16 products, CUDA graphs; `elmokit.training.recurrence`).
     """
 
     TYPE_BUCKET = 32  # the token encoder runs on the window's distinct tokens, padded to a multiple of this
@@ -147,6 +149,7 @@ class LanguageModel(nn.Module):
         self.n_samples = n_samples if 0 < n_samples < vocab_size else 0
         self.sampler = LogUniformSampler(vocab_size) if self.n_samples else None
         self.sparse_softmax_grad = False
+        self.recurrence = RecurrenceOptions()
         with torch.no_grad():  # as bilm-tf: normal(0, 1/sqrt(P)) weights, zero bias
             nn.init.normal_(self.softmax.weight, 0.0, 1.0 / math.sqrt(projection_dim))
             nn.init.zeros_(self.softmax.bias)
@@ -191,7 +194,7 @@ class LanguageModel(nn.Module):
         unique_ids = F.pad(unique_ids, (0, 0, 0, -n_types % self.TYPE_BUCKET))
         token_embeddings = self.bilm.token_encoder(unique_ids)[inverse]  # (D*B*U, P)
         tokens = token_embeddings.view(*char_ids.shape[:-1], -1)  # (D, B, U, P)
-        layers, state = forward_streams(self.bilm.lstm, tokens, state)
+        layers, state = forward_streams(self.bilm.lstm, tokens, state, self.recurrence)
         return layers[-1], state
 
     def nll_sums(self, hiddens: list[torch.Tensor], targets: list[torch.Tensor], sampled: bool = False

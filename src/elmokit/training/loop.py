@@ -31,7 +31,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from elmokit.training import checkpoint as ckpt
 from elmokit.model.config import ConfigError
-from elmokit.training.build import build_model, build_optimizer, padding_batch, train_batches, valid_batches
+from elmokit.training.build import (build_model, build_optimizer, configure_device, padding_batch, train_batches,
+                                    valid_batches)
 from elmokit.training.data import LMBatch
 from elmokit.extras import MissingExtraError
 from elmokit.training.lm import LanguageModel
@@ -203,6 +204,7 @@ def start_run(config: TrainConfig, resume: bool) -> Run:
     model = build_model(config, vocab).to(dist_.device)
     model.sparse_softmax_grad = True  # train_step keeps the softmax weight's gradient between steps
     optimizer = build_optimizer(config, model)
+    configure_device(config, model, dist_.device)
     wrapped = DistributedDataParallel(model) if dist_.world_size > 1 else model
     run = Run(config, dist_, out_dir, vocab, model, wrapped, optimizer, Progress())
     if checkpoint is None:
@@ -375,7 +377,7 @@ def _file_sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-RUNTIME_FIELDS = ("threads", "progress", "device")  # how a run runs, not what it computes
+RUNTIME_FIELDS = ("threads", "progress", "device", "cuda_graph")  # how a run runs, not what it computes
 
 
 def _changed_settings(saved: dict | None, config: TrainConfig) -> dict[str, list]:

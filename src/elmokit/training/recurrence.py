@@ -16,12 +16,16 @@ gradient is one product over all U steps at the end:
 
     dW_in = dG^T X      dW_rec = dG^T H_{t-1}      db = sum dG      dW_proj = dH^T M      dX = dG W_in
 
-Every product goes through `elmokit.kernels` (oneDNN's kernels on the CPU, faster than MKL's there:
+On the CPU every product goes through `elmokit.kernels` (oneDNN's kernels, faster than MKL's there:
 bench/results/train.md, "The kernels of the step"), one direction at a time (oneDNN has no batched
-product), while each elementwise operation of a step covers both directions (a leading D axis).
-The forward pass's recurrent product has its weight reordered once a pass (`PackedLinear`, G_t
-added in the same call); the other per-step products take their weights as they are (reordering
-a transposed weight costs several of the 20 steps' products it would speed up: the same page).
+product: `DirectionProducts`), while each elementwise operation of a step covers both directions
+(a leading D axis). The forward pass's recurrent product has its weight reordered once a pass
+(`PackedLinear`, G_t added in the same call); the other per-step products take their weights as
+they are (reordering a transposed weight costs several of the 20 steps' products it would speed
+up: the same page). Off the CPU both directions run in one batched product (`BatchedProducts`),
+optionally in bfloat16 (`lstm_bf16`), and on a CUDA GPU optionally replayed from CUDA graphs
+(`cuda_graph`, `elmokit.training.cuda_graphs`): `RecurrenceOptions`. The products are the only
+difference: the steps, the elementwise work and the gradients are one code for every device.
 The forward pass is `elmokit.model.cell`'s (gates in its order (i, f, o, j), the forget-gate
 offset already in `bias`, its `cell_step` and `clip_`, its `run_layers` for dropout and the
 residual); the backward pass is their derivative written out (tests/test_lm.py checks it against
@@ -33,11 +37,14 @@ Shape notation: D 2 directions, U steps, B rows, P projection dim, C cell dim.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from elmokit.kernels import PackedLinear, linear, matmul
+from elmokit.training import cuda_graphs
 from elmokit.model import cell as lstm_cell
 from elmokit.model.lstm import BiLstm, LstmState
 
@@ -46,44 +53,44 @@ class LstmLayerFunction(torch.autograd.Function):
     """outputs (D, U, B, P), final hidden (D, B, P), final cell (D, B, C) of one layer.
 
     apply(inputs (D, U, B, P), hidden (D, B, P), cell (D, B, C), input_weight (D, 4C, P),
-          recurrent_weight (D, 4C, P), bias (D, 1, 4C), projection (D, P, C), cell_clip, proj_clip)
+          recurrent_weight (D, 4C, P), bias (D, 1, 4C), projection (D, P, C), cell_clip, proj_clip,
+          products: `DirectionProducts` or `BatchedProducts`)
     """
 
     @staticmethod
     def forward(ctx, inputs, hidden, cell, input_weight, recurrent_weight, bias, projection,
-                cell_clip: float, proj_clip: float):
+                cell_clip: float, proj_clip: float, products=None):
+        products = products or DirectionProducts()
         n_dirs, n_steps, n_rows, dim = inputs.shape
         cell_dim = projection.shape[2]
+        weights = products.weights(input_weight, recurrent_weight, projection)  # in the products' dtype
         flat_inputs = inputs.reshape(n_dirs, n_steps * n_rows, dim)
-        acts = torch.stack([linear(flat_inputs[d], input_weight[d], bias[d, 0]) for d in range(n_dirs)]
-                           ).view(n_dirs, n_steps, n_rows, 4 * cell_dim)  # G = X W_in^T + b, then the gates
+        acts = products.gate_inputs(flat_inputs, weights[0], bias
+                                    ).view(n_dirs, n_steps, n_rows, 4 * cell_dim)  # G = X W_in^T + b, then the gates
         cells = inputs.new_empty(n_dirs, n_steps + 1, n_rows, cell_dim)  # c_0 .. c_U
         cells[:, 0] = cell
         tanh_cells = inputs.new_empty(n_dirs, n_steps, n_rows, cell_dim)
         cell_outputs = inputs.new_empty(n_dirs, n_steps, n_rows, cell_dim)  # m_t
         hiddens = inputs.new_empty(n_dirs, n_steps + 1, n_rows, dim)  # h_0 .. h_U
         hiddens[:, 0] = hidden
-        recurrents = [PackedLinear(recurrent_weight[d], n_rows) for d in range(n_dirs)]
+        recurrent = products.recurrent(weights[1], n_rows)  # G_t + h_{t-1} W_rec^T
         # per-step views made in one call each: (D, B, .) tensors, steps 0 .. U-1 (or U)
         step_acts, step_cells, step_tanh_cells = acts.unbind(1), cells.unbind(1), tanh_cells.unbind(1)
         step_outputs, step_hiddens = cell_outputs.unbind(1), hiddens.unbind(1)
         for step in range(n_steps):
-            gates = [recurrents[d].add(step_acts[step][d], step_hiddens[step][d])  # G_t + h_{t-1} W_rec^T,
-                     for d in range(n_dirs)]                                     # a direction at a time
-            forward_cell(gates, step_acts[step], step_cells[step], step_cells[step + 1], step_tanh_cells[step],
-                         step_outputs[step], cell_clip)
-            lstm_cell.clip_(torch.stack([linear(step_outputs[step][d], projection[d]) for d in range(n_dirs)],
-                                        out=step_hiddens[step + 1]), proj_clip)  # h_t (D, B, P)
-        ctx.save_for_backward(flat_inputs, input_weight, recurrent_weight, projection, acts, cells, tanh_cells,
-                              cell_outputs, hiddens)
-        ctx.clips = (cell_clip, proj_clip)
+            forward_cell(recurrent(step_acts[step], step_hiddens[step]), step_acts[step], step_cells[step],
+                         step_cells[step + 1], step_tanh_cells[step], step_outputs[step], cell_clip)
+            lstm_cell.clip_(products.project(step_outputs[step], weights[2], step_hiddens[step + 1]),
+                            proj_clip)  # h_t (D, B, P)
+        ctx.save_for_backward(flat_inputs, *weights, acts, cells, tanh_cells, cell_outputs, hiddens)
+        ctx.clips, ctx.products = (cell_clip, proj_clip), products
         return hiddens[:, 1:], hiddens[:, -1].clone(), cells[:, -1].clone()
 
     @staticmethod
     def backward(ctx, grad_outputs, grad_hidden, grad_cell):
         flat_inputs, input_weight, recurrent_weight, projection, acts, cells, tanh_cells, cell_outputs, hiddens = \
             ctx.saved_tensors
-        cell_clip, proj_clip = ctx.clips
+        (cell_clip, proj_clip), products = ctx.clips, ctx.products
         n_dirs, n_steps, n_rows, cell_dim = tanh_cells.shape
         dim = hiddens.shape[-1]
         forget_gate = acts[..., cell_dim:2 * cell_dim]  # (D, U, B, C)
@@ -101,37 +108,110 @@ class LstmLayerFunction(torch.autograd.Function):
             grad_h = torch.add(grad_outputs[:, step], recurrent_grad, out=grad_hiddens[:, step])  # (D, B, P)
             if hidden_mask is not None:
                 grad_h.mul_(hidden_mask[:, step])
-            torch.stack([linear(grad_h[d], projection[d].mT) for d in range(n_dirs)], out=grad_m)  # grad_h W_proj
+            products.times(grad_h, projection, out=grad_m)  # grad_h W_proj (D, B, C)
             step_grads = grad_gates[:, step]  # (D, B, 4, C)
             cell_grad = backward_cell(grad_m, cell_grad, through_tanh[:, step], factors[:, step], forget_gate[:, step],
                                       None if cell_mask is None else cell_mask[:, step], step_grads)
-            recurrent_grad = torch.stack([linear(step_grads[d].view(n_rows, 4 * cell_dim), recurrent_weight[d].mT)
-                                          for d in range(n_dirs)])  # (D, B, P): grad_g W_rec
+            recurrent_grad = products.times(step_grads.view(n_dirs, n_rows, 4 * cell_dim),
+                                            recurrent_weight)  # (D, B, P): grad_g W_rec
         flat_gates = grad_gates.view(n_dirs, n_steps * n_rows, 4 * cell_dim)  # (D, U*B, 4C)
         flat_grad_hiddens = grad_hiddens.view(n_dirs, n_steps * n_rows, dim)
         flat_outputs = cell_outputs.view(n_dirs, n_steps * n_rows, cell_dim)
-        grad_inputs = _per_direction(n_dirs, lambda d: matmul(flat_gates[d], input_weight[d])
-                                     ).view(n_dirs, n_steps, n_rows, dim)  # (D, U, B, P)
-        grad_input_weight = _per_direction(n_dirs, lambda d: matmul(flat_gates[d].mT, flat_inputs[d]))  # (D, 4C, P)
-        grad_recurrent_weight = _per_direction(n_dirs,   # (D, 4C, P): against h_{t-1}
-            lambda d: matmul(flat_gates[d].mT, hiddens[d, :-1].reshape(n_steps * n_rows, dim)))
+        grad_inputs = products.matmul(flat_gates, input_weight).view(n_dirs, n_steps, n_rows, dim)  # (D, U, B, P)
+        grad_input_weight = products.matmul(flat_gates.mT, flat_inputs)  # (D, 4C, P)
+        grad_recurrent_weight = products.matmul(  # (D, 4C, P): against h_{t-1}
+            flat_gates.mT, hiddens[:, :-1].reshape(n_dirs, n_steps * n_rows, dim))
         grad_bias = flat_gates.sum(dim=1, keepdim=True)  # (D, 1, 4C)
-        grad_projection = _per_direction(  # (D, P, C)
-            n_dirs, lambda d: matmul(flat_grad_hiddens[d].mT, flat_outputs[d]))
+        grad_projection = products.matmul(flat_grad_hiddens.mT, flat_outputs)  # (D, P, C)
         return (grad_inputs, recurrent_grad, cell_grad, grad_input_weight,
-                grad_recurrent_weight, grad_bias, grad_projection, None, None)
+                grad_recurrent_weight, grad_bias, grad_projection, None, None, None)
 
 
-def forward_cell(gates: list[torch.Tensor], acts: torch.Tensor, cell_prev: torch.Tensor, cell_next: torch.Tensor,
-                 tanh_cell: torch.Tensor, cell_output: torch.Tensor, cell_clip: float) -> None:
+class DirectionProducts:
+    """The CPU's products: through `elmokit.kernels` (oneDNN), a direction at a time (oneDNN has no
+    batched product); the forward pass's recurrent weight reordered once a pass (`PackedLinear`,
+    G_t added in the same call). Every product in float32."""
+
+    def weights(self, *weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return weights
+
+    def gate_inputs(self, flat_inputs: torch.Tensor, input_weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """(D, N, P) -> X W_in^T + b (D, N, 4C)."""
+        return _per_direction(len(flat_inputs), lambda d: linear(flat_inputs[d], input_weight[d], bias[d, 0]))
+
+    def recurrent(self, recurrent_weight: torch.Tensor, n_rows: int) -> Callable:
+        """(G_t (D, B, 4C), h_{t-1} (D, B, P)) -> G_t + h_{t-1} W_rec^T, a list of D (B, 4C)."""
+        packed = [PackedLinear(recurrent_weight[d], n_rows) for d in range(len(recurrent_weight))]
+        return lambda acts, hidden: [packed[d].add(acts[d], hidden[d]) for d in range(len(packed))]
+
+    def project(self, cell_output: torch.Tensor, projection: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """m_t (D, B, C) -> m_t W_proj^T into out (D, B, P)."""
+        return torch.stack([linear(cell_output[d], projection[d]) for d in range(len(projection))], out=out)
+
+    def times(self, grad: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """grad (D, B, out) x weight (D, out, in) -> (D, B, in): a gradient through a product."""
+        return torch.stack([linear(grad[d], weight[d].mT) for d in range(len(weight))], out=out)
+
+    def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """(D, m, k) x (D, k, n) -> (D, m, n): the weight gradients, over all steps at once."""
+        return _per_direction(len(a), lambda d: matmul(a[d], b[d]))
+
+
+class BatchedProducts:
+    """Both directions in one batched product (`torch.bmm`; cuBLAS on a GPU), what runs off the
+    CPU: one kernel a product instead of one a direction. With `dtype` bfloat16 the products'
+    operands are rounded to bfloat16 (the weights once a pass) and their results widened to
+    float32 before anything is added to them: the gates, the cell state, the recurrent state and
+    every sum over steps stay float32 (`elmo train --lstm-bf16`)."""
+
+    def __init__(self, dtype: torch.dtype | None = None):
+        self.dtype = dtype  # None: the inputs' own
+
+    def weights(self, *weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return weights if self.dtype is None else tuple(weight.to(self.dtype) for weight in weights)
+
+    def _bmm(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """(D, m, k) x (D, k, n) in the products' dtype, the result in a's (into `out` when given)."""
+        if self.dtype is None or self.dtype == a.dtype:
+            return torch.bmm(a, b, out=out)
+        product = torch.bmm(a.to(self.dtype), b.to(self.dtype))
+        return product.to(a.dtype) if out is None else out.copy_(product)
+
+    def gate_inputs(self, flat_inputs: torch.Tensor, input_weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        if self.dtype is None:
+            return torch.baddbmm(bias, flat_inputs, input_weight.mT)
+        return torch.add(bias, torch.bmm(flat_inputs.to(self.dtype), input_weight.mT))  # summed in float32
+
+    def recurrent(self, recurrent_weight: torch.Tensor, n_rows: int) -> Callable:
+        """(G_t (D, B, 4C), h_{t-1} (D, B, P)) -> G_t + h_{t-1} W_rec^T (D, B, 4C)."""
+        transposed = recurrent_weight.mT  # (D, P, 4C)
+        if self.dtype is None:
+            return lambda acts, hidden: torch.baddbmm(acts, hidden, transposed)
+        return lambda acts, hidden: torch.add(acts, torch.bmm(hidden.to(self.dtype), transposed))
+
+    def project(self, cell_output: torch.Tensor, projection: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return self._bmm(cell_output, projection.mT, out=out)
+
+    def times(self, grad: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        return self._bmm(grad, weight, out=out)
+
+    def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return self._bmm(a, b)
+
+
+def forward_cell(gates: list[torch.Tensor] | torch.Tensor, acts: torch.Tensor, cell_prev: torch.Tensor,
+                 cell_next: torch.Tensor, tanh_cell: torch.Tensor, cell_output: torch.Tensor, cell_clip: float) -> None:
     """A step's elementwise work forward, both directions, into the pass's buffers.
 
-    gates[d] (B, 4C): direction d's G_t + h_{t-1} W_rec^T. Writes acts (D, B, 4C) = (σ(i), σ(f), σ(o),
-    tanh(j)), cell_next c_t = clip(f * c_{t-1} + i * j) (D, B, C), tanh_cell tanh(c_t) and
-    cell_output m_t = o * tanh(c_t).
+    gates: G_t + h_{t-1} W_rec^T, (D, B, 4C) or a list of each direction's (B, 4C). Writes acts
+    (D, B, 4C) = (σ(i), σ(f), σ(o), tanh(j)), cell_next c_t = clip(f * c_{t-1} + i * j) (D, B, C),
+    tanh_cell tanh(c_t) and cell_output m_t = o * tanh(c_t).
     """
-    for d, pre in enumerate(gates):
-        lstm_cell.activate_gates(pre, out=acts[d])
+    if isinstance(gates, torch.Tensor):
+        lstm_cell.activate_gates(gates, out=acts)
+    else:
+        for d, pre in enumerate(gates):
+            lstm_cell.activate_gates(pre, out=acts[d])
     lstm_cell.cell_step(acts, cell_prev, cell_clip, cell_next=cell_next, tanh_cell=tanh_cell, cell_output=cell_output)
 
 
@@ -179,17 +259,41 @@ def _per_direction(n_dirs: int, product: Callable[[int], torch.Tensor]) -> torch
     return torch.stack([product(d) for d in range(n_dirs)])
 
 
+@dataclass(frozen=True)
+class RecurrenceOptions:
+    """How training runs the recurrence (`TrainConfig`'s `lstm_bf16` and `cuda_graph`; the
+    defaults compute what they always did).
+
+    batched: both directions in one product (`BatchedProducts`); None: off the CPU only (oneDNN's
+        per-direction products are the faster ones there).
+    lstm_bf16: the recurrence's products in bfloat16 (batched), its state and sums in float32.
+    cuda_graph: on a CUDA GPU, each layer's forward and backward replayed from CUDA graphs
+        (`elmokit.training.cuda_graphs`): the same `LstmLayerFunction`, captured once a shape.
+    """
+
+    batched: bool | None = None
+    lstm_bf16: bool = False
+    cuda_graph: bool = False
+
+    def products(self, device: torch.device) -> DirectionProducts | BatchedProducts:
+        if self.lstm_bf16:
+            return BatchedProducts(torch.bfloat16)
+        batched = device.type != "cpu" if self.batched is None else self.batched
+        return BatchedProducts() if batched else DirectionProducts()
+
+
 def lstm_layer(inputs: torch.Tensor, hidden: torch.Tensor, cell: torch.Tensor, input_weight: torch.Tensor,
                recurrent_weight: torch.Tensor, bias: torch.Tensor, projection: torch.Tensor,
-               cell_clip: float = 0.0, proj_clip: float = 0.0):
-    """One layer, both directions, time-major: see `LstmLayerFunction`."""
+               cell_clip: float = 0.0, proj_clip: float = 0.0, products=None):
+    """One layer, both directions, time-major: see `LstmLayerFunction` (`products`: the
+    `DirectionProducts` of the CPU by default)."""
     with torch.autocast(inputs.device.type, enabled=False):  # float32 state and products (see train --bf16)
         return LstmLayerFunction.apply(inputs.contiguous(), hidden, cell, input_weight, recurrent_weight, bias,
-                                       projection, float(cell_clip), float(proj_clip))
+                                       projection, float(cell_clip), float(proj_clip), products)
 
 
-def forward_streams(lstm: BiLstm, inputs: torch.Tensor, state: LstmState | None = None
-                    ) -> tuple[list[torch.Tensor], LstmState]:
+def forward_streams(lstm: BiLstm, inputs: torch.Tensor, state: LstmState | None = None,
+                    options: RecurrenceOptions | None = None) -> tuple[list[torch.Tensor], LstmState]:
     """Run `lstm`'s layers, each direction left to right over its own full-length streams.
 
     Args:
@@ -197,6 +301,7 @@ def forward_streams(lstm: BiLstm, inputs: torch.Tensor, state: LstmState | None 
         inputs: (D, B, U, P): direction 0's and direction 1's token representations, each read
             from position 0 to U-1 (the caller lays out the backward stream reversed).
         state: the state carried from the previous window; zeros if None.
+        options: how the products run (`RecurrenceOptions`; the default's on the CPU: oneDNN).
 
     Returns:
         one (D, B, U, P) tensor per layer, and the state after the last position, in the
@@ -205,16 +310,22 @@ def forward_streams(lstm: BiLstm, inputs: torch.Tensor, state: LstmState | None 
     Dropout as bilm-tf's `DropoutWrapper(ResidualWrapper(cell))`: on every layer's input, and
     the residual (layer 2 on) adds the dropped input.
     """
+    options = options or RecurrenceOptions()
     _, batch_size, _, _ = inputs.shape
     dtype = lstm.layers[0].input_weight.dtype  # float32 under bf16 autocast too
     if state is None:
         state = lstm.zero_state(batch_size, inputs.to(dtype))
     layer_input = inputs.to(dtype).transpose(1, 2)  # (D, U, B, P) time-major
+    products = options.products(inputs.device)
+    clips = (float(lstm.cell_clip), float(lstm.proj_clip))
 
     def run_layer(layer, dropped: torch.Tensor, index: int):
-        output, hidden, cell = lstm_layer(dropped, state.hidden[index].to(dtype), state.cell[index].to(dtype),
-                                          layer.input_weight, layer.recurrent_weight, layer.gate_bias(),
-                                          layer.projection, lstm.cell_clip, lstm.proj_clip)
+        args = (dropped.contiguous(), state.hidden[index].to(dtype), state.cell[index].to(dtype),
+                layer.input_weight, layer.recurrent_weight, layer.gate_bias(), layer.projection)
+        run = functools.partial(lstm_layer, cell_clip=clips[0], proj_clip=clips[1], products=products)
+        if options.cuda_graph and cuda_graphs.wanted(dropped):
+            run = cuda_graphs.graphed(layer, run, args, (clips, type(products).__name__, options.lstm_bf16))
+        output, hidden, cell = run(*args)
         return output, (hidden, cell)
 
     outputs, finals = lstm_cell.run_layers(lstm.layers, layer_input, lstm.dropout, lstm.training, run_layer)
