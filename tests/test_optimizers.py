@@ -2,7 +2,10 @@
 has one (issue 34: the default `elmo train` crashed on a CUDA GPU whose torch had no fused
 Adagrad). No GPU is needed: every optimizer is built and stepped on the CPU and on the meta
 device (which torch's fused optimizers refuse), and with a torch whose dispatcher lacks the fused
-Adagrad kernel, as that CUDA build did."""
+Adagrad kernel, as that CUDA build did. Then every step the trainer can build (each optimizer
+with each option that changes the step) is built and taken on the meta device: the device options,
+the optimizer, the LSTM's recurrence forward and backward as it runs off the CPU, the clipping and
+the update; and the package is scanned for the CPU-only calls that would crash on a GPU."""
 
 from __future__ import annotations
 
@@ -46,3 +49,116 @@ def test_the_dispatcher_is_asked_per_optimizer_and_device(monkeypatch):
     assert adagrad.param_groups[0]["fused"] is False and adagrad.defaults["foreach"] in (None, True)
     adagrad.step()
     assert build_optimizer(config_for("adam"), model).param_groups[0]["fused"] is True
+
+
+# ---------------------------------------------------------------------------------------------
+# Every step the trainer can build, on a device that is not the CPU
+# ---------------------------------------------------------------------------------------------
+# The options that change what a training step runs (training.config.TrainConfig): the optimizer,
+# how gradients are clipped, which softmax (the sampled one's gradient comes sparse), bfloat16
+# autocast, the LSTM's bfloat16 products, and the CUDA-only options (ignored off CUDA).
+STEP_OPTIONS = [
+    {"grad_clip": 10.0, "softmax": "sampled"}, {"grad_clip": 0.0, "softmax": "full"},
+    {"bf16": True}, {"lstm_bf16": True}, {"lstm_bf16": True, "grad_clip": 0.0, "softmax": "full"},
+    {"tf32": True, "cuda_graph": True}, {"deterministic": True},
+]
+
+
+def tiny_language_model(device: str):
+    from elmokit.model.config import CharCNNConfig, ElmoConfig, LSTMConfig
+    from elmokit.training.lm import LanguageModel
+
+    torch.manual_seed(0)
+    config = ElmoConfig(CharCNNConfig(embedding_dim=4, filters=((1, 4), (2, 8)), n_highway=1),
+                        LSTMConfig(cell_dim=12, projection_dim=6, n_layers=2, cell_clip=3.0, proj_clip=3.0))
+    return LanguageModel(config, 50, dropout=0.1, n_samples=10).to(device)
+
+
+def test_the_options_cover_every_field_that_changes_the_step():
+    """A new TrainConfig field must be placed: in STEP_OPTIONS (it changes the step, so this file
+    builds the step with it) or in the list of those that do not."""
+    covered = {name for options in STEP_OPTIONS for name in options} | {"optimizer"}
+    elsewhere = {"output_dir", "train_files", "valid_files", "vocab", "model", "init_from", "init_from_original",
+                 "lr", "initial_accumulator", "warmup_steps", "lr_decay", "anneal_start", "anneal_steps",
+                 "dropout", "batch_size", "unroll_steps", "epochs", "max_tokens", "n_samples", "seed",
+                 "data_split", "eval_every", "eval_batch_size", "patience", "log_every", "checkpoint_every",
+                 "device", "threads", "progress"}  # the schedule, the data, the files, the bookkeeping
+    assert {field.name for field in dataclasses.fields(TrainConfig)} == covered | elsewhere
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "adam"])
+@pytest.mark.parametrize("options", STEP_OPTIONS, ids=lambda options: ",".join(options))
+def test_every_training_step_builds_and_steps_off_the_cpu(optimizer, options, recwarn):
+    """The model on the meta device (which holds no data, and which torch's fused optimizers and
+    every CPU-only kernel refuse, as CUDA refused fused Adagrad): the device options applied
+    (`configure_device`), the optimizer built, the LSTM's recurrence run forward and backward the
+    way it runs off the CPU (both directions batched, bfloat16 products if asked), then the
+    gradient clipping and the optimizer's step of `train_step` (`apply_gradients`)."""
+    from elmokit.training.build import configure_device
+    from elmokit.training.loop import apply_gradients
+    from elmokit.training.recurrence import BatchedProducts, forward_streams
+    from tests.test_devices import tensors_need_a_device
+
+    config = dataclasses.replace(config_for(optimizer), **options)
+    model = tiny_language_model("meta").train()
+    device = torch.device("meta")
+    with tensors_need_a_device():
+        configure_device(config, model, device)
+        built = build_optimizer(config, model)
+        products = model.recurrence.products(device)
+        assert isinstance(products, BatchedProducts)  # off the CPU: one product for both directions
+        assert products.dtype == (torch.bfloat16 if config.lstm_bf16 else None)
+        tokens = torch.randn(2, 3, 5, 6, device=device, requires_grad=True)  # (D, B, U, P)
+        layers, state = forward_streams(model.bilm.lstm, tokens, None, model.recurrence)
+        assert layers[-1].dtype == state.cell.dtype == torch.float32  # the state stays float32
+        layers[-1].sum().backward()
+        for parameter in model.parameters():
+            if parameter.grad is None:  # the encoder's and the softmax's: as the rest of the step gives them
+                parameter.grad = torch.ones_like(parameter)
+        norm = apply_gradients(model, built, config)
+    assert norm.device == device and built.param_groups[0]["fused"] == has_fused_kernel(optimizer, device)
+    assert not model.recurrence.cuda_graph  # graphs only on a CUDA device
+    if config.tf32 or config.cuda_graph:
+        assert any("CUDA GPU only" in str(warning.message) for warning in recwarn)
+
+
+def test_no_cpu_only_call_on_a_path_that_runs_on_cuda():
+    """The kinds of call that run on the CPU only, or pin a choice to it, appear in the package
+    only where the device is checked first: oneDNN's private ops in elmokit.kernels (behind
+    `x.device.type == "cpu"`, its float32 check's autocast too), no other hard-coded autocast device, no fused optimizer asked for
+    unconditionally, generators made on the device of the tensors they shuffle (or on purpose on
+    the CPU, as the sampler and the probes' split), memory pinned only by LMBatch.pin_memory."""
+    import re
+    from pathlib import Path
+
+    import elmokit
+
+    package = Path(elmokit.__file__).resolve().parent
+    rules = {r"torch\.ops\.mkldnn": {"kernels.py"}, r"autocast\(\s*[\"']cpu": {"kernels.py"},
+             r"fused\s*=\s*True": set(),
+             r"\.pin_memory\(\)": {"training/data.py"}, r"torch\.Generator\(\)": {"tasks/probes.py"}}
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        name = path.relative_to(package).as_posix()
+        text = path.read_text(encoding="utf-8")
+        found += [f"{name}: {pattern}" for pattern, allowed in rules.items()
+                  if re.search(pattern, text) and name not in allowed]
+    assert not found, found
+
+
+def test_the_device_options_on_a_cuda_device_without_one(monkeypatch):
+    """configure_device on a CUDA device (no GPU needed to set torch's flags): exact float32 unless
+    tf32 is asked, graphs only if asked; the flags are put back afterwards."""
+    from elmokit.training.build import configure_device
+
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", torch.backends.cudnn.allow_tf32)
+    precision = torch.get_float32_matmul_precision()
+    model = tiny_language_model("cpu")
+    try:
+        for tf32, graph in ((False, False), (True, True)):
+            config = dataclasses.replace(config_for("adam"), tf32=tf32, cuda_graph=graph)
+            configure_device(config, model, torch.device("cuda"))
+            assert torch.get_float32_matmul_precision() == ("high" if tf32 else "highest")
+            assert torch.backends.cudnn.allow_tf32 is tf32 and model.recurrence.cuda_graph is graph
+    finally:
+        torch.set_float32_matmul_precision(precision)

@@ -78,14 +78,21 @@ def train_step(model, optimizer, batch, state: LstmState | None, lr: float,
     if kept is not None:  # the (V, P) softmax gradient is kept, zeroed: the sampled rows' gradient
         language_model.softmax.weight.grad = kept.zero_()  # is added into it (GatherRows), no new one a step
     (loss * dist_.world_size).backward()  # DDP averages gradients over ranks: undo the 1/N
-    parameters = [p for p in model.parameters() if p.grad is not None]
-    if config.grad_clip:
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, config.grad_clip))
-    else:
-        grad_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in parameters])))
-    optimizer.step()
+    grad_norm = float(apply_gradients(model, optimizer, config))
     global_loss = dist_.all_sum([float(loss.detach())])[0]
     return StepResult(global_loss, int(n_targets), grad_norm, out.state)
+
+
+def apply_gradients(model, optimizer: torch.optim.Optimizer, config: TrainConfig) -> torch.Tensor:
+    """Clip the gradients to `grad_clip`'s global norm and take the optimizer's step; returns the
+    norm before clipping, on the parameters' device (no host sync here: tests run it on `meta`)."""
+    parameters = [p for p in model.parameters() if p.grad is not None]
+    if config.grad_clip:
+        grad_norm = torch.nn.utils.clip_grad_norm_(parameters, config.grad_clip)
+    else:
+        grad_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in parameters]))
+    optimizer.step()
+    return grad_norm
 
 
 @torch.no_grad()

@@ -37,6 +37,7 @@ Shape notation: D 2 directions, U steps, B rows, P projection dim, C cell dim.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -287,7 +288,8 @@ def lstm_layer(inputs: torch.Tensor, hidden: torch.Tensor, cell: torch.Tensor, i
                cell_clip: float = 0.0, proj_clip: float = 0.0, products=None):
     """One layer, both directions, time-major: see `LstmLayerFunction` (`products`: the
     `DirectionProducts` of the CPU by default)."""
-    with torch.autocast(inputs.device.type, enabled=False):  # float32 state and products (see train --bf16)
+    kind = inputs.device.type  # float32 state and products under autocast (see train --bf16); meta has none
+    with torch.autocast(kind, enabled=False) if torch.amp.is_autocast_available(kind) else contextlib.nullcontext():
         return LstmLayerFunction.apply(inputs.contiguous(), hidden, cell, input_weight, recurrent_weight, bias,
                                        projection, float(cell_clip), float(proj_clip), products)
 
