@@ -1,5 +1,6 @@
 """`elmo convert`: original options JSON + HDF5 <-> native directory (config.json + safetensors);
-an ELMoForManyLangs folder -> native (its vocabulary in manylangs_vocab.json beside them)."""
+an ELMoForManyLangs folder -> native (its vocabulary in manylangs_vocab.json beside them); any
+ELMo biLM -> one ONNX graph (`--to-onnx`, `elmokit.inference.onnx_export`)."""
 
 from __future__ import annotations
 
@@ -14,23 +15,47 @@ from elmokit.model.weights import CONFIG_NAME, WEIGHTS_NAME, refuse_same_file, s
 
 def register(subcommands: argparse._SubParsersAction) -> None:
     parser = subcommands.add_parser(
-        "convert", help="convert between the original HDF5 files and the native format",
+        "convert", help="convert between the original HDF5 files and the native format, or to ONNX",
         description="Convert a model. Original -> native: `elmo convert --options-file O "
                     "--weight-file W --to-native DIR`. Native -> original: `elmo convert --model DIR "
                     "--to-original OPTIONS.json WEIGHTS.hdf5`. An ELMoForManyLangs model folder -> native: "
                     "`elmo convert --model FOLDER --to-native DIR` (its character and word vocabularies go to "
                     "DIR/manylangs_vocab.json); the original format cannot hold those, so --to-original "
-                    "refuses such a model.")
-    add_model_arguments(parser)
+                    "refuses such a model. An ELMo model (not ELMoForManyLangs) -> one ONNX graph of the stateless biLM for onnxruntime: "
+                    "`elmo convert [MODEL options] --to-onnx FILE.onnx` (input char_ids int64 (batch, tokens, 50) "
+                    "from batch_to_ids; outputs layers float32 (batch, layers, tokens, 2P) and mask bool (batch, "
+                    "tokens); with --mix-weights a third output, the scalar mix; checked against elmokit in "
+                    "onnxruntime before it is written; needs the [onnx] extra; docs/deployment.md).")
+    add_model_arguments(parser, positional=True)
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--to-native", type=Path, metavar="DIR", help="write a native model directory")
     target.add_argument("--to-original", type=Path, nargs=2, metavar=("OPTIONS", "WEIGHTS"),
                         help="write an original options JSON and HDF5 weight file")
+    target.add_argument("--to-onnx", type=Path, metavar="FILE.onnx",
+                        help="write the stateless biLM as one ONNX graph (any batch and length), checked in "
+                             "onnxruntime against elmokit before it is renamed into place")
+    parser.add_argument("--mix-weights", type=_floats, metavar="S0,S1,...",
+                        help="with --to-onnx: add an output `mixed` (batch, tokens, 2P), the scalar mix "
+                             "gamma * sum_k softmax(s)_k layer_k with these L+1 parameters s (before the softmax, "
+                             "as Elmo's scalar_mix_parameters; 0,0,0 is the average of 3 layers)")
+    parser.add_argument("--mix-gamma", type=float, default=1.0, metavar="G",
+                        help="with --mix-weights: the mix's gamma (default 1)")
     parser.add_argument("--overwrite", action="store_true", help="replace existing outputs")
     parser.set_defaults(func=run)
 
 
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(value) for value in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as 0,0,0, got {text!r}") from None
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.mix_weights is not None and not args.to_onnx:
+        raise ValueError("--mix-weights adds an output to the ONNX graph: give it with --to-onnx")
+    if args.to_onnx:
+        return _to_onnx(args)
     if args.to_original:
         refuse_same_file(args.to_original)  # before loading: the options JSON would replace the weights
     model = model_from_args(args)
@@ -43,4 +68,15 @@ def run(args: argparse.Namespace) -> int:
     else:
         save_original(model, *args.to_original)
         print(f"wrote {args.to_original[0]} and {args.to_original[1]}")
+    return 0
+
+
+def _to_onnx(args: argparse.Namespace) -> int:
+    from elmokit.inference.onnx_export import TOLERANCE, export_onnx, require_onnx
+
+    require_onnx("elmo convert --to-onnx")  # before the model is loaded
+    refuse_overwrite([args.to_onnx], args.overwrite)
+    report = export_onnx(model_from_args(args), args.to_onnx, mix_parameters=args.mix_weights, mix_gamma=args.mix_gamma)
+    print(f"wrote {args.to_onnx} ({report['bytes'] / 1e6:.1f} MB; outputs {', '.join(report['outputs'])}): "
+          f"onnxruntime matches elmokit within {report['max_abs_diff']:.2g} (checked to {TOLERANCE:g})")
     return 0

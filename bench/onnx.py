@@ -1,0 +1,232 @@
+"""ONNX export speed (issue 35): onnxruntime (CPU, 2 threads) against elmokit and against plain
+PyTorch eager on the same batches in the same run, for the built-in model and the `original`
+shape (random weights made by elmokit), with the graph's size, export time and load time, and
+onnxruntime's largest difference from elmokit on every batch it ran.
+
+    .venv/bin/python bench/onnx.py                       # -> bench/results/onnx.md (and onnx.json)
+    .venv/bin/python bench/onnx.py --shapes builtin --limit 64 --output /tmp/o.md
+
+Engines, each on the same batches of consecutive sentences of UD English EWT dev:
+    onnxruntime       the exported graph (`elmo convert --to-onnx`), `onnx_session(threads=2)`
+                      (spinning off: its threads sleep between operators, as a shared machine wants)
+    elmokit           `ElmoEmbedder.batch_to_embeddings` (stream engine, oneDNN, token cache on)
+    elmokit, no cache the same with `cache_tokens=False`
+    PyTorch eager     the module that is exported (`ExportableBiLM`), run by torch eagerly with the
+                      plain products (ELMOKIT_KERNELS=torch): the same computation as the graph
+Every engine runs every batch size --repeats times, the engines interleaved, the fastest kept. The
+load average and the other busy processes are recorded before and after (a shared machine).
+Run it under `flock /tmp/bench.lock` when others benchmark on the same machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+ENGINES = ("onnxruntime", "elmokit", "elmokit, no cache", "PyTorch eager")
+TARGET = 0.8  # onnxruntime's tokens/s at batch 32 over elmokit's (issue 35)
+
+
+def _embed_bench():
+    """bench/embed.py as a module: its UD reader, machine line and busy-process line."""
+    spec = importlib.util.spec_from_file_location("bench_embed", REPO / "bench" / "embed.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def make_model(shape: str):
+    from elmokit import BiLM, ElmoConfig, load_model
+
+    if shape == "builtin":
+        return load_model(None)
+    torch.manual_seed(0)
+    return BiLM(ElmoConfig.from_name(shape)).eval()
+
+
+def engines(bilm, path: Path, threads: int) -> dict:
+    """name -> (function(batch of token lists) -> (layers (B, L+1, T, 2P), mask) as numpy, a function
+    run before each timed pass: the token cache emptied, as each pass starts cold)."""
+    import copy
+
+    from elmokit import ElmoEmbedder, batch_to_ids
+    from elmokit.inference.onnx_export import ExportableBiLM, onnx_session
+
+    session = onnx_session(path, threads=threads)
+    cached, uncached = ElmoEmbedder(module=copy.deepcopy(bilm)), ElmoEmbedder(module=copy.deepcopy(bilm), cache_tokens=False)
+    eager = ExportableBiLM(copy.deepcopy(bilm).eval().requires_grad_(False)).eval()
+
+    def run_eager(batch):
+        previous = os.environ.get("ELMOKIT_KERNELS")
+        os.environ["ELMOKIT_KERNELS"] = "torch"
+        try:
+            with torch.no_grad():
+                layers, mask = eager(batch_to_ids(batch))
+        finally:
+            os.environ.pop("ELMOKIT_KERNELS") if previous is None else os.environ.__setitem__("ELMOKIT_KERNELS", previous)
+        return layers.numpy(), mask.numpy()
+
+    def run_embedder(embedder):
+        def run(batch):
+            layers, mask = embedder.batch_to_embeddings(batch)
+            return layers.numpy(), mask.numpy()
+        return run
+
+    nothing = lambda: None  # noqa: E731
+    return {"onnxruntime": (lambda batch: tuple(session.run(None, {"char_ids": batch_to_ids(batch).numpy()})), nothing),
+            "elmokit": (run_embedder(cached), cached.cache.clear), "elmokit, no cache": (run_embedder(uncached), nothing),
+            "PyTorch eager": (run_eager, nothing)}
+
+
+def time_engine(run, reset, batches) -> dict:
+    reset()
+    start, start_cpu = time.perf_counter(), time.process_time()
+    outputs = [run(batch) for batch in batches]
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
+    tokens = sum(map(len, (s for batch in batches for s in batch)))
+    return {"tokens_per_s": tokens / seconds, "tokens_per_cpu_s": tokens / cpu_seconds, "outputs": outputs}
+
+
+def bench_shape(shape: str, sentences: list, batch_sizes: list[int], limit_batch1: int, threads: int,
+                repeats: int, directory: Path) -> dict:
+    from elmokit.inference.onnx_export import export_onnx, onnx_session
+
+    bilm = make_model(shape)
+    path = directory / f"{shape}.onnx"
+    start = time.perf_counter()
+    checked = export_onnx(bilm, path)
+    export_seconds = time.perf_counter() - start
+    loads = []
+    for _ in range(3):
+        start = time.perf_counter()
+        onnx_session(path, threads=threads)
+        loads.append(time.perf_counter() - start)
+    runs = engines(bilm, path, threads)
+    rows, differences, padding = {}, {}, {}
+    for batch_size in batch_sizes:
+        chosen = sentences[:limit_batch1] if batch_size == 1 else sentences
+        batches = [chosen[i:i + batch_size] for i in range(0, len(chosen), batch_size)]
+        positions = sum(len(batch) * (max(map(len, batch)) + 2) for batch in batches)
+        padding[batch_size] = positions / sum(len(s) + 2 for s in chosen)  # graph positions / real positions
+        for name in ENGINES:  # warm up: kernels, packed weights, first-run allocations
+            runs[name][0](batches[0])
+        for _ in range(repeats):
+            for name in ENGINES:
+                result = time_engine(*runs[name], batches)
+                outputs = result.pop("outputs")
+                if name == "elmokit" and "reference" not in differences.get(batch_size, {}):
+                    differences.setdefault(batch_size, {})["reference"] = outputs
+                best = rows.get((batch_size, name))
+                if best is None or result["tokens_per_s"] > best["tokens_per_s"]:
+                    rows[(batch_size, name)] = result
+                if name == "onnxruntime":
+                    differences.setdefault(batch_size, {})["onnx"] = outputs
+                print(f"{shape:9s} batch {batch_size:3d} {name:18s} {result['tokens_per_s']:9.1f} tokens/s", flush=True)
+    worst = {}
+    for batch_size, pair in differences.items():
+        worst[batch_size] = max(float(np.abs(a[0] - b[0]).max()) if a[0].size else 0.0
+                                for a, b in zip(pair["onnx"], pair["reference"]))
+        assert all(np.array_equal(a[1], b[1]) for a, b in zip(pair["onnx"], pair["reference"])), "masks differ"
+    return {"shape": shape, "config": bilm.config.to_dict(), "bytes": path.stat().st_size,
+            "export_seconds": export_seconds, "check_max_abs_diff": checked["max_abs_diff"],
+            "load_seconds": min(loads), "padding": padding, "max_abs_diff": worst,
+            "rows": [{"batch_size": b, "engine": name, **row} for (b, name), row in rows.items()]}
+
+
+def write_report(output: Path, record: dict) -> None:
+    lines = [
+        "# ONNX export benchmark (`bench/onnx.py`)", "",
+        f"Run of {record['started']} on {record['machine']}; onnxruntime {record['onnxruntime']} "
+        f"(CPU, {record['threads']} threads, spinning off), torch threads {record['threads']}. "
+        f"Data: UD English EWT dev, the first {record['sentences']} sentences ({record['tokens']} tokens), "
+        f"in order, in consecutive batches (batch 1: the first {record['limit_batch1']}); "
+        f"{record['repeats']} run(s) of each engine, interleaved, the fastest kept.",
+        "",
+        f"Machine load: before, {record['load_before']}. After, {record['load_after']}.",
+        "",
+        "Engines: `onnxruntime` runs the graph that `elmo convert --to-onnx` writes; `elmokit` is "
+        "`ElmoEmbedder.batch_to_embeddings` (token cache on, the default), `elmokit, no cache` the same with "
+        "`cache_tokens=False`; `PyTorch eager` is the module that is exported, run by torch (plain products). "
+        "'x elmokit' is the engine's tokens/s over elmokit's (cache on) on the same batches; 'tokens / CPU s' "
+        "divides by the process's CPU time (on a shared machine the steadier figure).",
+        "",
+        "| shape | batch | engine | tokens/s | x elmokit | tokens / CPU s |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
+    for shape in record["shapes"]:
+        rows = {(row["batch_size"], row["engine"]): row for row in shape["rows"]}
+        for batch_size in record["batch_sizes"]:
+            base = rows[(batch_size, "elmokit")]["tokens_per_s"]
+            for name in ENGINES:
+                row = rows[(batch_size, name)]
+                lines.append(f"| {shape['shape']} | {batch_size} | {name} | {row['tokens_per_s']:,.0f} | "
+                             f"{row['tokens_per_s'] / base:.2f} | {row['tokens_per_cpu_s']:,.0f} |")
+    lines += [
+        "", "The graph, and onnxruntime against elmokit: the largest |difference| of any value of `layers` over "
+        "every batch of the timed runs (the masks are equal), and of the check on writing.", "",
+        "| shape | graph size (MB) | export and check (s) | session load (s) | max abs diff, check on writing | "
+        + " | ".join(f"max abs diff, batch {b}" for b in record["batch_sizes"]) + " |",
+        "|---|---:|---:|---:|---:|" + "---:|" * len(record["batch_sizes"]),
+    ]
+    for shape in record["shapes"]:
+        lines.append(f"| {shape['shape']} | {shape['bytes'] / 1e6:.1f} | {shape['export_seconds']:.1f} | "
+                     f"{shape['load_seconds']:.2f} | {shape['check_max_abs_diff']:.1e} | "
+                     + " | ".join(f"{shape['max_abs_diff'][str(b)]:.1e}" for b in record["batch_sizes"]) + " |")
+    lines += ["", "## Reading (written by the script from the figures above)", ""]
+    for shape in record["shapes"]:
+        rows = {(row["batch_size"], row["engine"]): row for row in shape["rows"]}
+        for batch_size in record["batch_sizes"]:
+            ratio = rows[(batch_size, "onnxruntime")]["tokens_per_s"] / rows[(batch_size, "elmokit")]["tokens_per_s"]
+            eager = rows[(batch_size, "onnxruntime")]["tokens_per_s"] / rows[(batch_size, "PyTorch eager")]["tokens_per_s"]
+            padding = shape["padding"][str(batch_size)]
+            line = (f"* `{shape['shape']}`, batch {batch_size}: onnxruntime runs {ratio:.2f}x elmokit's tokens/s and "
+                    f"{eager:.2f}x PyTorch eager's; the graph runs every row for the longest sentence's steps, "
+                    f"{padding:.2f} positions for each real one (elmokit's stream engine runs only the real ones).")
+            if batch_size == 32:
+                met = "met" if ratio >= TARGET else "not met"
+                line += f" Target (>= {TARGET}x elmokit at batch 32): {met}."
+            lines.append(line)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="+", default=["builtin", "original"])
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[32, 1])
+    parser.add_argument("--limit", type=int, default=320, help="sentences of UD EWT dev (default 320)")
+    parser.add_argument("--limit-batch1", type=int, default=48, help="sentences run at batch 1 (default 48)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "onnx.md")
+    args = parser.parse_args()
+    import onnxruntime
+
+    embed_bench = _embed_bench()
+    torch.set_num_threads(args.threads)
+    sentences = embed_bench.read_conllu_forms(embed_bench.UD_DEV)[:args.limit]
+    record = {"started": time.strftime("%Y-%m-%d %H:%M"), "machine": embed_bench.machine("cpu", args.threads),
+              "onnxruntime": onnxruntime.__version__, "threads": args.threads, "sentences": len(sentences),
+              "tokens": sum(map(len, sentences)), "limit_batch1": args.limit_batch1, "repeats": args.repeats,
+              "batch_sizes": args.batch_sizes, "load_before": embed_bench.busy_processes()}
+    with tempfile.TemporaryDirectory() as directory:
+        record["shapes"] = [bench_shape(shape, sentences, args.batch_sizes, args.limit_batch1, args.threads,
+                                        args.repeats, Path(directory)) for shape in args.shapes]
+    record["load_after"] = embed_bench.busy_processes()
+    record = json.loads(json.dumps(record))  # the batch sizes as the JSON record has them (str keys)
+    args.output.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    write_report(args.output, record)
+    print(f"wrote {args.output} and {args.output.with_suffix('.json')}")
+
+
+if __name__ == "__main__":
+    main()
