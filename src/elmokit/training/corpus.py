@@ -1,3 +1,5 @@
+# Why this file is long: one pipeline (raw text -> sentences -> tokens -> shards) and the checks a
+# trainer makes of its output (the shards prepare.json lists), documented below in that order.
 """Raw text -> tokenized shards, one sentence per line (`elmo prepare`); the file helpers every
 corpus reader shares (globs, gzip or plain, UTF-8 errors with file:line) are `elmokit.textfiles`.
 

@@ -1,3 +1,5 @@
+# Why this file is long: it is the training loop, visible in one place (setup, epochs, steps,
+# evaluation, checkpoints, resume), as its docstring lays out; the pieces it calls live elsewhere.
 """Training an ELMo biLM on your own corpus: configuration, the loop, evaluation, resume.
 
 The loop is visible: `train` calls `train_step` for each window of each epoch, `run_evaluation`
