@@ -265,3 +265,47 @@ def test_the_tasks_page_is_on_the_site_and_types_no_figure():
     page = (repo / "docs" / "tasks.md").read_text(encoding="utf-8")
     assert not re.findall(r"\d+\.\d+|\d+ ?%", page), "a figure typed on docs/tasks.md"
     assert "(results.md)" in page and "::: elmokit.tasks.api.train_task_model" in page
+
+
+def test_task_training_interrupted_and_resumed_takes_the_uninterrupted_run_s_epochs(tmp_path, ner_files, tiny_model,
+                                                                                   capsys, monkeypatch):
+    """Ctrl-C after epoch 2 keeps OUT/task_checkpoint.pt; `--resume` takes epochs 3 and 4 as the
+    uninterrupted run does: the same metrics lines (CPU time aside), the same weights byte for
+    byte, and no checkpoint left once the run is whole. Other options are refused by name."""
+    import importlib
+
+    from elmokit import save_pretrained
+
+    loop = importlib.import_module("elmokit.tasks.train")  # the module: elmokit.tasks.train is also a function
+    save_pretrained(tiny_model, tmp_path / "bilm")  # with ELMo: the mix and its dropout are in the state
+    args = ["--task", "ner", "--train", str(ner_files["train"]), "--dev", str(ner_files["dev"]),
+            "--model", str(tmp_path / "bilm"), *TINY, "--dropout", "0.3"]
+    assert main(["task", "train", *args, "--out", str(tmp_path / "whole")]) == 0
+
+    real_report = loop.report
+
+    def interrupted_after_epoch_2(line: str) -> None:
+        real_report(line)
+        if " epoch 2/" in line:
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(loop, "report", interrupted_after_epoch_2)
+        assert main(["task", "train", *args, "--out", str(tmp_path / "cut")]) == 130
+    assert (tmp_path / "cut" / loop.CHECKPOINT).is_file() and not (tmp_path / "cut" / "results.json").exists()
+    assert main(["task", "train", *args, "--out", str(tmp_path / "cut"), "--lr", "0.5", "--resume"]) == 2
+    assert "trained with other lr (0.02, now 0.5)" in capsys.readouterr().err
+    assert main(["task", "train", *args, "--out", str(tmp_path / "cut"), "--resume", "--overwrite"]) == 2
+    assert main(["task", "train", *args, "--out", str(tmp_path / "cut"), "--resume"]) == 0
+    assert "resuming" in capsys.readouterr().err
+
+    def epochs(name: str) -> list[dict]:
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        return [{k: v for k, v in json.loads(line).items() if k != "cpu_s"} for line in lines]
+
+    assert len(epochs("whole")) == 4 and epochs("cut") == epochs("whole")
+    assert (tmp_path / "cut" / "task_model.safetensors").read_bytes() == \
+        (tmp_path / "whole" / "task_model.safetensors").read_bytes()
+    assert not (tmp_path / "cut" / loop.CHECKPOINT).exists() and not (tmp_path / "whole" / loop.CHECKPOINT).exists()
+    assert main(["task", "train", *args, "--out", str(tmp_path / "whole"), "--resume"]) == 2
+    assert "nothing to resume" in capsys.readouterr().err

@@ -108,17 +108,19 @@ def refuse_overwrite(paths: Iterable[str | Path], overwrite: bool, what: str = "
 
 
 @contextlib.contextmanager
-def removed_if_unfinished(directory: str | Path, keep_if: str) -> Iterator[None]:
-    """Write a run into `directory`: if the block stops (an error, an interrupt) before the file
-    `keep_if` exists there (a checkpoint to resume from, a finished run's results), what the block
-    added to `directory` is removed, the directory itself if the block made it: a failed start
-    leaves no half-made run behind. Under torchrun only rank 0 removes anything."""
+def removed_if_unfinished(directory: str | Path, keep_if: str | tuple[str, ...]) -> Iterator[None]:
+    """Write a run into `directory`: if the block stops (an error, an interrupt) before a file
+    named in `keep_if` exists there (a checkpoint to resume from, a finished run's results), what
+    the block added to `directory` is removed, the directory itself if the block made it: a failed
+    start leaves no half-made run behind. Under torchrun only rank 0 removes anything."""
     directory = Path(directory)
+    keep = (keep_if,) if isinstance(keep_if, str) else keep_if
     before = set(directory.iterdir()) if directory.is_dir() else None
     try:
         yield
     except BaseException:
-        if int(os.environ.get("RANK", "0")) == 0 and directory.is_dir() and not (directory / keep_if).exists():
+        if (int(os.environ.get("RANK", "0")) == 0 and directory.is_dir()
+                and not any((directory / name).exists() for name in keep)):
             for path in [directory] if before is None else sorted(set(directory.iterdir()) - before):
                 if path.is_dir():
                     shutil.rmtree(path)

@@ -58,6 +58,10 @@ def _register_train(actions: argparse._SubParsersAction) -> None:
                                 required=spec.name in REQUIRED, default=None if spec.name in REQUIRED else default,
                                 help=meta["help"] + shown)
     parser.add_argument("--overwrite", action="store_true", help="replace what OUT already holds (an earlier run)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in OUT that was interrupted (Ctrl-C, a killed job) after its last "
+                             "finished epoch, with the same options: the epochs that follow are those of an "
+                             "uninterrupted run")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object instead of a table")
     parser.set_defaults(func=run_train)
 
@@ -133,7 +137,7 @@ def run_train(args: argparse.Namespace) -> int:
     if args.device is None:
         args.device = default_device()
     config = config_from_values({spec.name: getattr(args, spec.name) for spec in config_fields()})
-    results = train_into(config, args.overwrite)
+    results = train_into(config, args.overwrite, args.resume)
     if args.json:
         print(json.dumps({name: value for name, value in results.items() if name != "config"}))
     else:

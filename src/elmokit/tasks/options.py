@@ -65,7 +65,7 @@ def config_from_keywords(keywords: dict[str, Any]) -> TaskConfig:
         close = difflib.get_close_matches(unknown[0], list(KEYWORDS), n=3)
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
         raise TypeError(f"train() got an unexpected keyword argument {unknown[0]!r}{hint}; it takes "
-                        f"{', '.join(KEYWORDS)} and overwrite")
+                        f"{', '.join(KEYWORDS)}, overwrite and resume")
     missing = [name for name in REQUIRED if name not in keywords]
     if missing:
         raise TypeError(f"train() needs {' and '.join(f'{name}=' for name in missing)} (e.g. task='ner', "

@@ -1,8 +1,8 @@
 """Training and evaluating a task model, with or without ELMo.
 
 One visible loop: `train_task` = load data -> (cache the frozen biLM's layers once) -> epochs of
-`train_epoch` -> `evaluate` on dev after each -> `EarlyStopping` -> best weights -> dev and test
-scores -> `save_run`. Each epoch is one JSON line in OUT/metrics.jsonl (a log, appended as the
+`train_epoch` -> `evaluate` on dev after each -> `EarlyStopping` -> the loop's state saved
+(`save_loop`, for `resume`) -> best weights -> dev and test scores -> `save_run`. Each epoch is one JSON line in OUT/metrics.jsonl (a log, appended as the
 run goes) and one line on stderr; the run's other files are written whole (temp + rename).
 """
 
@@ -12,7 +12,7 @@ import copy
 import json
 import random
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 from elmokit.io import atomic_path, atomic_write_text
 from elmokit.model.bilm import BiLM
 from elmokit.progress import progress_bar, write as write_line
+from elmokit.training.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from elmokit.training.model_card import software_versions
 from elmokit.training.processes import seed_everything
 from elmokit.tasks.bilm_ref import bilm_record, open_bilm
@@ -140,11 +141,13 @@ def epoch_line(config: TaskConfig, epoch: int, train_loss: float, dev: dict, sto
             f"{dev[metric]:.2f} (best {stopping.best:.2f} at epoch {stopping.best_epoch}), {cpu_seconds:.0f} CPU s")
 
 
-def train_task(config: TaskConfig, bilm: BiLM | None = None, data: TaskData | None = None) -> dict:
+def train_task(config: TaskConfig, bilm: BiLM | None = None, data: TaskData | None = None,
+               resume: bool = False) -> dict:
     """Train with early stopping on dev; save the best model to `config.out`; return the results.
 
     `bilm` (else loaded from `config.model`) and `data` (its cached layers included) may be passed
-    in to share them between seeds.
+    in to share them between seeds. After each epoch the loop's state is saved (OUT/task_checkpoint.pt,
+    removed once the run is whole); `resume` continues from it, epoch for epoch as if uninterrupted.
     """
     if config.threads is not None:
         torch.set_num_threads(config.threads)
@@ -160,28 +163,34 @@ def train_task(config: TaskConfig, bilm: BiLM | None = None, data: TaskData | No
     seed_everything(config.seed)
     model = build_task_model(config, data.vocabularies, bilm).to(data.device)  # a fine-tuned biLM with it
     optimizer = make_optimizer(model, config)
-    rng = random.Random(config.seed)
+    loop = LoopState(EarlyStopping(config.patience), random.Random(config.seed))
+    if resume:
+        loop = resume_loop(out / CHECKPOINT, config, model, optimizer, loop)
+        start_cpu -= loop.cpu_seconds  # the CPU time of the epochs before the interruption counts
     metric = config.spec.metric
-    stopping, best_state = EarlyStopping(config.patience), None
     out.mkdir(parents=True, exist_ok=True)  # only now that the data and the models are in hand
     with open(out / "metrics.jsonl", "w", encoding="utf-8") as log:
-        for epoch in range(1, config.max_epochs + 1):
-            train_loss = train_epoch(model, optimizer, data, config, rng, epoch)
+        log.writelines(json.dumps(record) + "\n" for record in loop.records)  # a resumed run's epochs so far
+        while loop.epoch < config.max_epochs and not loop.stopping.should_stop:
+            epoch = loop.epoch + 1
+            train_loss = train_epoch(model, optimizer, data, config, loop.rng, epoch)
             dev = evaluate_split(model, data, "dev", config)
-            if stopping.update(dev[metric], epoch):
-                best_state = copy.deepcopy(model.state_dict())
+            if loop.stopping.update(dev[metric], epoch):
+                loop.best_state = copy.deepcopy(model.state_dict())
             record = {"epoch": epoch, "train_loss": round(train_loss, 5),
                       **{f"dev_{k}": round(v, 3) for k, v in dev.items() if k != "per_type"},
                       "cpu_s": round(time.process_time() - start_cpu, 1)}
+            loop.epoch, loop.cpu_seconds = epoch, time.process_time() - start_cpu
+            loop.records.append(record)
+            save_loop(out / CHECKPOINT, config, model, optimizer, loop)
             log.write(json.dumps(record) + "\n")
             log.flush()
-            report(epoch_line(config, epoch, train_loss, dev, stopping, record["cpu_s"]))
-            if stopping.should_stop:
-                break
-    model.load_state_dict(best_state)
+            report(epoch_line(config, epoch, train_loss, dev, loop.stopping, record["cpu_s"]))
+    stopping = loop.stopping
+    model.load_state_dict(loop.best_state)
     results = {
         "task": config.task, "elmo": config.model is not None, "seed": config.seed, "metric": metric,
-        "best_epoch": stopping.best_epoch, "epochs": epoch, "dev": evaluate_split(model, data, "dev", config),
+        "best_epoch": stopping.best_epoch, "epochs": loop.epoch, "dev": evaluate_split(model, data, "dev", config),
         "test": evaluate_split(model, data, "test", config) if "test" in data.splits else None,
         "layer_weights": model.encoder.layer_weights(),
         "cpu_seconds": round(time.process_time() - start_cpu, 1),
@@ -193,7 +202,62 @@ def train_task(config: TaskConfig, bilm: BiLM | None = None, data: TaskData | No
     atomic_write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
     write_run_card(out, config, results, record, frozen_bilm, {s: len(e) for s, e in data.splits.items()},
                    data.vocabularies.labels)
+    (out / CHECKPOINT).unlink(missing_ok=True)  # the run is whole: nothing left to resume
     return results
+
+
+# ---------------------------------------------------------------------------------------------
+# Resuming: OUT/task_checkpoint.pt after every epoch, until the run is finished
+# ---------------------------------------------------------------------------------------------
+CHECKPOINT = "task_checkpoint.pt"
+RESUMABLE_CHANGES = {"progress", "threads", "out", "cache_dir"}  # a resumed run may change them: how, not what
+
+
+@dataclass
+class LoopState:
+    """Where the epochs stand: what `save_loop` writes after each epoch and `resume_loop` reads."""
+
+    stopping: EarlyStopping
+    rng: random.Random  # the order of the training examples
+    epoch: int = 0  # the epochs done
+    best_state: dict | None = None  # the task model's weights at its best dev score so far
+    records: list[dict] = field(default_factory=list)  # metrics.jsonl's lines so far
+    cpu_seconds: float = 0.0
+
+
+def save_loop(path: Path, config: TaskConfig, model, optimizer, loop: LoopState) -> None:
+    """Everything a resumed run needs to take the next epoch as the uninterrupted run would."""
+    stopping = loop.stopping
+    save_checkpoint(path, {
+        "config": asdict(config), "epoch": loop.epoch, "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(), "best_state": loop.best_state,
+        "stopping": [stopping.best, stopping.best_epoch, stopping.waited], "records": loop.records,
+        "order_rng": loop.rng.getstate(), "rng": rng_state(), "cpu_seconds": loop.cpu_seconds})
+
+
+def resume_loop(path: Path, config: TaskConfig, model, optimizer, loop: LoopState) -> LoopState:
+    """The loop state saved at `path`, loaded into `model` and `optimizer`; a ValueError naming
+    the options that differ from the interrupted run's (other than RESUMABLE_CHANGES)."""
+    saved = load_checkpoint(path, ("config", "epoch", "model", "optimizer", "stopping", "records", "order_rng", "rng"),
+                            "a checkpoint of elmo task train")
+    ours = asdict(config)
+    changed = sorted(name for name in ours if name not in RESUMABLE_CHANGES and saved["config"].get(name) != ours[name])
+    if changed:
+        before = saved["config"]
+        differences = ", ".join(f"{name} ({before.get(name)!r}, now {ours[name]!r})" for name in changed)
+        raise ValueError(f"cannot resume {path.parent}: it was trained with other {differences}; "
+                         "give the same options, or overwrite=True to start over")
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    version, internal, gauss = saved["order_rng"]
+    loop.rng.setstate((version, tuple(internal), gauss))
+    set_rng_state(saved["rng"])
+    loop.stopping.best, loop.stopping.best_epoch, loop.stopping.waited = saved["stopping"]
+    loop.epoch, loop.best_state, loop.records = saved["epoch"], saved["best_state"], saved["records"]
+    loop.cpu_seconds = saved["cpu_seconds"]
+    report(f"resuming {path.parent} after epoch {loop.epoch} (best dev {config.spec.metric} "
+           f"{loop.stopping.best:.2f} at epoch {loop.stopping.best_epoch})")
+    return loop
 
 
 # ---------------------------------------------------------------------------------------------

@@ -112,8 +112,10 @@ def _write_error(path: Path, error: RuntimeError) -> OSError:
     return failure
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Read a checkpoint written by `save_checkpoint` (no arbitrary unpickling)."""
+def load_checkpoint(path: str | Path, required: tuple[str, ...] = ("model", "elmo_config", "vocab_size"),
+                    what: str = "an elmokit training checkpoint") -> dict[str, Any]:
+    """Read a checkpoint written by `save_checkpoint` (no arbitrary unpickling): `what`, holding
+    the keys `required` (by default, a biLM training run's)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
@@ -122,9 +124,9 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     except Exception as error:  # a truncated or foreign file
         first_line = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
         raise WeightFileError(f"{path}: not a readable elmokit checkpoint ({first_line})") from error
-    for key in ("model", "elmo_config", "vocab_size"):
-        if key not in checkpoint:
-            raise WeightFileError(f"{path}: not an elmokit training checkpoint (no {key!r})")
+    for key in required:
+        if not isinstance(checkpoint, dict) or key not in checkpoint:
+            raise WeightFileError(f"{path}: not {what} (no {key!r})")
     return checkpoint
 
 
