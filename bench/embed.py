@@ -8,6 +8,13 @@ per layer, for those shapes and for the built-in (trained) model.
     .venv/bin/python bench/embed.py --shapes small --batch-sizes 32 --limit 500 --output /tmp/e.md
     .venv/bin/python bench/embed.py --device cuda       # on a GPU -> bench/results/embed-cuda.md
 
+On a GPU (`--device cuda`) the defaults change: the `original` shape at 256, 1,024 and 4,096 rows,
+token cache on (ElmoEmbedder's default), the sentences repeated until there are 16 a row of the
+most rows (`--sentences-per-row`: a stream long enough to keep every row busy), and each call of
+`embed_many` given 64 positions a row (`--positions-per-row`; ElmoEmbedder's POSITION_BUDGET,
+16,384 positions, would otherwise cap a call at ~1,200 sentences whatever the rows). Without a
+CUDA GPU, `--device cuda` stops with a message before anything runs.
+
 Each configuration runs in its own process so that its peak memory is its own; with --repeats N
 every configuration runs N times, float32 and bfloat16 interleaved, and the fastest of each is
 kept (on a shared machine the slower runs are the ones something else slowed down). The load
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import os
 import platform
@@ -149,15 +157,31 @@ def _model(shape: str):
     return BiLM(ElmoConfig.from_name(shape))
 
 
+def bench_sentences(limit: int | None, count: int = 0) -> list[list[str]]:
+    """UD English EWT dev (its first `limit`), repeated until there are at least `count`; where the
+    shared data is absent, synthetic sentences (random lowercase words, 5 to 40 a sentence)."""
+    if UD_DEV.is_file():
+        sentences = read_conllu_forms(UD_DEV)[:limit]
+    else:
+        rng = np.random.default_rng(0)
+        letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+        words = ["".join(rng.choice(letters, rng.integers(1, 12))) for _ in range(5000)]
+        sentences = [[words[i] for i in rng.integers(0, len(words), rng.integers(5, 40))] for _ in range(limit or 2001)]
+    repeats = -(-count // len(sentences)) if count else 1
+    return (sentences * repeats)[:max(count, len(sentences))]
+
+
 def run_one(shape: str, batch_size: int, cache: bool, limit: int | None, threads: int, dtype: str,
-            device: str) -> dict:
+            device: str, count: int = 0, positions_per_row: int = 0) -> dict:
     """One configuration, in this process: returns its measurements."""
     from elmokit import ElmoEmbedder
 
     torch.set_num_threads(threads)
     embedder = ElmoEmbedder(module=_model(shape), cache_tokens=cache, device=device, dtype=dtype)
+    if positions_per_row:  # an instance attribute: this embedder's calls only
+        embedder.POSITION_BUDGET = max(embedder.POSITION_BUDGET, positions_per_row * batch_size)
     config = embedder.bilm.config
-    sentences = read_conllu_forms(UD_DEV)[:limit]
+    sentences = bench_sentences(limit, count)
     list(embedder.embed_sentences(sentences[:batch_size], batch_size))  # warm up: kernels, packed weights (not the cache)
     if embedder.cache is not None:
         embedder.cache.clear()
@@ -190,7 +214,7 @@ def precision_errors(shape: str, limit: int | None, threads: int, device: str) -
 
     torch.set_num_threads(threads)
     model = _model(shape)
-    sentences = read_conllu_forms(UD_DEV)[:limit]
+    sentences = bench_sentences(limit)
     outputs = {}
     for dtype in DTYPES:
         embedder = ElmoEmbedder(module=copy.deepcopy(model), device=device, dtype=dtype)
@@ -203,7 +227,8 @@ def precision_errors(shape: str, limit: int | None, threads: int, device: str) -
 
 def machine(device: str, threads: int) -> str:
     if device.startswith("cuda"):
-        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
+        return (f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
+                f"{os.cpu_count()} CPU cores")
     model, flags = platform.machine(), ""
     try:
         info = Path("/proc/cpuinfo").read_text()
@@ -228,7 +253,15 @@ def busy_processes(limit: int = 6) -> str:
         pid, cpu, command, args = (line.split(None, 3) + [""])[:4]
         if int(pid) != os.getpid() and float(cpu) > 10 and "bench/embed.py" not in args and command != "ps":
             others.append(f"{command} {float(cpu):.0f}%: {args[:70]}")
-    return f"load average {load}; other processes over 10% CPU: " + ("; ".join(others[:limit]) or "none")
+    gpu = ""
+    try:  # the GPU's other users, where there is one
+        apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory",
+                               "--format=csv,noheader"], capture_output=True, text=True, timeout=20, check=True)
+        gpu = "; GPU processes: " + ("; ".join(line.strip() for line in apps.stdout.splitlines() if line.strip())
+                                     or "none")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return f"load average {load}; other processes over 10% CPU: " + ("; ".join(others[:limit]) or "none") + gpu
 
 
 def _subprocess(kind: str, spec: dict) -> dict:
@@ -241,8 +274,17 @@ def _subprocess(kind: str, spec: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", nargs="+", default=["small", "original"])
-    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[32, 1])
+    parser.add_argument("--shapes", nargs="+", default=None, help="default: small original (original on a GPU)")
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=None,
+                        help="rows of the recurrence; default: 32 1 (256 1024 4096 on a GPU)")
+    parser.add_argument("--caches", nargs="+", choices=("off", "on"), default=None,
+                        help="token cache settings measured; default: off on (on, ElmoEmbedder's default, on a GPU)")
+    parser.add_argument("--sentences-per-row", type=int, default=None,
+                        help="repeat the sentences until there are this many a row of the most rows "
+                             "(default: 0 = once through; 16 on a GPU)")
+    parser.add_argument("--positions-per-row", type=int, default=None,
+                        help="positions an embed_many call is given a row, when more than ElmoEmbedder's "
+                             "POSITION_BUDGET (default: 0 = its budget; 64 on a GPU)")
     parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES))
     parser.add_argument("--error-models", nargs="*", default=None,
                         help="models whose bfloat16 error is measured (default: the shapes and 'builtin')")
@@ -251,6 +293,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     parser.add_argument("--output", type=Path, help="default: bench/results/embed.md (embed-cuda.md on a GPU)")
+    parser.add_argument("--note", default="", help="what else ran, for the page")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: JSON of one configuration
     parser.add_argument("--errors", help=argparse.SUPPRESS)  # internal: JSON of one error measurement
     args = parser.parse_args()
@@ -260,9 +303,18 @@ def main() -> None:
     if args.errors:
         print(json.dumps(precision_errors(**json.loads(args.errors))))
         return
-    if not UD_DEV.is_file():
-        sys.exit(f"needs {UD_DEV} (the shared data folder beside the repo)")
     gpu = args.device.startswith("cuda")
+    if gpu and not torch.cuda.is_available():
+        sys.exit(f"--device {args.device}: torch sees no CUDA GPU here (torch {torch.__version__}, built with "
+                 f"CUDA {torch.version.cuda}); run on a machine with one, or leave --device out")
+    args.shapes = args.shapes or (["original"] if gpu else ["small", "original"])
+    args.batch_sizes = args.batch_sizes or ([256, 1024, 4096] if gpu else [32, 1])
+    caches = [cache == "on" for cache in (args.caches or (["on"] if gpu else ["off", "on"]))]
+    per_row = args.sentences_per_row if args.sentences_per_row is not None else (16 if gpu else 0)
+    count = per_row * max(args.batch_sizes)
+    positions_per_row = args.positions_per_row if args.positions_per_row is not None else (64 if gpu else 0)
+    if not UD_DEV.is_file() and not gpu:
+        sys.exit(f"needs {UD_DEV} (the shared data folder beside the repo)")
     output = args.output or REPO / "bench" / "results" / ("embed-cuda.md" if gpu else "embed.md")
     error_models = args.error_models if args.error_models is not None else [*args.shapes, "builtin"]
 
@@ -279,11 +331,12 @@ def main() -> None:
     best: dict[tuple, dict] = {}
     for shape in args.shapes:
         for batch_size in args.batch_sizes:
-            for cache in (False, True):
+            for cache in caches:
                 for _ in range(args.repeats):
                     for dtype in args.dtypes:  # interleaved: both dtypes see the same machine
                         spec = {"shape": shape, "batch_size": batch_size, "cache": cache, "limit": args.limit,
-                                "threads": args.threads, "dtype": dtype, "device": args.device}
+                                "threads": args.threads, "dtype": dtype, "device": args.device, "count": count,
+                                "positions_per_row": positions_per_row}
                         row = _subprocess("one", spec)
                         key = (shape, batch_size, cache, dtype)
                         if key not in best or row["tokens_per_s"] > best[key]["tokens_per_s"]:
@@ -302,6 +355,10 @@ def main() -> None:
         kernels[name] = max(kernels[name], gflops)
     after = busy_processes()
     print(f"after: {after}", flush=True)
+    args.data_note = (f"{'UD English EWT dev' if UD_DEV.is_file() else 'synthetic sentences (UD absent)'}"
+                      + (f", repeated to {count:,} sentences ({per_row} a row of {max(args.batch_sizes):,} rows)"
+                         if count else "")
+                      + (f"; each embed_many call given {positions_per_row} positions a row" if positions_per_row else ""))
     write_report(output, args, kernels, ceilings, best, errors, started, before, after)
     print(f"\nwrote {output}")
 
@@ -315,11 +372,13 @@ def write_report(output: Path, args, kernels: dict, ceilings: dict, best: dict, 
         "# Embedding benchmark (`bench/embed.py`)",
         "",
         f"Run of {started} on {machine(args.device, args.threads)}; device {args.device}; "
-        f"{args.repeats} run(s) of each configuration, the fastest kept, float32 and bfloat16 interleaved.",
+        f"{args.repeats} run(s) of each configuration, the fastest kept, float32 and bfloat16 interleaved. "
+        f"{getattr(args, 'note', '')}".rstrip(),
         f"Matmul roofline measured in the same run (2048x2048, GFLOP/s): "
         + ", ".join(f"{name} {gflops:.1f}" for name, gflops in kernels.items())
         + f"; float32 roofline **{roof['float32']:.1f}**, bfloat16 roofline **{roof['bfloat16']:.1f}**.",
-        f"Data: UD English EWT dev, {rows[0]['sentences']} sentences, {rows[0]['tokens']} tokens; random weights.",
+        f"Data: {getattr(args, 'data_note', 'UD English EWT dev')}, {rows[0]['sentences']:,} sentences, "
+        f"{rows[0]['tokens']:,} tokens; random weights.",
         "'executed' counts the FLOPs actually run (spec §12 per position; with the cache, the token encoder "
         "runs once per distinct word); 'model' counts the full model per position; 'of roofline' is of the "
         "row's own dtype's roofline. 'tokens / CPU s' divides by the CPU time of the process (all its "
@@ -385,8 +444,32 @@ def write_report(output: Path, args, kernels: dict, ceilings: dict, best: dict, 
                          f"{'met' if wall >= 1.6 else 'NOT met'} in wall time ({wall:.2f}x), "
                          f"{'met' if cpu >= 1.6 else 'NOT met'} in CPU time ({cpu:.2f}x), at the least of the "
                          "token cache off and on.")
+    if args.device.startswith("cuda"):
+        lines += gpu_target_lines(best)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+GPU_TARGETS = {"float32": 150_000, "bfloat16": 300_000}  # tokens/s, `original`, >= 1,024 rows (issue 34)
+
+
+def gpu_target_lines(best: dict) -> list[str]:
+    """The issue's GPU targets against the rows measured: the `original` shape's tokens/s at 1,024
+    rows or more, and whether the rate ever falls as the rows grow."""
+    lines = ["", "## Against the issue's GPU targets (written by the script from the rows above)", ""]
+    for (dtype, target), cache in itertools.product(GPU_TARGETS.items(), sorted({key[2] for key in best})):
+        rows = sorted((key[1], row["tokens_per_s"]) for key, row in best.items()
+                      if key[0] == "original" and key[3] == dtype and key[2] == cache)
+        what = f"`original`, {dtype}, token cache {'on' if cache else 'off'}"
+        large = [speed for batch_size, speed in rows if batch_size >= 1024]
+        if large:
+            lines.append(f"* {what}, >= 1,024 rows: {max(large):,.0f} tokens/s, target >= {target:,}: "
+                         f"**{'met' if max(large) >= target else 'NOT met'}**.")
+        falls = [f"{a:,} -> {b:,} rows" for (a, speed_a), (b, speed_b) in zip(rows, rows[1:]) if speed_b < speed_a]
+        if len(rows) > 1:
+            lines.append(f"* {what}: never slower with more rows: **{'met' if not falls else 'NOT met'}**"
+                         + (f" (slower at {', '.join(falls)})" if falls else "") + ".")
+    return lines
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ run (the best of MKL and oneDNN on 2048 x 2048, as bench/embed.py). Prints a tab
 bench/results/train.md (replaced, not appended: one run, one page).
 
     .venv/bin/python bench/train.py [--shapes gutenberg-cpu] [--steps 8] [--batch-size 32] [--bf16] [--threads 2]
+    .venv/bin/python bench/train.py --device cuda [--shapes original] [--batch-sizes 128 512]
+                                                  # a GPU: bench/train_cuda.py -> bench/results/train-cuda.md
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ REPO = Path(__file__).resolve().parents[1]
 PTB = Path(os.environ.get("PTB_DATA", REPO.parent / "shared" / "data" / "ptb"))
 SHAPES = {"small": ElmoConfig.from_name("small"), "ptb-cpu": ElmoConfig.load(REPO / "scripts" / "ptb-cpu.json"),
           "gutenberg-cpu": ElmoConfig.load(REPO / "scripts" / "gutenberg-cpu.json")}  # = ptb-small.json
+CPU_SHAPES = list(SHAPES)  # the CPU's default
+SHAPES["original"] = ElmoConfig.from_name("original")  # the GPU's default (--device cuda)
 
 
 class TorchLstmLM(nn.Module):
@@ -165,19 +169,33 @@ def bench_shape(name: str, config: ElmoConfig, vocab: Vocabulary, args) -> list[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]: the GPU benchmark "
+                        "(bench/train_cuda.py: eager, CUDA graphs, bf16 products, TF32, against cuDNN's nn.LSTM)")
+    parser.add_argument("--shapes", nargs="+", default=None, choices=list(SHAPES),
+                        help=f"default: {' '.join(CPU_SHAPES)} (original with --device cuda)")
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[128, 512],
+                        help="--device cuda: the rows of each measured batch")
     parser.add_argument("--steps", type=int, default=8, help="timed steps per model (median reported)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--unroll-steps", type=int, default=20)
     parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "train.md")
+    parser.add_argument("--output", type=Path, default=None,
+                        help="default: bench/results/train.md (train-cuda.md with --device cuda)")
     parser.add_argument("--note", default="", help="what else ran on the machine, for the page")
     parser.add_argument("--profile-steps", type=int, default=5,
                         help="then profile this many steps of elmokit (no clip) on the first shape: where "
                              "the time goes, by operator (0: no profile)")
     args = parser.parse_args()
+    gpu = args.device.startswith("cuda")
+    args.shapes = args.shapes or (["original"] if gpu else CPU_SHAPES)
+    args.output = args.output or REPO / "bench" / "results" / ("train-cuda.md" if gpu else "train.md")
+    if gpu:
+        import train_cuda  # bench/train_cuda.py
+
+        train_cuda.run(args, SHAPES, TorchLstmLM)
+        return
     torch.set_num_threads(args.threads)
     elmokit_kernels.bound_onednn_caches(elmokit_kernels.TRAINING_CACHE_CAPACITY)  # as `elmo train`'s process
     vocab_path = Path(os.environ.get("TMPDIR", "/tmp")) / "elmokit-bench-ptb-vocab.txt"

@@ -14,7 +14,11 @@ parameters. The CUDA tests at the end run the real capture, and skip where there
 from __future__ import annotations
 
 import functools
+import os
+import subprocess
+import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -239,20 +243,28 @@ def test_graphs_are_wanted_only_on_cuda():
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
 @pytest.mark.parametrize("graphs", ["1", "0"])
-def test_cuda_engine_equals_the_cpu_engine(fixture_dir, graphs, monkeypatch):
+@pytest.mark.parametrize("weights", ["fixture", "random"])
+def test_cuda_engine_equals_the_cpu_engine(weights, graphs, monkeypatch):
     """The GPU's streamed layers (batched products, with and without CUDA graphs, TF32 off) equal
-    the CPU's within 1e-5 on the golden fixture, at 1, 3 and 64 rows."""
+    the CPU's within 1e-5, with the golden fixture's weights (where ../shared is) and with random
+    clipped ones, at 1, 3 and 64 rows of many sentences."""
     import copy
 
     from elmokit import load_original
+    from tests.conftest import FIXTURE, require_shared
 
     monkeypatch.setenv(inference_graphs.GRAPHS_VARIABLE, graphs)
-    model = load_original(fixture_dir / "options.json", fixture_dir / "lm_weights.hdf5").eval()
-    sentences = _fixture_sentences(fixture_dir, 8) * 8
-    gpu = copy.deepcopy(model).cuda()
-    sizes = np.array([len(s) + 2 for s in sentences])
+    if weights == "fixture":
+        fixture = require_shared(FIXTURE)
+        model = load_original(fixture / "options.json", fixture / "lm_weights.hdf5").eval()
+    else:
+        torch.manual_seed(0)
+        model = BiLM(ElmoConfig(CharCNNConfig(4, ((1, 4), (2, 8)), 1), LSTMConfig(64, 32, 2, 3.0, 3.0))).eval()
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(3, 40, size=200)
     torch.manual_seed(0)
     tokens = torch.randn(int(sizes.sum()), model.config.lstm.projection_dim)  # (N, P) token vectors
+    gpu = copy.deepcopy(model).cuda()
     with torch.no_grad():
         for rows in (1, 3, 64):
             want = engine.contextualize_sentences(model, tokens, sizes, rows)
@@ -286,3 +298,72 @@ def test_cuda_graph_training_equals_eager_training():
     assert graph_losses == pytest.approx(eager_losses, rel=1e-4)
     for got, want in zip(graph_weights, eager_weights):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------
+# One command measures a GPU: what the CPU can check of it
+# ---------------------------------------------------------------------------------------------
+REPO = Path(__file__).resolve().parents[1]
+CUDA_PAGES = ("train-cuda.md", "embed-cuda.md", "gpu-check.md")
+
+
+def test_the_gpu_check_script_parses_and_stops_cleanly_without_a_gpu(tmp_path):
+    assert subprocess.run(["bash", "-n", str(REPO / "scripts" / "gpu_check.sh")]).returncode == 0
+    text = (REPO / "scripts" / "gpu_check.sh").read_text(encoding="utf-8")
+    assert "pip install" not in text.replace("installs nothing", "")  # it runs offline, cold
+    if torch.cuda.is_available():
+        return
+    pages = {name: (REPO / "bench" / "results" / name).read_bytes() for name in CUDA_PAGES}
+    result = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh")], capture_output=True, text=True,
+                            env={**os.environ, "OUT": str(tmp_path)}, timeout=120)
+    assert result.returncode == 3 and "torch sees no CUDA GPU" in result.stderr, result.stderr
+    assert pages == {name: (REPO / "bench" / "results" / name).read_bytes() for name in CUDA_PAGES}
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal a machine without a GPU gives")
+@pytest.mark.parametrize("script", ["train.py", "embed.py"])
+def test_the_benchmarks_cuda_option_parses_and_refuses_without_cuda(script):
+    result = subprocess.run([sys.executable, str(REPO / "bench" / script), "--device", "cuda"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "torch sees no CUDA GPU" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_cuda_pages_say_not_measured_until_a_gpu_run_writes_them():
+    """A page either says it was not measured (and holds no table), or was written by its script
+    from a run on a named CUDA device."""
+    for name in CUDA_PAGES:
+        text = (REPO / "bench" / "results" / name).read_text(encoding="utf-8")
+        if "Not measured yet" in text:
+            assert "|" not in text, name
+        else:
+            assert text.count("Run of ") == 1 and "CUDA" in text and "torch" in text, name
+
+
+@pytest.mark.filterwarnings("ignore:LSTM with projections is not supported with oneDNN")
+def test_the_gpu_training_benchmark_runs_its_models_and_writes_its_page(tmp_path, monkeypatch):
+    """bench/train_cuda.py's steps and page on the CPU (no graphs there): a tiny shape, a synthetic
+    corpus, the five models stepping in turn, the targets judged from the rows."""
+    sys.path.insert(0, str(REPO / "bench"))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import train as bench_train
+    import train_cuda
+
+    from elmokit.training.vocab import Vocabulary, make_vocab
+    from tests.test_lm import tiny_config
+
+    data, name = train_cuda.corpus(tmp_path / "no-ptb", n_lines=300)
+    assert "synthetic" in name
+    make_vocab([data], tmp_path / "vocab.txt")
+    vocab = Vocabulary.load(tmp_path / "vocab.txt")
+    args = types.SimpleNamespace(device="cpu", unroll_steps=5, warmup=1, steps=2, shapes=["tiny"],
+                                 note="", output=tmp_path / "train-cuda.md")
+    rows = train_cuda.bench_rows("tiny", tiny_config(), vocab, data, 4, args, bench_train.TorchLstmLM)
+    assert [row["model"] for row in rows][-1].startswith("nn.LSTM") and len(rows) == 5
+    assert rows[-1]["vs_baseline"] == 1.0 and all(row["tokens_per_s"] > 0 for row in rows)
+    for row in rows:
+        row["rows"] = 128
+    train_cuda.write_page(args.output, args, rows, "a CPU", name, len(vocab), "now", "quiet", "quiet")
+    page = args.output.read_text(encoding="utf-8")
+    assert page.count("| tiny | 128 |") == 5 and "target >= 1.5x" in page and "bfloat16 products" in page

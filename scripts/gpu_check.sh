@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# One command measures a CUDA GPU (issue 34): the CUDA tests, then the training and the embedding
+# benchmarks, in under 8 minutes on one card; writes
+#     bench/results/train-cuda.md   bench/train.py --device cuda  (elmokit vs nn.LSTM(proj_size), cuDNN)
+#     bench/results/embed-cuda.md   bench/embed.py --device cuda  (rows up to 4,096, streams that fill them)
+#     bench/results/gpu-check.md    this run: the device, torch/CUDA versions, the tests' summary,
+#                                   each part's exit status and seconds, what else used the GPU
+# and copies them to $OUT when that is set. Runs cold on a fresh machine with the repository and its
+# .venv: it installs nothing and downloads nothing (the built-in model ships in the package; PTB and
+# UD EWT are read from ../shared/data when present, else the benchmarks use synthetic text and say so).
+#
+#     bash scripts/gpu_check.sh            (GPU_CHECK_BUDGET=SECONDS scales the three parts' time limits)
+set -uo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO"
+export PYTHONPATH="$REPO/src:$REPO${PYTHONPATH:+:$PYTHONPATH}"  # the .venv's editable install may point elsewhere
+export PIP_NO_INDEX=1 HF_HUB_OFFLINE=1 PYTHONDONTWRITEBYTECODE=1
+unset ELMOKIT_DEVICE ELMOKIT_CUDA_GRAPHS
+BUDGET="${GPU_CHECK_BUDGET:-450}"  # seconds for the three parts together (the script's own overhead aside)
+RESULTS="$REPO/bench/results"
+REPORT="$RESULTS/gpu-check.md"
+
+PY=""
+for candidate in "$REPO/.venv/bin/python" python3 python; do
+    if "$candidate" -c "import torch, numpy" >/dev/null 2>&1; then PY="$candidate"; break; fi
+done
+if [ -z "$PY" ]; then
+    echo "gpu_check: no Python with torch and numpy (tried .venv/bin/python, python3, python)" >&2
+    exit 2
+fi
+if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    echo "gpu_check: torch sees no CUDA GPU here ($("$PY" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)')); nothing measured" >&2
+    exit 3
+fi
+
+DEVICE="$("$PY" -c 'import torch; p = torch.cuda.get_device_properties(0); print(f"{p.name}, {p.total_memory / 2**30:.0f} GiB")')"
+VERSIONS="$("$PY" -c 'import torch; print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}")')"
+DRIVER="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1 || true)"
+others() { nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader 2>/dev/null | tr '\n' ';' || true; }
+echo "gpu_check: $DEVICE; $VERSIONS; driver ${DRIVER:-?}; python $PY"
+
+declare -a PARTS=()
+run_part() {  # name, seconds, command...: runs it under `timeout`, records status and time
+    local name="$1" limit="$2"; shift 2
+    local start=$SECONDS status
+    echo "== $name (at most ${limit}s): $*"
+    timeout --signal=TERM --kill-after=15 "$limit" "$@" 2>&1 | tee "/tmp/gpu_check_${name}.log"
+    status=${PIPESTATUS[0]}
+    PARTS+=("| $name | $status$([ "$status" = 124 ] && echo ' (time limit)') | $((SECONDS - start)) |")
+    return 0
+}
+
+BEFORE="load average $(cut -d' ' -f1 /proc/loadavg); GPU processes: $(others)"
+STARTED="$(date -u '+%Y-%m-%d %H:%M UTC')"
+run_part tests $((BUDGET * 24 / 100)) "$PY" -m pytest -q -p no:cacheprovider -k cuda \
+    tests/test_devices.py tests/test_gpu_paths.py
+TESTS="$(grep -E '[0-9]+ (passed|failed|error)' /tmp/gpu_check_tests.log | tail -1)"
+NOTE="Run by scripts/gpu_check.sh (CUDA tests first: ${TESTS:-no summary})."
+run_part train $((BUDGET * 30 / 100)) "$PY" bench/train.py --device cuda --shapes original \
+    --batch-sizes 128 512 --warmup 3 --steps 10 --note "$NOTE"
+run_part embed $((BUDGET * 46 / 100)) "$PY" bench/embed.py --device cuda --note "$NOTE"
+AFTER="load average $(cut -d' ' -f1 /proc/loadavg); GPU processes: $(others)"
+
+{
+    echo "# scripts/gpu_check.sh"
+    echo
+    echo "Run of $STARTED on $DEVICE; $VERSIONS; NVIDIA driver ${DRIVER:-unknown}; $(nproc) CPU cores; $PY."
+    echo "Before: $BEFORE. After: $AFTER."
+    echo
+    echo "CUDA tests (\`pytest -k cuda tests/test_devices.py tests/test_gpu_paths.py\`): ${TESTS:-no summary line}."
+    echo
+    echo "| part | exit status | seconds |"
+    echo "|---|---:|---:|"
+    printf '%s\n' "${PARTS[@]}"
+    echo
+    echo "The figures: bench/results/train-cuda.md and bench/results/embed-cuda.md (each written only by a"
+    echo "benchmark that finished)."
+} > "$REPORT"
+cat "$REPORT"
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+    cp "$REPORT" "$RESULTS/train-cuda.md" "$RESULTS/embed-cuda.md" /tmp/gpu_check_*.log "$OUT"/ 2>/dev/null || true
+fi
+grep -q '| tests | 0 |' "$REPORT" && grep -q '| train | 0 |' "$REPORT" && grep -q '| embed | 0 |' "$REPORT"
