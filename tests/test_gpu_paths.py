@@ -367,3 +367,20 @@ def test_the_gpu_training_benchmark_runs_its_models_and_writes_its_page(tmp_path
     train_cuda.write_page(args.output, args, rows, "a CPU", name, len(vocab), "now", "quiet", "quiet")
     page = args.output.read_text(encoding="utf-8")
     assert page.count("| tiny | 128 |") == 5 and "target >= 1.5x" in page and "bfloat16 products" in page
+    import gpu_time  # docs/gpu.md's hours for 1B tokens read such a page's rows
+
+    measured = gpu_time.measured_rows(args.output)
+    assert [(shape, n, model) for shape, n, model, _ in measured] == [("tiny", "128", r["model"]) for r in rows]
+    assert [speed for *_, speed in measured] == pytest.approx([round(r["tokens_per_s"]) for r in rows], abs=0.5)
+
+
+def test_docs_gpu_time_section_is_what_its_script_writes():
+    """docs/gpu.md's hours for 1B tokens: measured rows only from a recorded train-cuda.md (none
+    yet), the rest arithmetic labelled as such; the section equals what bench/gpu_time.py writes."""
+    result = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_time.py"), "--check"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = (REPO / "docs" / "gpu.md").read_text(encoding="utf-8")
+    assert "Arithmetic, not a measurement" in text
+    measured = "Run of " in (REPO / "bench" / "results" / "train-cuda.md").read_text(encoding="utf-8")
+    assert ("Not measured yet: no GPU has run" in text) != measured

@@ -34,7 +34,9 @@ def wanted(inputs: torch.Tensor) -> bool:
 def graphed(owner: nn.Module, function: Callable, args: tuple[torch.Tensor, ...], key) -> Callable:
     """`function` (tensors in, a tuple of tensors out) as a graphed callable for args of these
     shapes, dtypes and gradient needs, made once and kept with `owner` (GRAPHS_KEPT of them).
-    Parameters are captured where they are; every other argument through a static copy."""
+    Parameters are captured where they are; every other argument through a static copy. Captured
+    and replayed outside autocast (torch's capture refuses autocast's cache; the recurrence runs
+    in float32 under `--bf16` anyway)."""
     graphs = _GRAPHED.setdefault(owner, {})
     full_key = (key, tuple((tuple(a.shape), a.dtype, a.requires_grad, a.data_ptr() if isinstance(a, nn.Parameter)
                             else None) for a in args))
@@ -43,5 +45,13 @@ def graphed(owner: nn.Module, function: Callable, args: tuple[torch.Tensor, ...]
             graphs.pop(next(iter(graphs)))
         samples = tuple(a if isinstance(a, nn.Parameter) else a.detach().clone().requires_grad_(a.requires_grad)
                         for a in args)
-        graphs[full_key] = torch.cuda.make_graphed_callables(function, samples)
-    return graphs[full_key]
+        with torch.autocast("cuda", enabled=False):
+            graphs[full_key] = torch.cuda.make_graphed_callables(function, samples)
+    return _without_autocast(graphs[full_key])
+
+
+def _without_autocast(function: Callable) -> Callable:
+    def run(*args):
+        with torch.autocast("cuda", enabled=False):
+            return function(*args)
+    return run
