@@ -211,7 +211,7 @@ def test_the_training_graph_wrapper_captures_each_layer_once_a_shape(monkeypatch
         return function
 
     monkeypatch.setattr(torch.cuda, "make_graphed_callables", make_graphed_callables)
-    monkeypatch.setattr(training_graphs, "wanted", lambda inputs: torch.is_grad_enabled() and inputs.requires_grad)
+    monkeypatch.setattr(training_graphs, "should_capture", lambda inputs: torch.is_grad_enabled() and inputs.requires_grad)
     lstm = make_model(clip=3.0).bilm.lstm
     inputs = torch.randn(2, 3, 5, 6, requires_grad=True)
     options = RecurrenceOptions(batched=True, cuda_graph=True)
@@ -234,7 +234,7 @@ def test_the_training_graph_wrapper_captures_each_layer_once_a_shape(monkeypatch
 
 def test_graphs_are_wanted_only_on_cuda():
     cpu = torch.randn(2, 2, requires_grad=True)
-    assert not training_graphs.wanted(cpu) and not inference_graphs.wanted(torch.device("cpu"))
+    assert not training_graphs.should_capture(cpu) and not inference_graphs.wanted(torch.device("cpu"))
     assert not inference_graphs.wanted(torch.device("meta"))
 
 
@@ -274,9 +274,11 @@ def test_cuda_engine_equals_the_cpu_engine(weights, graphs, monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
-def test_cuda_graph_training_equals_eager_training():
+@pytest.mark.parametrize("autocast", [False, True])
+def test_cuda_graph_training_equals_eager_training(autocast):
     """Three windows of LM training on the GPU, the recurrence replayed from CUDA graphs against
-    the same steps eager: the same losses and weights (float32 sums in another order: 1e-4)."""
+    the same steps eager (under `--bf16`'s autocast too): the same losses and weights (float32
+    sums in another order: 1e-4)."""
     from tests.test_lm import make_model, random_streams, window
 
     results = []
@@ -288,7 +290,8 @@ def test_cuda_graph_training_equals_eager_training():
         state, losses = None, []
         for first in (0, 10, 20):
             batch = window(char_ids, vocab_ids, first, 10).to("cuda")
-            out = model(batch, state)
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+                out = model(batch, state)
             optimizer.zero_grad()
             out.loss.backward()
             optimizer.step()
@@ -384,3 +387,26 @@ def test_docs_gpu_time_section_is_what_its_script_writes():
     assert "Arithmetic, not a measurement" in text
     measured = "Run of " in (REPO / "bench" / "results" / "train-cuda.md").read_text(encoding="utf-8")
     assert ("Not measured yet: no GPU has run" in text) != measured
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+@pytest.mark.parametrize("options", [["--cuda-graph"], ["--cuda-graph", "--lstm-bf16", "--bf16"], ["--tf32"]])
+def test_cuda_train_command_with_the_gpu_options(tmp_path, capsys, options):
+    """`elmo train --device cuda` with each GPU option, the default optimizer (Adagrad) and the
+    sampled softmax: it runs to the end and its perplexity is finite."""
+    import json
+    import math
+
+    from elmokit.cli import main
+    from tests.test_devices import write_lm_inputs
+
+    write_lm_inputs(tmp_path)
+    run = tmp_path / "run"
+    assert main(["train", "--train", str(tmp_path / "train.txt"), "--valid", str(tmp_path / "valid.txt"),
+                 "--vocab", str(tmp_path / "vocab.txt"), "--model", str(tmp_path / "model.json"),
+                 "--output-dir", str(run), "--batch-size", "4", "--unroll-steps", "5", "--epochs", "1",
+                 "--n-samples", "10", "--no-progress", "--device", "cuda", *options]) == 0
+    capsys.readouterr()
+    assert main(["perplexity", str(run), str(tmp_path / "valid.txt"), "--json", "--device", "cuda"]) == 0
+    assert math.isfinite(json.loads(capsys.readouterr().out)["ppl"])
+    torch.set_float32_matmul_precision("highest")

@@ -95,7 +95,7 @@ def stream_layer(layer: BiLstmLayer, inputs: torch.Tensor, layout: StreamLayout,
     the elementwise work is done in place.
 
     The products: on the CPU each direction's through `elmokit.kernels.PackedLinear` (oneDNN,
-    `DirectionProducts`); elsewhere both directions in one batched product (`BatchedProducts`,
+    `DirectionStreamProducts`); elsewhere both directions in one batched product (`BatchedStreamProducts`,
     or with `batched=True` on the CPU too), and on a CUDA GPU each block of steps replayed from a
     CUDA graph captured once (`GraphedBlocks`; `ELMOKIT_CUDA_GRAPHS=0` turns it off). All three
     run the same `run_block`, so they give the same numbers up to the order of a product's sums.
@@ -172,7 +172,7 @@ def run_block(products, bias: torch.Tensor, block_inputs: torch.Tensor, keep: to
     state.hidden.copy_(hidden)
 
 
-class DirectionProducts(NamedTuple):
+class DirectionStreamProducts(NamedTuple):
     """The CPU's products: each direction's through oneDNN with its weights reordered once
     (`packed_products`)."""
 
@@ -202,7 +202,7 @@ class DirectionProducts(NamedTuple):
             output[d] = self.projections[d](state.cell_output[d].to(self.dtype))  # (R, P)
 
 
-class BatchedProducts(NamedTuple):
+class BatchedStreamProducts(NamedTuple):
     """Both directions in one batched product (`torch.baddbmm` / `torch.bmm`; cuBLAS on a GPU),
     the weights transposed once, the candidate's rows doubled (`activate_doubled_gates_`)."""
 
@@ -231,7 +231,7 @@ class BatchedProducts(NamedTuple):
             output.copy_(torch.bmm(state.cell_output.to(self.dtype), self.projection))
 
 
-def layer_products(layer: BiLstmLayer, rows: int, batched: bool) -> DirectionProducts | BatchedProducts:
+def layer_products(layer: BiLstmLayer, rows: int, batched: bool) -> DirectionStreamProducts | BatchedStreamProducts:
     """The layer's products for `rows` rows, made once and kept with the layer until a weight
     changes (the reordered or transposed copies do not follow the weights)."""
     weights = (layer.input_weight, layer.recurrent_weight, layer.projection, layer.bias)  # a graph reads the bias
@@ -241,16 +241,16 @@ def layer_products(layer: BiLstmLayer, rows: int, batched: bool) -> DirectionPro
         doubled = candidate_doubled(layer)[:, None]  # (4C, 1)
         dtype = layer.input_weight.dtype
         if batched:
-            products = BatchedProducts((layer.input_weight * doubled).mT.contiguous(),
+            products = BatchedStreamProducts((layer.input_weight * doubled).mT.contiguous(),
                                        (layer.recurrent_weight * doubled).mT.contiguous(),
                                        layer.projection.mT.contiguous(), dtype, {})
         else:
-            products = DirectionProducts(*packed_products(layer, rows), dtype)
+            products = DirectionStreamProducts(*packed_products(layer, rows), dtype)
         layer.__dict__[PACKED_KEY] = cache = (key, products)
     return cache[1]
 
 
-def graphed_blocks(products: BatchedProducts, inputs: torch.Tensor, bias: torch.Tensor,
+def graphed_blocks(products: BatchedStreamProducts, inputs: torch.Tensor, bias: torch.Tensor,
                    clips: tuple[float, float]) -> "cuda_graphs.GraphedBlocks":
     """The layer's `run_block` captured for these rows (kept with its products): blocks of up to
     GRAPH_STEPS steps, fewer where a block's gate inputs would pass GRAPH_GATE_BUDGET."""

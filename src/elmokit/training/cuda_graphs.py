@@ -25,7 +25,7 @@ GRAPHS_KEPT = 2  # shapes kept a layer (a run's windows have one shape; a last, 
 _GRAPHED: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()  # layer -> {key: callable}
 
 
-def wanted(inputs: torch.Tensor) -> bool:
+def should_capture(inputs: torch.Tensor) -> bool:
     """A CUDA tensor that needs gradients, CUDA available and not inside another capture."""
     return (inputs.device.type == "cuda" and torch.cuda.is_available() and torch.is_grad_enabled()
             and inputs.requires_grad and not torch.cuda.is_current_stream_capturing())

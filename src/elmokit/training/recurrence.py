@@ -325,7 +325,7 @@ def forward_streams(lstm: BiLstm, inputs: torch.Tensor, state: LstmState | None 
         args = (dropped.contiguous(), state.hidden[index].to(dtype), state.cell[index].to(dtype),
                 layer.input_weight, layer.recurrent_weight, layer.gate_bias(), layer.projection)
         run = functools.partial(lstm_layer, cell_clip=clips[0], proj_clip=clips[1], products=products)
-        if options.cuda_graph and cuda_graphs.wanted(dropped):
+        if options.cuda_graph and cuda_graphs.should_capture(dropped):
             run = cuda_graphs.graphed(layer, run, args, (clips, type(products).__name__, options.lstm_bf16))
         output, hidden, cell = run(*args)
         return output, (hidden, cell)
