@@ -5,6 +5,7 @@ from elmokit.model.config import CharCNNConfig, ConfigError, ElmoConfig, LSTMCon
 from elmokit.inference.cache import TokenCache
 from elmokit.inference.elmo import Elmo, HubElmo
 from elmokit.inference.embedder import ElmoEmbedder
+from elmokit.inference.onnx_export import export_onnx
 from elmokit.inference.segments import iter_embeddings, read_embeddings
 from elmokit.model.bilm import BiLM, BiLMOutput, LstmState
 from elmokit.model.mix import ScalarMix
