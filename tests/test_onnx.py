@@ -205,3 +205,13 @@ def test_mix_weights_need_to_onnx(model_dir, tmp_path, capsys):
     assert main(["convert", "--model", str(model_dir), "--to-native", str(tmp_path / "n"),
                  "--mix-weights", "0,0,0"]) == 2
     one_error_line(capsys, "--mix-weights", "--to-onnx")
+
+
+@needs_onnx
+def test_an_elmoformanylangs_model_is_refused(tmp_path, capsys):
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parent / "fixtures" / "manylangs" / "words"
+    assert main(["convert", "--model", str(folder), "--to-onnx", str(tmp_path / "m.onnx")]) == 2
+    one_error_line(capsys, "ELMoForManyLangs", "ONNX")
+    assert not (tmp_path / "m.onnx").exists()
