@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from embed import UD_DEV, busy_processes, machine, read_conllu_forms  # noqa: E402  (bench/embed.py)
+from embed import UD_DEV, busy_processes, machine, read_conllu_forms
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,22 +50,38 @@ class InProcess:
         self.embedder = ElmoEmbedder(model, device="cpu")
         self.vectors = self.run()[2]  # the warm-up pass fills the token cache
 
-    def run(self) -> tuple[float, float, list[np.ndarray]]:
+    def run(self, batch_size: int | None = None) -> tuple[float, float, list[np.ndarray]]:
+        """(tokens/s, tokens per CPU second, sentence vectors) of one pass, `batch_size` rows (default: the bench's)."""
         n_tokens = sum(map(len, self.sentences))
         wall, cpu = time.perf_counter(), time.process_time()
-        vectors = [v.mean(axis=0).mean(axis=0) for v in self.embedder.embed_sentences(self.sentences, self.batch_size)]
+        vectors = [v.mean(axis=0).mean(axis=0)
+                   for v in self.embedder.embed_sentences(self.sentences, batch_size or self.batch_size)]
         return n_tokens / (time.perf_counter() - wall), n_tokens / (time.process_time() - cpu), vectors
 
 
-def process_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process and its threads so far (Linux /proc)."""
+def process_cpu_seconds(pid: int, children: bool = True) -> float:
+    """User + system CPU seconds so far of a process and its threads, and with `children` of its
+    child processes (the server's model process), from Linux /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    if not children:
+        return own
+    pids = [int(child) for task in Path(f"/proc/{pid}/task").iterdir() for child in (task / "children").read_text().split()]
+    return own + sum(map(process_cpu_seconds, pids))
 
 
-def start_server(model: str | None, threads: int, extra: list[str]) -> tuple[subprocess.Popen, str, int]:
+def recurrence_counts(host: str, port: int) -> tuple[float, float]:
+    """The server's steps of the recurrence so far, and its busy rows summed over them (/metrics)."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=60).read().decode()
+    values = dict(line.split() for line in text.splitlines() if line.startswith("elmo_recurrence_"))
+    return float(values["elmo_recurrence_steps"]), float(values["elmo_recurrence_busy_row_steps"])
+
+
+def start_server(model: str | None, threads: int, rows: int, extra: list[str]) -> tuple[subprocess.Popen, str, int]:
     argv = [sys.executable, "-m", "elmokit", "serve", "--port", "0", "--device", "cpu", "--threads", str(threads),
-            "-q", *(["--model", model] if model else []), *extra]
+            "--rows", str(rows), "-q", *(["--model", model] if model else []), *extra]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     line = process.stdout.readline()
     if not line.startswith("listening on http://"):
@@ -135,7 +151,7 @@ def main() -> None:
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     load_before = busy_processes()
     local = InProcess(sentences, args.model, args.threads, args.batch_size)
-    process, host, port = start_server(args.model, args.threads, args.server_args.split())
+    process, host, port = start_server(args.model, args.threads, args.batch_size, args.server_args.split())
     rows = []
     try:
         asyncio.run(load(host, port, request_bodies(sentences, 8), 64))  # warm-up: the server's token cache
@@ -146,21 +162,30 @@ def main() -> None:
                 wall, cpu, _ = local.run()
                 best["local"] = max(best.get("local", 0.0), wall)
                 best["local_cpu"] = max(best.get("local_cpu", 0.0), cpu)
-                cpu_before = process_cpu_seconds(process.pid) + time.process_time()
+                before = (process_cpu_seconds(process.pid, False), process_cpu_seconds(process.pid),
+                          time.process_time(), *recurrence_counts(host, port))
                 seconds, latencies, first = asyncio.run(load(host, port, bodies, clients))
-                cpu_seconds = process_cpu_seconds(process.pid) + time.process_time() - cpu_before
+                after = (process_cpu_seconds(process.pid, False), process_cpu_seconds(process.pid),
+                         time.process_time(), *recurrence_counts(host, port))
+                http_cpu, server_cpu, client_cpu, *steps = [a - b for a, b in zip(after, before)]
+                cpu_seconds = server_cpu + client_cpu
                 vector = np.asarray(json.loads(first)["data"][0]["embedding"])
                 np.testing.assert_allclose(vector, local.vectors[0], atol=1e-5, rtol=1e-4)
                 if n_tokens / seconds > best.get("served", 0.0):
-                    best.update(served=n_tokens / seconds, latencies=latencies)
+                    best.update(served=n_tokens / seconds, latencies=latencies, busy_rows=steps[1] / steps[0],
+                                load=os.getloadavg()[0], seconds=seconds, http_cpu=http_cpu,
+                                model_cpu=server_cpu - http_cpu, client_cpu=client_cpu, steps=steps[0])
                 best["served_cpu"] = max(best.get("served_cpu", 0.0), n_tokens / cpu_seconds)
+            in_flight = min(clients * per_request, args.batch_size)  # sentences the recurrence can hold at once
+            best["bound"] = best["local"] if in_flight == args.batch_size else local.run(in_flight)[0]
             p50, p95, p99 = np.percentile(np.array(best["latencies"]) * 1000, [50, 95, 99])
             rows.append({"per_request": per_request, "clients": clients, "requests": len(bodies),
-                         "p50": p50, "p95": p95, "p99": p99, **best})
+                         "in_flight": in_flight, "p50": p50, "p95": p95, "p99": p99, **best})
             print(f"{clients:3d} clients x {per_request}: served {best['served']:,.0f} tokens/s, in-process "
-                  f"{best['local']:,.0f} ({best['served'] / best['local']:.2f}x); per CPU s "
-                  f"{best['served_cpu']:,.0f} vs {best['local_cpu']:,.0f}; p50 {p50:.1f} ms, p99 {p99:.1f} ms",
-                  flush=True)
+                  f"{best['local']:,.0f} ({best['served'] / best['local']:.2f}x; with {in_flight} rows "
+                  f"{best['bound'] / best['local']:.2f}x); per CPU s {best['served_cpu']:,.0f} vs "
+                  f"{best['local_cpu']:,.0f}; {best['busy_rows']:.1f} rows busy; p50 {p50:.1f} ms, p99 {p99:.1f} ms; "
+                  f"load {best['load']:.2f}", flush=True)
     finally:
         process.terminate()
         process.wait(timeout=60)
@@ -183,33 +208,51 @@ def stack() -> str:
 def write_report(args, rows, n_sentences: int, n_tokens: int, started: str, load_before: str, load_after: str) -> None:
     lines = [
         "# Serving benchmark (`bench/serve.py`)", "",
-        f"Run of {started} on {machine('cpu', args.threads)}. The server and the in-process run each use "
-        f"{args.threads} torch thread(s); the load generator (asyncio, in the benchmark's process) shares the "
-        "cores. **This machine's 2 cores were shared with other engineers' work** (test suites, training, "
-        "embedding: the processes below), so the wall-clock figures move from run to run; the CPU-time "
-        "columns (tokens per CPU second of the server plus the load generator, against those of the "
-        "in-process run) do not count time spent waiting for a core and are the steadier comparison.", "",
+        f"Run of {started} on {machine('cpu', args.threads)}. The server's model process and the in-process "
+        f"run each use {args.threads} torch thread(s); the server's HTTP process and the load generator "
+        "(asyncio, in the benchmark's process) share the cores with them. **This machine's 2 cores were "
+        "shared with other engineers' work** (test suites, training, embedding: the processes below, and the "
+        "1-minute load average at the end of each served run, in the table), so the wall-clock figures move "
+        "from run to run; the CPU-time column (tokens per CPU second of the server's two processes plus the "
+        "load generator, against those of the in-process run) does not count time spent waiting for a core.", "",
         f"Data: UD English EWT dev, {n_sentences:,} sentences, {n_tokens:,} tokens, sent as token lists to "
         f"POST /v1/embeddings; model: {args.model or 'gutenberg-en (built in)'}; server flags: "
-        f"{args.server_args or 'the defaults'} (--max-batch-tokens 16384, --max-wait-ms 2 unless given). "
+        f"--rows {args.batch_size} {args.server_args} (--max-batch-tokens 16384, --max-wait-ms 2 unless given). "
         f"In-process: `ElmoEmbedder.embed_sentences(batch_size={args.batch_size})` on the same sentences, run "
         f"just before each served run ({args.repeats} of each per row, interleaved, the fastest of each kept).", "",
         f"Server stack: {stack()}.", "",
         f"Machine load: before, {load_before}. After, {load_after}.", "",
         "| sentences / request | clients | requests | served tokens/s | in-process tokens/s | served / in-process | "
-        "served / in-process (CPU time) | p50 ms | p95 ms | p99 ms |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "served / in-process (CPU time) | p50 ms | p95 ms | p99 ms | load |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         lines.append(f"| {row['per_request']} | {row['clients']} | {row['requests']:,} | {row['served']:,.0f} | "
                      f"{row['local']:,.0f} | {row['served'] / row['local']:.2f}x | "
                      f"{row['served_cpu'] / row['local_cpu']:.2f}x | {row['p50']:.1f} | {row['p95']:.1f} | "
-                     f"{row['p99']:.1f} |")
+                     f"{row['p99']:.1f} | {row['load']:.2f} |")
     lines += ["", "Every request is sent once; each client waits for its answer before sending the next (a "
-              "closed loop), so at 1 client every request is a batch of its own (the model runs one row, or 8, "
-              "at a time, against the in-process run's 64), while with more clients the queue batches what "
-              "arrives together (up to `--max-batch-tokens`). The first answer of every run matched the "
-              "in-process vector (atol 1e-5).", ""]
+              "closed loop). The server runs the sentences of every request in flight in one recurrence of "
+              f"{args.batch_size} rows, each joining as soon as a row is free (continuous batching; docs/serve.md), "
+              "so the rows it can fill are the sentences in flight: clients x sentences a request, at most "
+              f"{args.batch_size}. The first answer of every run matched the in-process vector (atol 1e-5).", "",
+              "## What bounds it", "",
+              "The recurrence's cost a step is nearly fixed up to a few dozen rows, so throughput follows the rows "
+              "busy. *In-process with the rows in flight* is `embed_sentences(batch_size=` sentences in flight `)` "
+              "on the same sentences, in this run: what any server could reach with that many sentences at once, "
+              "had HTTP, JSON and the clients cost nothing. *Rows busy* is the mean over the server's steps "
+              "(from /metrics). The CPU seconds are those of the fastest served run: the model's process, the "
+              "server's HTTP process (event loop: HTTP, JSON, the pipe), and the load generator.", "",
+              "| sentences / request | clients | sentences in flight | in-process with the rows in flight / in-process | "
+              "served / in-process | rows busy | steps | wall s | model process CPU s | HTTP process CPU s | "
+              "load generator CPU s |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        lines.append(f"| {row['per_request']} | {row['clients']} | {row['in_flight']} | "
+                     f"{row['bound'] / row['local']:.2f}x | {row['served'] / row['local']:.2f}x | "
+                     f"{row['busy_rows']:.1f} | {row['steps']:,.0f} | {row['seconds']:.2f} | {row['model_cpu']:.2f} | "
+                     f"{row['http_cpu']:.2f} | {row['client_cpu']:.2f} |")
+    lines.append("")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text("\n".join(lines), encoding="utf-8")
     print(f"wrote {args.output}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import random
 import signal
 import socket
 import threading
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from elmokit import ElmoEmbedder
 from elmokit.inference.files import make_tokenizer
 from elmokit.model.loading import load_model
+from elmokit.serve.recurrence import Recurrence, token_layer
 from tests.serving import Server, save_tiny_model
 
 KEY = "test-key-7f3a"
@@ -109,6 +111,32 @@ def test_requests_batched_together_get_their_own_vectors(slow_server, embedder):
         thread.join()
     assert slow_server.metric("elmo_batch_sentences_count") == before_batches + 1  # one batch for all five
     assert_each_as_alone(sentences, answers, embedder)
+
+
+def test_sentences_joining_the_recurrence_at_any_step_get_their_own_vectors(embedder):
+    """The server's recurrence (continuous batching): sentences start at random steps in whichever
+    row is free, rows are reused, the ring of steps wraps; each sentence gets what `embed_many`
+    gives it alone (the tiny model's clips bind, so the clipped path runs too)."""
+    rng = random.Random(0)
+    words = ["a", "the", "play", "chess", "They", "run", ".", "home", "dog"]
+    sentences = [[rng.choice(words) for _ in range(rng.randint(1, 9))] for _ in range(60)]
+    expected = embedder.embed_many(sentences)
+    recurrence = Recurrence(embedder.bilm, rows=5, max_positions=11)  # 9 tokens + 2 boundaries
+    pending, got, sentence_in = list(range(len(sentences))), {}, {}
+    while pending or recurrence.busy:
+        starting = [pending.pop(0) for _ in range(min(rng.randint(0, 3), len(pending), len(recurrence.free)))]
+        if starting:
+            chosen = [sentences[i] for i in starting]
+            rows = recurrence.admit(token_layer(embedder, chosen), [len(s) + 2 for s in chosen])
+            sentence_in.update(zip(rows, starting))
+        ended = recurrence.step()
+        for row, layers in zip(ended, recurrence.take(ended) if ended else []):
+            got[sentence_in.pop(row)] = layers
+    assert recurrence.step_number > 2 * recurrence.horizon  # the ring wrapped
+    for i, sentence in enumerate(sentences):
+        np.testing.assert_allclose(got[i], expected[i], atol=1e-6, err_msg=" ".join(sentence))
+    with pytest.raises(ValueError, match="12 positions does not fit the recurrence's 11"):
+        recurrence.admit(token_layer(embedder, [["a"] * 10]), [12])
 
 
 def ask_each_at_once(served: Server, sentences: list[list[str]]) -> tuple[list[threading.Thread], list]:
@@ -245,6 +273,7 @@ def test_metrics_count_requests_tokens_batches_and_latency(server):
     assert server.metric("elmo_tokens_total") == tokens + 4
     for name in ("elmo_request_seconds_bucket", "elmo_batch_sentences_bucket", "elmo_batch_tokens_bucket",
                  "elmo_queue_seconds_bucket", "elmo_inference_seconds_bucket", "elmo_queue_tokens",
+                 "elmo_recurrence_steps", "elmo_recurrence_busy_row_steps",
                  'elmo_requests_total{route="/v1/embeddings",status="422"}'):
         assert name in text
 

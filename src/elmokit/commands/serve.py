@@ -28,8 +28,9 @@ otherwise), and print the address once it listens:
   GET  /health, /info, /metrics (Prometheus), and / : a page to explore the vectors
 
 Texts are Moses-tokenized, as `elmo embed --tokenize` does; token lists are taken as they are.
-Requests that arrive together are embedded together (--max-batch-tokens, --max-wait-ms), with the
-stateless engine: a text's vector never depends on the others in its batch. Bad requests get a 4xx
+The texts of the requests in flight run in the recurrence together (--rows): a text joins as soon
+as a row is free, and its answer leaves at its last step (--max-batch-tokens, --max-wait-ms).
+Every text starts from a zero state: its vector never depends on the others it ran with. Bad requests get a 4xx
 and a JSON error; a full queue (--max-queue-tokens) answers 429. With --api-key (or
 {API_KEY_VARIABLE}), every route but /health and the page needs 'Authorization: Bearer KEY'.
 SIGTERM (or Ctrl-C) stops accepting, finishes the requests already accepted, and exits 0.
@@ -44,12 +45,14 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080; 0: any free port)")
     parser.add_argument("--api-key",
                         help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_VARIABLE}, else no key)")
+    parser.add_argument("--rows", type=int, default=64,
+                        help="sentences the recurrence runs at once, each joining as soon as a row is free "
+                             "(default: 64, as embed_sentences' batch_size)")
     parser.add_argument("--max-batch-tokens", type=int, default=16384,
-                        help="tokens the model runs at once, summed over the requests batched together "
-                             "(default: 16384)")
+                        help="tokens in the recurrence at once, summed over its rows (default: 16384)")
     parser.add_argument("--max-wait-ms", type=float, default=2.0,
-                        help="a batch waits for more requests until none has come for this long, at most 10x "
-                             "this after its first (default: 2)")
+                        help="an idle model waits for more requests until none has come for this long, at most "
+                             "10x this after the first (default: 2)")
     parser.add_argument("--max-queue-tokens", type=int, default=65536,
                         help="tokens waiting at most; past that a request gets 429 (default: 65536)")
     parser.add_argument("--max-inputs", type=int, default=256, help="inputs per request at most (default: 256)")
@@ -67,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
 
     limits = Limits(args.max_body_bytes, args.max_inputs, args.max_input_tokens, args.max_batch_tokens,
                     args.max_queue_tokens, args.max_wait_ms)  # bad limits fail before anything loads
+    if not 1 <= args.rows <= 4096:
+        raise ValueError(f"--rows must be from 1 to 4096, got {args.rows}")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be between 0 and 65535, got {args.port}")
     if args.threads is not None and not 1 <= args.threads <= max_threads():  # as elmo embed's --threads
@@ -112,7 +117,7 @@ def _serve(args: argparse.Namespace, limits, listener: socket.socket) -> int:
         torch.set_num_threads(args.threads)
     embedder = ElmoEmbedder(module=model_from_args(args), device=device_from_args(args), dtype=args.dtype)
     model_name = args.model or args.options_file or "gutenberg-en"
-    service = Service(embedder, model_name, limits, make_tokenizer(True), "moses", args.api_key)
+    service = Service(embedder, model_name, limits, make_tokenizer(True), "moses", args.api_key, args.rows)
     config = uvicorn.Config(build_app(service), log_level="warning", access_log=False, lifespan="on",
                             timeout_graceful_shutdown=None)
     server = uvicorn.Server(config)

@@ -15,6 +15,7 @@ every route but /health and the page needs `Authorization: Bearer KEY`.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import dataclasses
@@ -34,11 +35,18 @@ from starlette.staticfiles import StaticFiles
 
 from elmokit import __version__
 from elmokit.inference.embedder import ElmoEmbedder
-from elmokit.inference.files import shape_output
-from elmokit.serve.batching import Batcher, QueueFull
+from elmokit.serve.batching import Batcher, ModelFailed, QueueFull
 from elmokit.serve.explore import examples, explore
-from elmokit.serve.inputs import (BadRequest, Limits, Tokenizer, parse_json, read_bool, read_choice, read_inputs,
-                                  read_layers)
+from elmokit.serve.inputs import (
+    BadRequest,
+    Limits,
+    Tokenizer,
+    parse_json,
+    read_bool,
+    read_choice,
+    read_inputs,
+    read_layers,
+)
 from elmokit.serve.metrics import ServeMetrics
 
 STATIC = Path(str(files("elmokit") / "serve" / "static"))
@@ -61,10 +69,11 @@ def error_response(status: int, message: str, kind: str = "invalid_request_error
 
 
 class Service:
-    """What the routes share: the embedder, the batcher, the limits, the metrics."""
+    """What the routes share: the embedder, the batcher (driving `rows` rows of the recurrence),
+    the limits, the metrics."""
 
     def __init__(self, embedder: ElmoEmbedder, model_name: str, limits: Limits, tokenize: Tokenizer,
-                 tokenizer_name: str, api_key: str | None):
+                 tokenizer_name: str, api_key: str | None, rows: int = 64):
         self.embedder = embedder
         self.model_name = model_name
         self.limits = limits
@@ -73,11 +82,9 @@ class Service:
         self.api_key = api_key
         self.n_layers = embedder.bilm.config.n_output_layers
         self.metrics = ServeMetrics(ROUTES)
-        def embed(sentences: list[list[str]]) -> list[np.ndarray]:  # (L+1, n_i, 2P) each; in the batch thread
-            return embedder.embed_many(sentences, rows=recurrence_rows(len(sentences)))
-
-        self.batcher = Batcher(embed, limits.max_batch_tokens, limits.max_wait_ms / 1000, limits.max_queue_tokens,
-                               self.metrics.record_batch)
+        self.batcher = Batcher(embedder, rows, limits.max_input_tokens + 2, limits.max_batch_tokens,
+                               limits.max_wait_ms / 1000, limits.max_queue_tokens, self.metrics.record_batch,
+                               self.metrics.inference_seconds.observe)
         self.metrics.watch(self.batcher)
         self.info = self._info()  # what GET /info and the page's starting text say never changes: built once
         self.examples = examples()
@@ -92,6 +99,7 @@ class Service:
                       "parameters": sum(p.numel() for p in self.embedder.bilm.parameters())},
             "device": str(self.embedder.device), "dtype": str(next(self.embedder.bilm.parameters()).dtype),
             "tokenizer": self.tokenizer_name, "limits": dataclasses.asdict(self.limits),
+            "rows": self.batcher.rows,
             "api_key_required": self.api_key is not None}
 
     async def body(self, request: Request) -> dict:
@@ -109,24 +117,20 @@ class Service:
             chunks.append(chunk)
         return parse_json(b"".join(chunks))
 
-    async def embed(self, sentences: list[list[str]]) -> list[np.ndarray]:
+    async def embed(self, sentences: list[list[str]], sentence_vectors: bool = False) -> list[np.ndarray]:
+        """Each sentence's layers (L+1, n, 2P), or with `sentence_vectors` its vector (2P,)."""
         try:
-            return await self.batcher.submit(sentences)
+            return await self.batcher.submit(sentences, sentence_vectors)
         except QueueFull as full:
             self.metrics.refused.labels("queue_full").inc()
             raise BadRequest(429, str(full), "overloaded") from None
+        except ModelFailed as failed:
+            self.metrics.refused.labels("model_failed").inc()
+            raise BadRequest(503, str(failed), "unavailable") from None
 
     def usage(self, sentences: list[list[str]]) -> dict:
         n_tokens = sum(map(len, sentences))
         return {"prompt_tokens": n_tokens, "total_tokens": n_tokens}
-
-
-def recurrence_rows(n_sentences: int) -> int:
-    """Rows of the recurrence for a batch of `n_sentences`: a quarter of them (each row then takes
-    about four sentences in turn, so few rows idle while the longest finishes), at least 16 (or
-    all of them), at most 64. Measured on EWT dev with the built-in model, one thread: batches
-    of 64 sentences ran 2.1x faster in 16 rows than in 64 (docs/serve.md, "Batching")."""
-    return min(64, max(min(n_sentences, 16), n_sentences // 4))
 
 
 def encode(array: np.ndarray, encoding: str) -> np.ndarray | str:
@@ -136,12 +140,6 @@ def encode(array: np.ndarray, encoding: str) -> np.ndarray | str:
     if encoding == "base64":
         return base64.b64encode(array.tobytes()).decode("ascii")
     return array
-
-
-def sentence_vector(layers: np.ndarray) -> np.ndarray:
-    """(L+1, n, 2P) -> (2P,): the mean over tokens of the equal-weight average of the layers, as
-    `elmo embed --average --sentence-vectors` stores it."""
-    return shape_output(layers, "average", sentence_vectors=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,8 +152,8 @@ async def openai_embeddings(request: Request) -> Response:
     encoding = read_choice(body, "encoding_format", ("float", "base64"))
     if "model" in body and not isinstance(body["model"], str):
         raise BadRequest(422, "'model' must be a string")
-    vectors = await service.embed(sentences)
-    data = [{"object": "embedding", "index": i, "embedding": encode(sentence_vector(v), encoding)}
+    vectors = await service.embed(sentences, sentence_vectors=True)  # (2P,) each
+    data = [{"object": "embedding", "index": i, "embedding": encode(v, encoding)}
             for i, v in enumerate(vectors)]
     return JSONResponse({"object": "list", "data": data, "model": service.model_name,
                          "usage": service.usage(sentences)})
@@ -166,7 +164,7 @@ async def tei_embed(request: Request) -> Response:
     body = await service.body(request)
     sentences = read_inputs(body, "inputs", service.limits, service.tokenize)
     normalize = read_bool(body, "normalize", True)
-    vectors = [sentence_vector(v) for v in await service.embed(sentences)]
+    vectors = await service.embed(sentences, sentence_vectors=True)  # (2P,) each
     if normalize:
         vectors = [v / max(float(np.linalg.norm(v)), 1e-12) for v in vectors]
     return JSONResponse([encode(v, "float") for v in vectors])
@@ -297,6 +295,7 @@ ROUTES = {route.path for route in API}  # the metrics' route labels; any other p
 def build_app(service: Service) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        await asyncio.to_thread(service.batcher.launch)  # the model's process (elmokit.serve.worker)
         service.batcher.start()
         yield
         await service.batcher.stop()

@@ -1,153 +1,159 @@
-"""Dynamic batching: requests that arrive together are embedded together.
+"""Dynamic batching, the server's side: requests go to the model's process, which runs the
+sentences of every request in flight in the recurrence together, each joining as soon as a row
+is free (continuous batching: `elmokit.serve.worker`, `elmokit.serve.recurrence`).
 
-Each request is one job (its sentences, already tokenized). The batcher keeps a bounded queue of
-jobs; one worker takes whole jobs in arrival order until the batch holds `max_batch_tokens`
-tokens (a job larger than that runs alone), waiting for more while they keep coming (until none
-has come for `max_wait_s`, at most `MAX_WAITS` x `max_wait_s` after the first), and runs the batch in one thread through a stateless embedding function
-(`ElmoEmbedder.embed_many`): a sentence's vectors never depend on the other sentences of its
-batch. While a batch runs, new jobs queue; the next batch takes them at once (their wait has
-passed), so a busy server batches by itself and a lone request waits `max_wait_s` only.
+`submit` sends a request's sentences (already tokenized) down a pipe and awaits its answer; the
+event loop reads the answers as they come (one message a step of the recurrence) and hands each
+to its request. A sentence that arrives while others run starts at the next step instead of
+waiting for a batch to finish, so the rows stay as full as the requests in flight allow; every
+sentence starts from a zero state, so its vectors never depend on the others.
 
-A full queue (`max_queue_tokens`) refuses new jobs (`QueueFull`) rather than growing.
+The queue is bounded: past `max_queue_tokens` tokens accepted and not yet answered, a new
+request is refused (`QueueFull`) rather than kept waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
+import itertools
+import multiprocessing
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
+import torch
 
-EmbedFunction = Callable[[list[Sequence[str]]], list[np.ndarray]]
+from elmokit.inference.embedder import ElmoEmbedder
+from elmokit.serve.worker import serve_model
+
+START_TIMEOUT = 600  # seconds for the model's process to load the model (a large one, a loaded machine)
 
 
 class QueueFull(Exception):
     """The queue holds `max_queue_tokens` tokens already: the server is overloaded."""
 
 
-@dataclass
-class Job:
-    sentences: list[Sequence[str]]
-    n_tokens: int
-    future: asyncio.Future
-    enqueued: float = field(default_factory=time.perf_counter)
+class ModelFailed(RuntimeError):
+    """The model's process could not embed a request (or has stopped)."""
 
 
 @dataclass
 class BatchStats:
-    """What one batch was: reported to the metrics after it ran."""
+    """The sentences that joined the recurrence at one step: reported to the metrics."""
 
     n_sentences: int
     n_tokens: int
-    queue_seconds: list[float]  # one per job
-    run_seconds: float
+    queue_seconds: list[float]  # one per request whose first sentence joined at this step
 
 
 class Batcher:
-    """The queue and its worker; `start` inside the event loop, `submit` from request handlers,
-    `stop` once no request is left (after the server has stopped accepting)."""
+    """The model's process and the requests waiting for it: `launch` (before serving), `start`
+    inside the event loop, `submit` from request handlers, `stop` once no request is left (after
+    the server has stopped accepting)."""
 
-    MAX_WAITS = 10  # a batch waits for more requests at most this many times `max_wait_s`
-
-    def __init__(self, embed: EmbedFunction, max_batch_tokens: int, max_wait_s: float, max_queue_tokens: int,
-                 on_batch: Callable[[BatchStats], None] = lambda stats: None):
-        self.embed = embed
-        self.max_batch_tokens = max_batch_tokens
-        self.max_wait_s = max_wait_s
+    def __init__(self, embedder: ElmoEmbedder, rows: int, max_positions: int, max_batch_tokens: int,
+                 max_wait_s: float, max_queue_tokens: int,
+                 on_batch: Callable[[BatchStats], None] = lambda stats: None,
+                 on_answer: Callable[[float], None] = lambda seconds: None):
+        self.embedder = embedder
+        self.rows = rows
+        self.settings = (rows, max_positions, max_batch_tokens, max_wait_s)
         self.max_queue_tokens = max_queue_tokens
         self.on_batch = on_batch
-        self.queue: collections.deque[Job] = collections.deque()
-        self.queued_tokens = 0
-        self._arrived: asyncio.Event | None = None
-        self._worker: asyncio.Task | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="elmo-batch")
+        self.on_answer = on_answer
+        self.queue: dict[int, asyncio.Future] = {}  # requests accepted and not yet answered
+        self.queued_tokens = 0  # their tokens
+        self.steps = self.row_steps = 0  # the recurrence's steps, and busy rows summed over them
+        self._ids = itertools.count()
+        self._process = self._connection = None
+
+    def launch(self) -> None:
+        """Start the model's process and wait until it has the model (ModelFailed if it dies)."""
+        context = multiprocessing.get_context("spawn")  # no fork: torch's thread pools do not survive one
+        self._connection, theirs = context.Pipe()
+        self._process = context.Process(target=serve_model, name="elmo-model", daemon=True,
+                                        args=(theirs, self.embedder, *self.settings, torch.get_num_threads()))
+        self._process.start()
+        theirs.close()
+        if not self._connection.poll(START_TIMEOUT):
+            self._process.kill()
+            raise ModelFailed(f"the model's process did not start in {START_TIMEOUT} s")
+        try:
+            self._connection.recv()  # ("ready",)
+        except EOFError:
+            self._process.join(5)
+            raise ModelFailed(f"the model's process exited while loading (exit code {self._process.exitcode})"
+                              ) from None
 
     def start(self) -> None:
-        self._arrived = asyncio.Event()
-        self._worker = asyncio.get_running_loop().create_task(self._run(), name="elmo-batcher")
+        asyncio.get_running_loop().add_reader(self._connection.fileno(), self._read)
 
     async def stop(self) -> None:
-        """End the worker and its thread. Called once the server has answered every request it
-        accepted (uvicorn drains before the lifespan ends), so nothing is left queued; a job that
-        still is gets QueueFull rather than a wait that never ends."""
-        if self._worker is not None:
-            self._worker.cancel()
-            try:
-                await self._worker
-            except asyncio.CancelledError:
-                pass
-        for job in self.queue:  # none once the server has drained; refuse rather than hang
-            if not job.future.done():
-                job.future.set_exception(QueueFull("the server is stopping"))
-        self._executor.shutdown(wait=True)
+        """End the model's process once it has answered what it holds (uvicorn drains the
+        requests before the lifespan ends, so nothing is left by then)."""
+        if self._process is None:
+            return
+        asyncio.get_running_loop().remove_reader(self._connection.fileno())
+        try:
+            self._connection.send(("stop",))
+        except OSError:  # it has gone already
+            pass
+        await asyncio.to_thread(self._process.join, 60)
+        if self._process.is_alive():
+            self._process.kill()
+        self._connection.close()
+        self._fail_all("the server is stopping")
 
-    async def submit(self, sentences: list[Sequence[str]]) -> list[np.ndarray]:
-        """Embed `sentences` (token lists) in the next batch with room: one float32 array
-        (L+1, n_i, 2P) per sentence. QueueFull when the queue has no room for them."""
+    async def submit(self, sentences: list[Sequence[str]], sentence_vectors: bool = False) -> list[np.ndarray]:
+        """Embed `sentences` (token lists): one float32 array (L+1, n_i, 2P) per sentence, or with
+        `sentence_vectors` its vector (2P,) (`elmokit.serve.worker.sentence_vector`). QueueFull
+        when the queue has no room for them."""
         n_tokens = sum(map(len, sentences))
         if self.queue and self.queued_tokens + n_tokens > self.max_queue_tokens:
             raise QueueFull(f"the queue holds {self.queued_tokens} tokens, its limit is {self.max_queue_tokens} "
                             f"(--max-queue-tokens): try again shortly")
-        job = Job(list(sentences), n_tokens, asyncio.get_running_loop().create_future())
-        self.queue.append(job)
+        if self._connection.closed or not self._process.is_alive():
+            raise ModelFailed("the model's process has stopped")
+        job_id = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._connection.send(("job", job_id, [list(sentence) for sentence in sentences], time.perf_counter(),
+                               sentence_vectors))
+        self.queue[job_id] = future
         self.queued_tokens += n_tokens
-        self._arrived.set()
-        return await job.future
+        try:
+            return await future
+        finally:
+            self.queue.pop(job_id, None)
+            self.queued_tokens -= n_tokens
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            while not self.queue:
-                self._arrived.clear()
-                await self._arrived.wait()
-            await self._wait_for_more()
-            jobs = self._take_batch()
-            if not jobs:
-                continue
-            sentences = [sentence for job in jobs for sentence in job.sentences]
-            started = time.perf_counter()
-            try:
-                vectors = await loop.run_in_executor(self._executor, self.embed, sentences)
-            except Exception as error:  # noqa: BLE001 - handed to each request, which answers it
-                for job in jobs:
-                    if not job.future.done():
-                        job.future.set_exception(error)
-                continue
-            finished = time.perf_counter()
-            start = 0
-            for job in jobs:
-                if not job.future.done():  # a client that went away leaves a cancelled future
-                    job.future.set_result(vectors[start:start + len(job.sentences)])
-                start += len(job.sentences)
-            self.on_batch(BatchStats(len(sentences), sum(job.n_tokens for job in jobs),
-                                     [started - job.enqueued for job in jobs], finished - started))
+    def _read(self) -> None:
+        """(In the event loop, when the pipe has a message.) Hand out the answers."""
+        try:
+            while self._connection.poll():
+                _, answers, stats = self._connection.recv()
+                self._record(stats)
+                for job_id, layers, error in answers:
+                    future = self.queue.get(job_id)
+                    if future is None or future.done():  # its client went away
+                        continue
+                    if error is None:
+                        future.set_result(layers)
+                    else:
+                        future.set_exception(ModelFailed(f"the model failed on this request: {error}"))
+        except (EOFError, OSError):
+            asyncio.get_running_loop().remove_reader(self._connection.fileno())
+            self._connection.close()
+            self._fail_all(f"the model's process has stopped (exit code {self._process.exitcode})")
 
-    async def _wait_for_more(self) -> None:
-        """Until the queue fills a batch, or no job has come for `max_wait_s`, or
-        `MAX_WAITS` x `max_wait_s` have passed since the first job came: a burst of requests (a
-        batch's answers bring back their clients' next requests at once) goes into one batch,
-        while a lone request waits `max_wait_s` only."""
-        deadline = self.queue[0].enqueued + self.MAX_WAITS * self.max_wait_s
-        while self.queued_tokens < self.max_batch_tokens:
-            remaining = min(self.queue[-1].enqueued + self.max_wait_s, deadline) - time.perf_counter()
-            if remaining <= 0:
-                return
-            self._arrived.clear()
-            try:
-                await asyncio.wait_for(self._arrived.wait(), remaining)
-            except asyncio.TimeoutError:
-                return
+    def _record(self, stats: dict) -> None:
+        for n_sentences, n_tokens, queue_seconds in stats["batches"]:
+            self.on_batch(BatchStats(n_sentences, n_tokens, queue_seconds))
+        for seconds in stats["answer_seconds"]:
+            self.on_answer(seconds)
+        self.steps, self.row_steps = stats["steps"], stats["row_steps"]
 
-    def _take_batch(self) -> list[Job]:
-        """Whole jobs in arrival order up to `max_batch_tokens` (at least one job)."""
-        jobs = [self.queue.popleft()]
-        tokens = jobs[0].n_tokens
-        while self.queue and tokens + self.queue[0].n_tokens <= self.max_batch_tokens:
-            jobs.append(self.queue.popleft())
-            tokens += jobs[-1].n_tokens
-        self.queued_tokens -= tokens
-        return [job for job in jobs if not job.future.cancelled()]
+    def _fail_all(self, message: str) -> None:
+        for future in self.queue.values():
+            if not future.done():
+                future.set_exception(ModelFailed(message))

@@ -1,12 +1,19 @@
 """The server's Prometheus metrics (`GET /metrics`), in a registry of its own (one per app):
-requests by route and status, inputs and tokens embedded, batch sizes, time in the queue,
-time in the model, request latency, what is queued, and refusals by reason."""
+requests by route and status, inputs and tokens embedded, how many sentences joined the
+recurrence together, time in the queue, time in the model, request latency, what is queued, how
+full the rows of the recurrence were, and refusals by reason."""
 
 from __future__ import annotations
 
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from elmokit.serve.batching import Batcher, BatchStats
@@ -31,26 +38,30 @@ class ServeMetrics:
                                          ["route"], buckets=LATENCY_BUCKETS, registry=r)
         self.inputs = Counter("elmo_inputs", "inputs (texts or token lists) embedded", registry=r)
         self.tokens = Counter("elmo_tokens", "tokens embedded", registry=r)
-        self.batch_sentences = Histogram("elmo_batch_sentences", "sentences per batch run by the model",
+        self.batch_sentences = Histogram("elmo_batch_sentences", "sentences that joined the recurrence at one step",
                                          buckets=SIZE_BUCKETS, registry=r)
-        self.batch_tokens = Histogram("elmo_batch_tokens", "tokens per batch run by the model",
+        self.batch_tokens = Histogram("elmo_batch_tokens", "tokens that joined the recurrence at one step",
                                       buckets=TOKEN_BUCKETS, registry=r)
-        self.queue_seconds = Histogram("elmo_queue_seconds", "time a request waited in the queue",
+        self.queue_seconds = Histogram("elmo_queue_seconds", "time a request waited for its first sentence to start",
                                        buckets=LATENCY_BUCKETS, registry=r)
-        self.inference_seconds = Histogram("elmo_inference_seconds", "time the model took per batch",
-                                           buckets=LATENCY_BUCKETS, registry=r)
+        self.inference_seconds = Histogram("elmo_inference_seconds", "time from a request's first sentence "
+                                           "starting to its last ending", buckets=LATENCY_BUCKETS, registry=r)
         self.refused = Counter("elmo_refused", "requests refused, by reason", ["reason"], registry=r)
         self.queue_requests = Gauge("elmo_queue_requests", "requests waiting in the queue", registry=r)
         self.queue_tokens = Gauge("elmo_queue_tokens", "tokens waiting in the queue", registry=r)
+        self.steps = Gauge("elmo_recurrence_steps", "steps the recurrence has run (a count)", registry=r)
+        self.row_steps = Gauge("elmo_recurrence_busy_row_steps", "busy rows summed over the steps run (a count): "
+                               "divided by elmo_recurrence_steps, the mean sentences in the recurrence", registry=r)
 
     def watch(self, batcher: Batcher) -> None:
         self.queue_requests.set_function(lambda: len(batcher.queue))
         self.queue_tokens.set_function(lambda: batcher.queued_tokens)
+        self.steps.set_function(lambda: batcher.steps)
+        self.row_steps.set_function(lambda: batcher.row_steps)
 
     def record_batch(self, stats: BatchStats) -> None:
         self.batch_sentences.observe(stats.n_sentences)
         self.batch_tokens.observe(stats.n_tokens)
-        self.inference_seconds.observe(stats.run_seconds)
         self.inputs.inc(stats.n_sentences)
         self.tokens.inc(stats.n_tokens)
         for seconds in stats.queue_seconds:

@@ -1,0 +1,182 @@
+"""The server's driver of the LSTM cell: R rows of the recurrence, each running one sentence
+through every layer and both directions a step at a time, where a sentence joins a free row at
+any step (continuous batching).
+
+The inference engine (`elmokit.inference.engine`) lays a fixed set of sentences out in rows and
+runs one layer over all its steps before the next: the fastest way through sentences known in
+advance, but a batch must finish before new sentences start. A server's sentences arrive while
+the model runs; here each step runs every layer, so a sentence that arrives joins the next step
+in whichever row the last finished sentence freed, and leaves (its answer sent) at its last
+step. The rows stay as full as the requests in flight allow, which a closed loop of clients
+(each waiting for its answer before sending again) needs: with batches, each client's next
+sentence waits for the whole batch.
+
+Each sentence starts from a zero state, so its vectors are those it gets alone (stateless), the
+same numbers as `ElmoEmbedder.embed_many`. The formulas are `elmokit.model.cell`'s (the cell,
+the residual from layer 2 on); the products are the engine's (`packed_products`: oneDNN, the
+candidate's rows doubled so one sigmoid covers the four gates). Weights in bfloat16 run their
+products in bfloat16, the state and outputs in float32, as in the engine.
+
+A sentence of S positions (its tokens and the two boundaries) admitted at step t runs steps
+t .. t+S-1: its forward stream reads positions 0..S-1, its backward stream S-1..0, and the
+outputs of every step are kept in a ring of H >= S steps, read back when it leaves.
+
+Shape notation: R rows, H steps in the rings, S positions of a sentence (n tokens + 2),
+P projection dim, C cell dim, L LSTM layers, D = 2 directions.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from elmokit.inference.elmo import boundary_rows
+from elmokit.inference.embedder import ElmoEmbedder
+from elmokit.inference.engine import candidate_doubled, packed_products
+from elmokit.model import cell as lstm_cell
+from elmokit.model.bilm import BiLM
+from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN
+
+
+def token_layer(embedder: ElmoEmbedder, sentences: Sequence[Sequence[str]]) -> torch.Tensor:
+    """The token layer of every position of `sentences`, boundaries included, sentence after
+    sentence: (N, P), through the embedder's token cache when it has one (as `embed_many`)."""
+    if embedder.cache is not None:
+        return embedder.cache.embeddings(sentences)
+    lengths = np.fromiter(map(len, sentences), np.int64, len(sentences))
+    tokens = [BOS_TOKEN, EOS_TOKEN, *itertools.chain.from_iterable(sentences)]
+    table = embedder.bilm.encode_words(tokens)
+    rows = boundary_rows(lengths, np.arange(2, len(tokens)))
+    return table[torch.from_numpy(rows).to(table.device)]
+
+
+class Recurrence:
+    """R rows of the biLM's recurrence, stepped together; `admit` puts a sentence in a free
+    row, `step` runs one step of every busy row and returns the rows whose sentence ended, and
+    `take` reads a finished sentence's layers. Not thread-safe: one thread drives it."""
+
+    @torch.no_grad()
+    def __init__(self, bilm: BiLM, rows: int, max_positions: int):
+        lstm = bilm.lstm
+        self.layers, self.cell_clip, self.proj_clip = list(lstm.layers), lstm.cell_clip, lstm.proj_clip
+        self.rows, self.horizon = rows, max_positions  # R, H
+        weight = self.layers[0].input_weight
+        self.compute_dtype = weight.dtype  # of the products
+        dtype = torch.promote_types(weight.dtype, torch.float32)  # of the state and the outputs
+        device, dim, cell_dim, n_layers = weight.device, bilm.config.lstm.projection_dim, \
+            bilm.config.lstm.cell_dim, len(self.layers)
+        self.products = [packed_products(layer, rows) for layer in self.layers]  # (input, recurrent, projection)
+        self.bias = [(layer.gate_bias().to(dtype) * candidate_doubled(layer).to(dtype)).squeeze(1)
+                     .to(self.compute_dtype) for layer in self.layers]  # L x (D, 4C): (i, f, o, 2j)
+        self.inputs = torch.zeros(self.horizon, 2, rows, dim, device=device, dtype=dtype)  # (H, D, R, P)
+        self.outputs = torch.zeros(n_layers, self.horizon, 2, rows, dim, device=device, dtype=dtype)  # (L, H, D, R, P)
+        self.hidden = torch.zeros(n_layers, 2, rows, dim, device=device, dtype=dtype)  # (L, D, R, P)
+        self.cell = torch.zeros(n_layers, 2, rows, cell_dim, device=device, dtype=dtype)  # (L, D, R, C)
+        self.cell_output = torch.zeros(2, rows, cell_dim, device=device, dtype=dtype)  # (D, R, C)
+        self.step_number = 0
+        self.free = list(range(rows))  # a heap: the lowest free row first, so the busy rows stay few
+        self.busy: dict[int, tuple[int, torch.Tensor]] = {}  # row -> (first step, token layer (S, P))
+        self.ends: dict[int, list[int]] = {}  # step -> rows whose sentence ends there
+        self.span = 0  # rows 0 .. span-1 hold every busy row: the rows a step computes
+
+    @torch.no_grad()
+    def admit(self, token_embeddings: torch.Tensor, sizes: Sequence[int]) -> list[int]:
+        """Start sentences at the next step, each in the lowest free row (there must be enough):
+        `token_embeddings` (N, P) their token layers end to end with boundaries, `sizes` their
+        positions (tokens + 2, each <= H). Returns their rows."""
+        if len(sizes) > len(self.free):
+            raise ValueError(f"{len(sizes)} sentences to start, {len(self.free)} free rows")
+        if any(not 2 <= size <= self.horizon for size in sizes):
+            raise ValueError(f"a sentence of {max(sizes)} positions does not fit the recurrence's {self.horizon}")
+        rows = [heapq.heappop(self.free) for _ in sizes]
+        first = self.step_number
+        sizes = np.asarray(sizes, np.int64)
+        starts = np.cumsum(sizes) - sizes  # each sentence's first position in `token_embeddings`
+        sentence = np.repeat(np.arange(len(sizes)), sizes)  # (N,)
+        within = np.arange(int(sizes.sum())) - starts[sentence]  # step i of its sentence reads position i ...
+        reverse = starts[sentence] + sizes[sentence] - 1 - within  # ... forward, and S-1-i backward
+        device = self.inputs.device
+        slots = torch.from_numpy((first + within) % self.horizon).to(device)
+        row_of = torch.from_numpy(np.asarray(rows, np.int64)[sentence]).to(device)
+        embeddings = token_embeddings.to(self.inputs.dtype)  # (N, P)
+        self.inputs[slots, 0, row_of] = embeddings
+        self.inputs[slots, 1, row_of] = embeddings[torch.from_numpy(reverse).to(embeddings.device)]
+        started = torch.tensor(rows, device=device)
+        self.hidden[:, :, started] = 0  # a zero state: each sentence as if alone
+        self.cell[:, :, started] = 0
+        for row, start, size in zip(rows, starts.tolist(), sizes.tolist()):
+            self.busy[row] = (first, token_embeddings[start:start + size])
+            self.ends.setdefault(first + size - 1, []).append(row)
+        self.span = max(self.span, max(rows, default=-1) + 1)
+        return rows
+
+    @torch.no_grad()
+    def step(self) -> list[int]:
+        """One step of rows 0 .. span-1 through every layer, both directions; the rows whose
+        sentence took its last step (read them with `take`, which frees them)."""
+        slot, span, compute = self.step_number % self.horizon, self.span, self.compute_dtype
+        layer_input = self.inputs[slot, :, :span]  # (D, R', P)
+        for index, (layer, (input_products, recurrent_products, projections), bias) in enumerate(
+                zip(self.layers, self.products, self.bias)):
+            hidden = self.hidden[index, :, :span]  # (D, R', P): the last step's clipped projection
+            cell = self.cell[index, :, :span]  # (D, R', C)
+            product_input, product_hidden = layer_input.to(compute), hidden.to(compute)  # themselves unless mixed
+            for d in range(2):
+                gates = recurrent_products[d].add(input_products[d](product_input[d], bias[d]),
+                                                  product_hidden[d])  # (R', 4C)
+                if gates.dtype != cell.dtype:
+                    gates = gates.to(cell.dtype)
+                lstm_cell.cell_step(lstm_cell.activate_doubled_gates_(gates), cell[d], self.cell_clip,
+                                    cell_next=cell[d], cell_output=self.cell_output[d, :span],
+                                    tanh=lstm_cell.tanh_via_sigmoid)
+                hidden[d] = projections[d](self.cell_output[d, :span].to(compute))  # (R', P)
+            lstm_cell.clip_(hidden, self.proj_clip)
+            output = self.outputs[index, slot, :, :span]  # (D, R', P)
+            if index > 0:  # the residual from layer 2 on, as `lstm_cell.run_layers` adds it
+                torch.add(hidden, layer_input, out=output)
+            else:
+                output.copy_(hidden)
+            layer_input = output
+        ended = self.ends.pop(self.step_number, [])
+        self.step_number += 1
+        return ended
+
+    @torch.no_grad()
+    def take(self, rows: Sequence[int]) -> list[np.ndarray]:
+        """The layers (L+1, n, 2P) float32 of the sentences that ended in `rows`, boundaries
+        dropped (as `ElmoEmbedder.embed_many` gives them), read together; frees the rows."""
+        finished = [self.busy.pop(row) for row in rows]
+        lengths = np.array([len(token_embeddings) - 2 for _, token_embeddings in finished], np.int64)  # (k,)
+        sentence = np.repeat(np.arange(len(rows)), lengths)  # (T,) over all their tokens
+        position = np.arange(int(lengths.sum())) - (np.cumsum(lengths) - lengths)[sentence] + 1  # 1 .. n
+        first = np.array([first for first, _ in finished], np.int64)[sentence]
+        device = self.outputs.device
+        row_of = torch.from_numpy(np.asarray(rows, np.int64)[sentence]).to(device)
+        # step first+i read forward position i and backward position S-1-i (S = n + 2)
+        forward_slots = torch.from_numpy((first + position) % self.horizon).to(device)
+        backward_slots = torch.from_numpy((first + lengths[sentence] + 1 - position) % self.horizon).to(device)
+        dim = self.outputs.shape[-1]
+        layers = np.empty((len(self.layers) + 1, len(sentence), 2 * dim), np.float32)  # (L+1, T, 2P)
+        out = torch.from_numpy(layers)
+        tokens = torch.cat([token_embeddings[1:-1] for _, token_embeddings in finished])  # (T, P)
+        out[0, :, :dim] = tokens
+        out[0, :, dim:] = tokens
+        out[1:, :, :dim] = self.outputs[:, forward_slots, 0, row_of]  # (L, T, P)
+        out[1:, :, dim:] = self.outputs[:, backward_slots, 1, row_of]
+        for row in rows:
+            heapq.heappush(self.free, row)
+        self.span = max(self.busy, default=-1) + 1
+        return np.split(layers, np.cumsum(lengths)[:-1], axis=1)
+
+    def clear(self) -> list[int]:
+        """Drop every sentence (after a failed step); the rows that were busy."""
+        rows = list(self.busy)
+        self.busy.clear()
+        self.ends.clear()
+        self.free = list(range(self.rows))
+        self.span = 0
+        return rows

@@ -1,0 +1,210 @@
+"""The model's own process: it drives the recurrence (`elmokit.serve.recurrence`), taking
+requests from the server's process over a pipe and sending the answers back.
+
+Why a process and not a thread: the recurrence runs about sixty small torch operations a step,
+each of which gives up Python's lock and takes it back. In the server's process the event loop
+(HTTP parsing, JSON) wants that lock between every two of them, so the model and the event loop
+took turns instead of running on two cores at once (measured: the model thread spent a third of
+its time waiting for the lock at 64 clients; bench/results/serve.md). Here the model has a
+process, and a lock, of its own; the event loop only reads and writes a pipe.
+
+Messages, server -> model: ("job", id, sentences, enqueued, sentence_vectors) and ("stop",);
+model -> server: ("ready",) once loaded, then ("answers", [(id, results or None, error or None),
+...], stats), the results one array per sentence: its layers (L+1, n, 2P), or with
+`sentence_vectors` its vector (2P,) (the 3n times smaller message that /v1/embeddings needs), where
+stats has the sentences that joined at each step since the last message ("batches": (n_sentences,
+n_tokens, queue seconds per request started)), each answered request's time in the model
+("answer_seconds"), and the running totals "steps" and "row_steps".
+
+Before every step the loop moves sentences from the head of its queue, in arrival order, into
+the free rows (while the tokens in the recurrence stay within `max_batch_tokens`); a sentence that
+took its last step leaves, and a request whose sentences have all left is answered at once. When
+the recurrence is idle, the first request waits for company (until none has come for
+`max_wait_s`, at most `MAX_WAITS` x `max_wait_s` after it), so that a burst starts together.
+"""
+
+from __future__ import annotations
+
+import collections
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+
+import numpy as np
+import torch
+
+from elmokit.inference.embedder import ElmoEmbedder
+from elmokit.inference.files import shape_output
+from elmokit.serve.recurrence import Recurrence, token_layer
+
+MAX_WAITS = 10  # an idle recurrence waits for more requests at most this many times `max_wait_s`
+
+
+@dataclass(eq=False)
+class Job:
+    id: int
+    sentences: list[Sequence[str]]
+    enqueued: float  # time.perf_counter() in the server's process (the same clock on Linux and macOS)
+    sentence_vectors: bool  # answer each sentence's vector (2P,), not its layers (L+1, n, 2P)
+    admitted: int = 0  # sentences that have joined the recurrence
+    remaining: int = 0  # sentences not yet answered
+    results: list = field(default_factory=list)
+    started: float = 0.0  # when its first sentence joined
+
+    def __post_init__(self) -> None:
+        self.remaining = len(self.sentences)
+        self.results = [None] * len(self.sentences)
+
+
+def serve_model(connection: Connection, embedder: ElmoEmbedder, rows: int, max_positions: int,
+                max_batch_tokens: int, max_wait_s: float, threads: int) -> None:
+    """The model process's entry point (spawned by `elmokit.serve.batching.Batcher.launch`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's process decides when to stop (it drains first)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    torch.set_num_threads(threads)
+    loop = ModelLoop(connection, Recurrence(embedder.bilm, rows, max_positions),
+                     lambda sentences: token_layer(embedder, sentences), max_batch_tokens, max_wait_s)
+    connection.send(("ready",))
+    try:
+        loop.run()
+    except (EOFError, BrokenPipeError, ConnectionResetError):  # the server's process has gone
+        pass
+
+
+def sentence_vector(layers: np.ndarray) -> np.ndarray:
+    """(L+1, n, 2P) -> (2P,): the mean over tokens of the equal-weight average of the layers, as
+    `elmo embed --average --sentence-vectors` stores it (TF-Hub's `default`)."""
+    return shape_output(layers, "average", sentence_vectors=True)
+
+
+class ModelLoop:
+    def __init__(self, connection: Connection, recurrence: Recurrence, token_layer, max_batch_tokens: int,
+                 max_wait_s: float):
+        self.connection = connection
+        self.recurrence = recurrence
+        self.token_layer = token_layer
+        self.max_batch_tokens = max_batch_tokens
+        self.max_wait_s = max_wait_s
+        self.queue: collections.deque[Job] = collections.deque()  # jobs with sentences still to start
+        self.queued_tokens = 0
+        self.live_tokens = 0  # tokens in the recurrence
+        self.rows: dict[int, tuple[Job, int]] = {}  # row -> (job, sentence index)
+        self.stopping = False
+        self.answers: list[tuple] = []  # to send after this step
+        self.batches: list[tuple] = []
+        self.answer_seconds: list[float] = []
+        self.steps = self.row_steps = 0
+
+    def run(self) -> None:
+        while not (self.stopping and not self.queue and not self.rows):
+            if not self.queue and not self.rows:
+                self._receive(None)  # idle: block until a message
+                continue
+            self._receive(0)  # whatever has arrived joins at this step
+            if not self.rows:
+                self._wait_for_more()
+            starting = self._take_sentences()
+            if starting:
+                self._admit(starting)
+            if self.rows:
+                self._step()
+            self._send()
+
+    def _receive(self, timeout: float | None) -> None:
+        """Read the messages waiting (after up to `timeout` seconds for the first; None: forever)."""
+        while self.connection.poll(timeout):
+            message = self.connection.recv()
+            if message[0] == "job":
+                _, job_id, sentences, enqueued, sentence_vectors = message
+                self.queue.append(Job(job_id, sentences, enqueued, sentence_vectors))
+                self.queued_tokens += sum(map(len, sentences))
+            else:  # "stop": finish what is queued, then return
+                self.stopping = True
+            timeout = 0
+
+    def _wait_for_more(self) -> None:
+        """(The recurrence idle.) Until the queue holds `max_batch_tokens`, or no job has come
+        for `max_wait_s`, or `MAX_WAITS` x `max_wait_s` have passed since the first: a burst of
+        requests starts together, a lone request waits `max_wait_s` only."""
+        deadline = self.queue[0].enqueued + MAX_WAITS * self.max_wait_s
+        while self.queued_tokens < self.max_batch_tokens and not self.stopping:
+            remaining = min(self.queue[-1].enqueued + self.max_wait_s, deadline) - time.perf_counter()
+            if remaining <= 0 or not self.connection.poll(remaining):
+                return
+            self._receive(0)
+
+    def _take_sentences(self) -> list[tuple[Job, int]]:
+        """The next sentences in arrival order, as many as there are free rows and room within
+        `max_batch_tokens` (at least one when the recurrence is empty)."""
+        starting = []
+        free_rows = self.recurrence.rows - len(self.rows)
+        tokens = self.live_tokens
+        while self.queue and len(starting) < free_rows:
+            job = self.queue[0]
+            n_tokens = len(job.sentences[job.admitted])
+            if tokens + n_tokens > self.max_batch_tokens and (tokens or starting):
+                break
+            starting.append((job, job.admitted))
+            tokens += n_tokens
+            self.queued_tokens -= n_tokens
+            job.admitted += 1
+            if job.admitted == len(job.sentences):
+                self.queue.popleft()
+        return starting
+
+    def _admit(self, starting: list[tuple[Job, int]]) -> None:
+        now = time.perf_counter()
+        sentences = [job.sentences[index] for job, index in starting]
+        sizes = [len(sentence) + 2 for sentence in sentences]
+        try:
+            token_layers = self.token_layer(sentences)  # (N, P), boundaries included
+        except Exception as error:  # noqa: BLE001 - handed to each request, which answers it
+            self._fail({job for job, _ in starting}, error)
+            return
+        queue_seconds = []
+        for (job, index), row in zip(starting, self.recurrence.admit(token_layers, sizes)):
+            if index == 0:
+                job.started = now
+                queue_seconds.append(now - job.enqueued)
+            self.rows[row] = (job, index)
+            self.live_tokens += len(job.sentences[index])
+        self.batches.append((len(sentences), sum(sizes) - 2 * len(sizes), queue_seconds))
+
+    def _step(self) -> None:
+        self.steps += 1
+        self.row_steps += len(self.rows)
+        try:
+            ended = self.recurrence.step()
+            for row, layers in zip(ended, self.recurrence.take(ended) if ended else []):  # (L+1, n, 2P) each
+                job, index = self.rows.pop(row)
+                self.live_tokens -= len(job.sentences[index])
+                job.results[index] = sentence_vector(layers) if job.sentence_vectors else layers
+                job.remaining -= 1
+                if job.remaining == 0:
+                    self.answer_seconds.append(time.perf_counter() - job.started)
+                    self.answers.append((job.id, job.results, None))
+        except Exception as error:  # noqa: BLE001 - handed to each request in the recurrence
+            jobs = {job for job, _ in self.rows.values()}
+            self.rows.clear()
+            self.live_tokens = 0
+            self.recurrence.clear()
+            self._fail(jobs, error)
+
+    def _fail(self, jobs: set[Job], error: Exception) -> None:
+        """Answer `jobs` with `error`; the rest of their sentences do not start."""
+        for job in jobs:
+            if job in self.queue:
+                self.queue.remove(job)
+                self.queued_tokens -= sum(map(len, job.sentences[job.admitted:]))
+            self.answers.append((job.id, None, f"{type(error).__name__}: {error}"))
+
+    def _send(self) -> None:
+        """One message a step with what was answered (none when nothing was)."""
+        if not self.answers:
+            return
+        stats = {"batches": self.batches, "answer_seconds": self.answer_seconds, "steps": self.steps,
+                 "row_steps": self.row_steps}
+        self.connection.send(("answers", self.answers, stats))
+        self.answers, self.batches, self.answer_seconds = [], [], []
