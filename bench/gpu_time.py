@@ -57,8 +57,9 @@ def measured_rows(page: Path) -> list[tuple[str, str, str, float]] | None:
 def section() -> str:
     parts = flops_a_token()
     total = sum(parts.values())
-    lines = [BEGIN, "", "**Measured** (`bench/results/train-cuda.md`, written by `bench/train.py --device cuda`; its "
-             "softmax is the full one over its corpus's vocabulary, about the work of the recipe's 8,192 negatives):", ""]
+    lines = [BEGIN, "", "**Measured** (`bench/results/train-cuda.md`, written by `bench/train.py --device cuda`; "
+             "its softmax is the full one over its corpus's vocabulary, about the work of the recipe's 8,192 "
+             "negatives):", ""]
     rows = measured_rows(PAGE)
     if rows is None:
         lines.append("Not measured yet: no GPU has run `bash scripts/gpu_check.sh`.")

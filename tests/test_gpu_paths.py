@@ -211,7 +211,8 @@ def test_the_training_graph_wrapper_captures_each_layer_once_a_shape(monkeypatch
         return function
 
     monkeypatch.setattr(torch.cuda, "make_graphed_callables", make_graphed_callables)
-    monkeypatch.setattr(training_graphs, "should_capture", lambda inputs: torch.is_grad_enabled() and inputs.requires_grad)
+    monkeypatch.setattr(training_graphs, "should_capture",
+                        lambda inputs: torch.is_grad_enabled() and inputs.requires_grad)
     lstm = make_model(clip=3.0).bilm.lstm
     inputs = torch.randn(2, 3, 5, 6, requires_grad=True)
     options = RecurrenceOptions(batched=True, cuda_graph=True)

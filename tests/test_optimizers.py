@@ -125,8 +125,8 @@ def test_every_training_step_builds_and_steps_off_the_cpu(optimizer, options, re
 def test_no_cpu_only_call_on_a_path_that_runs_on_cuda():
     """The kinds of call that run on the CPU only, or pin a choice to it, appear in the package
     only where the device is checked first: oneDNN's private ops in elmokit.kernels (behind
-    `x.device.type == "cpu"`, its float32 check's autocast too), no other hard-coded autocast device, no fused optimizer asked for
-    unconditionally, generators made on the device of the tensors they shuffle (or on purpose on
+    `x.device.type == "cpu"`, its float32 check's autocast too), no other hard-coded autocast
+    device, no fused optimizer asked for unconditionally, generators made on the device of the tensors they shuffle (or on purpose on
     the CPU, as the sampler and the probes' split), memory pinned only by LMBatch.pin_memory."""
     import re
     from pathlib import Path

@@ -95,9 +95,10 @@ def stream_layer(layer: BiLstmLayer, inputs: torch.Tensor, layout: StreamLayout,
     the elementwise work is done in place.
 
     The products: on the CPU each direction's through `elmokit.kernels.PackedLinear` (oneDNN,
-    `DirectionStreamProducts`); elsewhere both directions in one batched product (`BatchedStreamProducts`,
-    or with `batched=True` on the CPU too), and on a CUDA GPU each block of steps replayed from a
-    CUDA graph captured once (`GraphedBlocks`; `ELMOKIT_CUDA_GRAPHS=0` turns it off). All three
+    `DirectionStreamProducts`); elsewhere both directions in one batched product
+    (`BatchedStreamProducts`, or with `batched=True` on the CPU too), and on a CUDA GPU each block
+    of steps replayed from a CUDA graph captured once (`GraphedBlocks`; `ELMOKIT_CUDA_GRAPHS=0`
+    turns it off). All three
     run the same `run_block`, so they give the same numbers up to the order of a product's sums.
 
     Weights in a reduced precision (`BiLM.to(torch.bfloat16)`) with float32 inputs: the
@@ -231,19 +232,22 @@ class BatchedStreamProducts(NamedTuple):
             output.copy_(torch.bmm(state.cell_output.to(self.dtype), self.projection))
 
 
-def layer_products(layer: BiLstmLayer, rows: int, batched: bool) -> DirectionStreamProducts | BatchedStreamProducts:
+def layer_products(layer: BiLstmLayer, rows: int, batched: bool
+                   ) -> DirectionStreamProducts | BatchedStreamProducts:
     """The layer's products for `rows` rows, made once and kept with the layer until a weight
-    changes (the reordered or transposed copies do not follow the weights)."""
+    changes (the reordered or transposed copies do not follow the weights; the batched ones, with
+    their CUDA graphs, serve every row count)."""
     weights = (layer.input_weight, layer.recurrent_weight, layer.projection, layer.bias)  # a graph reads the bias
-    key = (batched, rows, *((weight.data_ptr(), weight._version, weight.dtype) for weight in weights))
+    key = (batched, None if batched else rows,  # the batched copies serve every row count (oneDNN's are tuned)
+           *((weight.data_ptr(), weight._version, weight.dtype) for weight in weights))
     cache = layer.__dict__.get(PACKED_KEY)
     if cache is None or cache[0] != key:
         doubled = candidate_doubled(layer)[:, None]  # (4C, 1)
         dtype = layer.input_weight.dtype
         if batched:
             products = BatchedStreamProducts((layer.input_weight * doubled).mT.contiguous(),
-                                       (layer.recurrent_weight * doubled).mT.contiguous(),
-                                       layer.projection.mT.contiguous(), dtype, {})
+                                             (layer.recurrent_weight * doubled).mT.contiguous(),
+                                             layer.projection.mT.contiguous(), dtype, {})
         else:
             products = DirectionStreamProducts(*packed_products(layer, rows), dtype)
         layer.__dict__[PACKED_KEY] = cache = (key, products)
