@@ -115,9 +115,10 @@ def _serve(args: argparse.Namespace, limits, listener: socket.socket) -> int:
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    embedder = ElmoEmbedder(module=model_from_args(args), device=device_from_args(args), dtype=args.dtype)
     model_name = args.model or args.options_file or "gutenberg-en"
-    service = Service(embedder, model_name, limits, make_tokenizer(True), "moses", args.api_key, args.rows)
+    service = Service(ElmoEmbedder(module=model_from_args(args), device=device_from_args(args), dtype=args.dtype),
+                      model_name, limits, make_tokenizer(True), "moses", args.api_key, args.rows)  # no other reference:
+    # the embedder leaves this process for the model's (elmokit.serve.worker) once that has loaded it
     config = uvicorn.Config(build_app(service), log_level="warning", access_log=False, lifespan="on",
                             timeout_graceful_shutdown=None)
     server = uvicorn.Server(config)

@@ -69,12 +69,12 @@ def error_response(status: int, message: str, kind: str = "invalid_request_error
 
 
 class Service:
-    """What the routes share: the embedder, the batcher (driving `rows` rows of the recurrence),
-    the limits, the metrics."""
+    """What the routes share: the batcher (and through it the model's process, `rows` rows of the
+    recurrence), the limits, the metrics. The embedder goes to the model's process; this process
+    keeps none of it (the model is not held twice)."""
 
     def __init__(self, embedder: ElmoEmbedder, model_name: str, limits: Limits, tokenize: Tokenizer,
                  tokenizer_name: str, api_key: str | None, rows: int = 64):
-        self.embedder = embedder
         self.model_name = model_name
         self.limits = limits
         self.tokenize = tokenize
@@ -86,18 +86,18 @@ class Service:
                                limits.max_wait_ms / 1000, limits.max_queue_tokens, self.metrics.record_batch,
                                self.metrics.inference_seconds.observe)
         self.metrics.watch(self.batcher)
-        self.info = self._info()  # what GET /info and the page's starting text say never changes: built once
+        self.info = self._info(embedder)  # what GET /info and the page's starting text say never changes: built once
         self.examples = examples()
 
-    def _info(self) -> dict:
-        config = self.embedder.bilm.config
+    def _info(self, embedder: ElmoEmbedder) -> dict:
+        config = embedder.bilm.config
         return {
             "model": self.model_name, "version": __version__,
-            "shape": {"layers": self.n_layers, "dim": self.embedder.output_dim,
+            "shape": {"layers": self.n_layers, "dim": embedder.output_dim,
                       "lstm_layers": config.lstm.n_layers, "cell_dim": config.lstm.cell_dim,
                       "projection_dim": config.lstm.projection_dim,
-                      "parameters": sum(p.numel() for p in self.embedder.bilm.parameters())},
-            "device": str(self.embedder.device), "dtype": str(next(self.embedder.bilm.parameters()).dtype),
+                      "parameters": sum(p.numel() for p in embedder.bilm.parameters())},
+            "device": str(embedder.device), "dtype": str(next(embedder.bilm.parameters()).dtype),
             "tokenizer": self.tokenizer_name, "limits": dataclasses.asdict(self.limits),
             "rows": self.batcher.rows,
             "api_key_required": self.api_key is not None}

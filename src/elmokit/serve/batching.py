@@ -76,6 +76,7 @@ class Batcher:
                                         args=(theirs, self.embedder, *self.settings, torch.get_num_threads()))
         self._process.start()
         theirs.close()
+        self.embedder = None  # the model's process has its copy
         if not self._connection.poll(START_TIMEOUT):
             self._process.kill()
             raise ModelFailed(f"the model's process did not start in {START_TIMEOUT} s")
