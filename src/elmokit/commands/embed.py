@@ -67,8 +67,8 @@ bfloat16 runs the biLM's products in bfloat16 (the LSTM state and the outputs st
 faster on a CPU with AVX512-BF16 and on GPUs, not exact (speed and error per layer:
 bench/results/embed.md).
 
-Memory stays flat however long INPUT is (0.67 GB at 1M tokens, 0.70 GB at 2M with the built-in
-model): on glibc, blocks above 256 kB get their own mappings, returned when freed. That costs
+Memory stays bounded however long INPUT is (the peak at 1M and 2M tokens, and within a run by
+quarter of its time: bench/results/embed_memory.md): on glibc, blocks above 256 kB get their own mappings, returned when freed. That costs
 some speed in page faults; MALLOC_MMAP_THRESHOLD_=33554432 in the environment trades it back for
 memory that grows with the input. oneDNN's caches of compiled products are bounded too: when the
 first product runs, ONEDNN_PRIMITIVE_CACHE_CAPACITY and LRU_CACHE_CAPACITY are set to 64 in the
