@@ -14,9 +14,9 @@ sentence waits for the whole batch.
 Each sentence starts from a zero state, so its vectors are those it gets alone (stateless):
 `ElmoEmbedder.embed_many`'s numbers to float32 rounding (the input and recurrent products are one
 product here, two in the engine). The formulas are `elmokit.model.cell`'s (the cell, the
-residual from layer 2 on); the products are oneDNN's, as the engine's (`gate_products`, and the
-engine's `packed_products` for the projection; the candidate's rows doubled so one sigmoid covers
-the four gates). Weights in bfloat16 run their products in bfloat16, the state and outputs in
+residual from layer 2 on); the products are oneDNN's with the weights reordered once
+(`elmokit.kernels.PackedLinear`, as the engine's; the candidate's rows doubled, `candidate_doubled`,
+so that one sigmoid covers the four gates). Weights in bfloat16 run their products in bfloat16, the state and outputs in
 float32, as in the engine.
 
 A sentence of S positions (its tokens and the two boundaries) admitted at step t runs steps
@@ -38,7 +38,7 @@ import torch
 
 from elmokit.inference.elmo import boundary_rows
 from elmokit.inference.embedder import ElmoEmbedder
-from elmokit.inference.engine import candidate_doubled, packed_products
+from elmokit.inference.engine import candidate_doubled
 from elmokit.kernels import PackedLinear
 from elmokit.model import cell as lstm_cell
 from elmokit.model.bilm import BiLM
@@ -85,7 +85,8 @@ class Recurrence:
         device, dim, cell_dim, n_layers = weight.device, bilm.config.lstm.projection_dim, \
             bilm.config.lstm.cell_dim, len(self.layers)
         self.gate_products = [gate_products(layer, rows) for layer in self.layers]  # L x D
-        self.projections = [packed_products(layer, rows)[2] for layer in self.layers]  # L x D, the engine's
+        self.projections = [[PackedLinear(layer.projection[d].detach(), rows) for d in range(2)]
+                            for layer in self.layers]  # L x D
         self.bias = [(layer.gate_bias().to(dtype) * candidate_doubled(layer).to(dtype)).squeeze(1)
                      .to(self.compute_dtype) for layer in self.layers]  # L x (D, 4C): (i, f, o, 2j)
         self.inputs = torch.zeros(self.horizon, 2, rows, dim, device=device, dtype=dtype)  # (H, D, R, P)
