@@ -5,6 +5,7 @@ onnxruntime's largest difference from elmokit on every batch it ran.
 
     .venv/bin/python bench/onnx.py                       # -> bench/results/onnx.md (and onnx.json)
     .venv/bin/python bench/onnx.py --shapes builtin --limit 64 --output /tmp/o.md
+    .venv/bin/python bench/onnx.py --from-json bench/results/onnx.json    # the page again from the record
 
 Engines, each on the same batches of consecutive sentences of UD English EWT dev:
     onnxruntime       the exported graph (`elmo convert --to-onnx`), `onnx_session(threads=N)`
@@ -182,8 +183,9 @@ def write_report(output: Path, record: dict) -> None:
     threads = record["threads"]
     lines = [
         "# ONNX export benchmark (`bench/onnx.py`)", "",
-        f"Run of {record['started']} on {record['machine']}; onnxruntime {record['onnxruntime']} (CPU execution "
-        f"provider, intra-op threads as the table says, spinning off). "
+        f"Run of {record['started']} on {record['machine']}; torch's threads and onnxruntime's intra-op threads "
+        f"{' and '.join(map(str, record['threads']))} (the table's column); onnxruntime {record['onnxruntime']} "
+        "(CPU execution provider, spinning off). "
         f"Data: UD English EWT dev, the first sentences in order, in consecutive batches: "
         + "; ".join(f"`{shape['shape']}` {shape['sentences']} sentences ({shape['tokens']:,} tokens), at batch 1 the "
                     f"first {shape['limit_batch1']}" for shape in record["shapes"])
@@ -262,12 +264,18 @@ def main() -> None:
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "onnx.md")
+    parser.add_argument("--from-json", type=Path, help="write the page from a recorded run (its onnx.json), running nothing")
     args = parser.parse_args()
+    if args.from_json:
+        write_report(args.output, json.loads(args.from_json.read_text(encoding="utf-8")))
+        print(f"wrote {args.output}")
+        return
     import onnxruntime
 
     embed_bench = _embed_bench()
     sentences = embed_bench.read_conllu_forms(embed_bench.UD_DEV)[:args.limit]
-    record = {"started": time.strftime("%Y-%m-%d %H:%M"), "machine": embed_bench.machine("cpu", max(args.threads)),
+    machine = embed_bench.machine("cpu", max(args.threads)).replace(f", {max(args.threads)} threads", "")
+    record = {"started": time.strftime("%Y-%m-%d %H:%M"), "machine": machine,
               "onnxruntime": onnxruntime.__version__, "threads": args.threads, "sentences": len(sentences),
               "tokens": sum(map(len, sentences)), "limit_batch1": args.limit_batch1, "repeats": args.repeats,
               "batch_sizes": args.batch_sizes, "load_before": embed_bench.busy_processes()}
