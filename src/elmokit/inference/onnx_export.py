@@ -248,8 +248,10 @@ def _metadata(bilm: BiLM, mix_parameters: Sequence[float] | None, mix_gamma: flo
 
 @contextlib.contextmanager
 def _quiet_export() -> Iterator[None]:
-    """torch.onnx's progress lines and warnings (torchvision absent, prototype scan) kept out of
-    the user's output, and the plain products (`ELMOKIT_KERNELS=torch`) traced, not oneDNN's."""
+    """torch.onnx's log lines and warnings (torchvision absent, prototype scan) kept out of the
+    user's output, and the plain products (`ELMOKIT_KERNELS=torch`, set in os.environ for the
+    export's duration: another thread's products take the plain path meanwhile) traced, not
+    oneDNN's private ops, which ONNX has no translation for."""
     loggers = [logging.getLogger(name) for name in ("torch.onnx", "torch.export", "torch._dynamo", "torch._export")]
     levels = [logger.level for logger in loggers]
     previous = os.environ.get(KERNELS_VARIABLE)
@@ -257,7 +259,7 @@ def _quiet_export() -> Iterator[None]:
     try:
         for logger in loggers:
             logger.setLevel(logging.ERROR)
-        with warnings.catch_warnings(), contextlib.redirect_stdout(None):
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
