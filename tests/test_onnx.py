@@ -189,8 +189,9 @@ def test_a_changed_gate_order_is_refused_and_nothing_is_written(tiny_model, tmp_
             return original_layer(*args)
 
     monkeypatch.setattr(onnx_export, "scan_layer", traced_with_swapped_gates)
-    with pytest.raises(onnx_export.OnnxMismatchError, match="differs from elmokit's"):
+    with pytest.raises(onnx_export.OnnxMismatchError, match="differs from elmokit's") as caught:
         onnx_export.export_onnx(tiny_model, path)
+    assert str(caught.value).startswith(f"{path} (not written): ")
     assert path.read_bytes() == written and sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
 
 

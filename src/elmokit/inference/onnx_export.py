@@ -223,7 +223,7 @@ def export_onnx(bilm: BiLM, path: str | Path, *, mix_parameters: Sequence[float]
         import onnx
 
         onnx.checker.check_model(str(tmp), full_check=True)
-        difference = check_onnx(tmp, module, tolerance=tolerance)
+        difference = check_onnx(tmp, module, tolerance=tolerance, label=f"{path} (not written)")
         size = tmp.stat().st_size
     return {"max_abs_diff": difference, "outputs": [value.name for value in program.model.graph.outputs],
             "bytes": size}
@@ -297,13 +297,14 @@ def onnx_session(path: str | Path, threads: int = 2, spinning: bool = False):
 
 
 def check_onnx(path: str | Path, bilm: BiLM | ExportableBiLM, sentences: Sequence[Sequence[str]] = CHECK_SENTENCES,
-               tolerance: float = TOLERANCE, session: Any = None) -> float:
+               tolerance: float = TOLERANCE, session: Any = None, label: str | None = None) -> float:
     """Run the graph in onnxruntime on `sentences` (as one batch, and each alone) and compare with
     elmokit's `ElmoEmbedder` path (`run_bilm`, stateless) on the same model: returns the largest
     difference of any value; raises `OnnxMismatchError` past `tolerance`, or if a mask differs.
 
     `bilm` is the biLM the file was exported from, or its `ExportableBiLM` (then the mix, if any,
-    is checked too)."""
+    is checked too). `label` names the file in the errors (default: `path`)."""
+    label = label or str(path)
     module = bilm if isinstance(bilm, ExportableBiLM) else ExportableBiLM(bilm)
     session = session or onnx_session(path)
     batches = [[list(s) for s in sentences], *([list(s)] for s in sentences)]
@@ -312,19 +313,19 @@ def check_onnx(path: str | Path, bilm: BiLM | ExportableBiLM, sentences: Sequenc
         expected = elmokit_outputs(module, batch)
         got = session.run(None, {INPUT_NAME: module.bilm.batch_ids(batch).numpy()})
         if len(got) != len(expected):
-            raise OnnxMismatchError(f"{path}: the graph has {len(got)} outputs, elmokit's export {len(expected)}")
+            raise OnnxMismatchError(f"{label}: the graph has {len(got)} outputs, elmokit's export {len(expected)}")
         for name, want, have in zip(OUTPUT_NAMES, expected, got):
             if want.shape != have.shape:
-                raise OnnxMismatchError(f"{path}: output {name!r} of a batch of {len(batch)}: shape {have.shape}, "
+                raise OnnxMismatchError(f"{label}: output {name!r} of a batch of {len(batch)}: shape {have.shape}, "
                                         f"elmokit's {want.shape}")
             if name == "mask":
                 if not np.array_equal(want, have):
-                    raise OnnxMismatchError(f"{path}: the mask of a batch of {len(batch)} differs from elmokit's")
+                    raise OnnxMismatchError(f"{label}: the mask of a batch of {len(batch)} differs from elmokit's")
                 continue
             difference = float(np.abs(want - have).max()) if want.size else 0.0
             if not difference <= tolerance:  # NaN too
                 raise OnnxMismatchError(
-                    f"{path}: onnxruntime's {name!r} differs from elmokit's by {difference:.3g} (> {tolerance:g}) "
+                    f"{label}: onnxruntime's {name!r} differs from elmokit's by {difference:.3g} (> {tolerance:g}) "
                     f"on a batch of {len(batch)} sentences of {[len(s) for s in batch]} tokens")
             worst = max(worst, difference)
     return worst
