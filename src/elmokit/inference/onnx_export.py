@@ -293,6 +293,7 @@ def onnx_session(path: str | Path, threads: int = 2, spinning: bool = False):
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    options.log_severity_level = 3  # errors only: not its notes on the graph (an initializer it found unused)
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
