@@ -34,7 +34,8 @@ SITE_MAP = """## This site
 * [Command line](cli.md): the `--help` of every `elmo` command.
 * [File formats](formats.md): the native and the original model files, and how bilm-tf and AllenNLP read every key.
 * [Migrating](migrating.md) from AllenNLP, bilm-tf and TF-Hub.
-* [Tasks](tasks.md): train, evaluate and use task models; [Serving](serve.md): `elmo serve`, ELMo over HTTP.
+* [Tasks](tasks.md): train, evaluate and use task models; [Serving](serve.md): `elmo serve`, ELMo over HTTP;
+  [Deployment](deployment.md): ELMo outside Python, one ONNX graph for onnxruntime.
 * [Training](training.md) a biLM on your own corpus, and [task results](results.md).
 """
 

@@ -10,6 +10,7 @@ rest is imported only where it is used, after `require` has checked it is there:
 | `prepare` | sacremoses, sentencex | `elmo prepare`, Moses tokenization (`--tokenize`) |
 | `zh` | jieba, sentencex | `elmo prepare --lang zh`: Chinese word segmentation |
 | `serve` | starlette, uvicorn, httptools, prometheus_client, orjson, sacremoses | `elmo serve`: the HTTP service and its page |
+| `onnx` | onnx, onnxruntime, onnxscript | `elmo convert --to-onnx`: the biLM as one ONNX graph (onnxscript: torch's exporter) |
 | `all` | all of the above | |
 """
 
@@ -22,6 +23,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "prepare": ("sacremoses", "sentencex"),
     "zh": ("jieba", "sentencex"),
     "serve": ("starlette", "uvicorn", "httptools", "prometheus_client", "orjson", "sacremoses"),
+    "onnx": ("onnx", "onnxruntime", "onnxscript"),
 }
 """The packages of each optional extra (import names, the same as their pip names)."""
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib
 import json
 import logging
 import os
@@ -48,7 +47,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from elmokit.extras import MissingExtraError
+from elmokit.extras import EXTRAS, require
 from elmokit.inference.elmo import run_bilm, token_layers
 from elmokit.io import atomic_path
 from elmokit.kernels import KERNELS_VARIABLE, linear
@@ -72,7 +71,7 @@ CHECK_SENTENCES = (  # the check on writing: mixed lengths, an empty sentence (a
 _TRACE_SENTENCES = (("one", "two", "three"), ("four", "five"), ())  # the example input: B and T above 1
 
 
-ONNX_PACKAGES = ("onnx", "onnxruntime", "onnxscript")  # the `[onnx]` extra (onnxscript: torch's exporter)
+ONNX_PACKAGES = EXTRAS["onnx"]  # onnxscript: torch's exporter
 
 
 class OnnxMismatchError(ValueError):
@@ -80,13 +79,8 @@ class OnnxMismatchError(ValueError):
 
 
 def require_onnx(purpose: str, packages: tuple[str, ...] = ONNX_PACKAGES) -> None:
-    """MissingExtraError naming the `[onnx]` extra unless `packages` import (as `extras.require`)."""
-    for package in packages:
-        try:
-            importlib.import_module(package)
-        except ImportError as error:
-            raise MissingExtraError(f"{purpose} needs {' and '.join(packages)}: pip install 'elmokit[onnx]'",
-                                    name=package) from error
+    """MissingExtraError naming the `[onnx]` extra unless `packages` import (`extras.require`)."""
+    require("onnx", purpose, packages)
 
 
 # ---------------------------------------------------------------------------------------------
