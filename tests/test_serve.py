@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import random
 import signal
 import socket
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -276,6 +278,28 @@ def test_metrics_count_requests_tokens_batches_and_latency(server):
                  "elmo_recurrence_steps", "elmo_recurrence_busy_row_steps",
                  'elmo_requests_total{route="/v1/embeddings",status="422"}'):
         assert name in text
+
+
+def test_a_dead_model_process_gets_503_not_a_hang(model):
+    """The model runs in a process of its own: should it die, requests get 503 and /health says so."""
+    served = Server(model)
+    try:
+        assert served.call("POST", "/v1/embeddings", {"input": "hi"})[0] == 200
+        children = [int(pid) for task in Path(f"/proc/{served.process.pid}/task").iterdir()
+                    for pid in (task / "children").read_text().split()]
+        model_process = [pid for pid in children if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(model_process) == 1  # (the other child is multiprocessing's resource tracker)
+        os.kill(model_process[0], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while served.call("GET", "/health")[0] == 200:
+            assert time.monotonic() < deadline, "/health never noticed"
+            time.sleep(0.05)
+        status, answer, _ = served.call("GET", "/health")
+        assert status == 503 and "model's process has stopped" in answer["error"]["message"]
+        status, answer, _ = served.call("POST", "/v1/embeddings", {"input": "hi"})
+        assert status == 503 and answer["error"]["type"] == "unavailable"
+    finally:
+        assert served.stop() == 0
 
 
 # ---------------------------------------------------------------------------------------------

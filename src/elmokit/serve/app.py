@@ -207,6 +207,9 @@ async def explore_examples(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
+    """200 while the model's process runs; 503 once it has stopped (a supervisor should restart)."""
+    if not request.app.state.service.batcher.alive:
+        return error_response(503, "the model's process has stopped: restart elmo serve", "unavailable")
     return JSONResponse({"status": "ok"})
 
 

@@ -87,6 +87,11 @@ class Batcher:
             raise ModelFailed(f"the model's process exited while loading (exit code {self._process.exitcode})"
                               ) from None
 
+    @property
+    def alive(self) -> bool:
+        """Whether the model's process runs and its pipe is open."""
+        return self._process is not None and self._process.is_alive() and not self._connection.closed
+
     def start(self) -> None:
         asyncio.get_running_loop().add_reader(self._connection.fileno(), self._read)
 
@@ -114,8 +119,8 @@ class Batcher:
         if self.queue and self.queued_tokens + n_tokens > self.max_queue_tokens:
             raise QueueFull(f"the queue holds {self.queued_tokens} tokens, its limit is {self.max_queue_tokens} "
                             f"(--max-queue-tokens): try again shortly")
-        if self._connection.closed or not self._process.is_alive():
-            raise ModelFailed("the model's process has stopped")
+        if not self.alive:
+            raise ModelFailed("the model's process has stopped: restart elmo serve")
         job_id = next(self._ids)
         future = asyncio.get_running_loop().create_future()
         self._connection.send(("job", job_id, [list(sentence) for sentence in sentences], time.perf_counter(),
