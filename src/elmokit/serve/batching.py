@@ -113,7 +113,7 @@ class Batcher:
 
     async def submit(self, sentences: list[Sequence[str]], sentence_vectors: bool = False) -> list[np.ndarray]:
         """Embed `sentences` (token lists): one float32 array (L+1, n_i, 2P) per sentence, or with
-        `sentence_vectors` its vector (2P,) (`elmokit.serve.worker.sentence_vector`). QueueFull
+        `sentence_vectors` its vector (2P,) (`elmokit.serve.recurrence.Recurrence.take`). QueueFull
         when the queue has no room for them."""
         n_tokens = sum(map(len, sentences))
         if self.queue and self.queued_tokens + n_tokens > self.max_queue_tokens:

@@ -166,10 +166,15 @@ class Recurrence:
         return ended
 
     @torch.no_grad()
-    def take(self, rows: Sequence[int]) -> list[np.ndarray]:
-        """The layers (L+1, n, 2P) float32 of the sentences that ended in `rows`, boundaries
-        dropped (as `ElmoEmbedder.embed_many` gives them), read together; frees the rows."""
+    def take(self, rows: Sequence[int], sentence_vectors: bool = False) -> list[np.ndarray]:
+        """What the sentences that ended in `rows` gave, read together (the rows are freed): each
+        one's layers (L+1, n, 2P) float32, boundaries dropped (as `ElmoEmbedder.embed_many` gives
+        them), or with `sentence_vectors` its vector (2P,): the mean over its tokens of the
+        equal-weight average of the layers (TF-Hub's `default`; zeros for no token)."""
         finished = [self.busy.pop(row) for row in rows]
+        for row in rows:
+            heapq.heappush(self.free, row)
+        self.span = max(self.busy, default=-1) + 1
         lengths = np.array([len(token_embeddings) - 2 for _, token_embeddings in finished], np.int64)  # (k,)
         sentence = np.repeat(np.arange(len(rows)), lengths)  # (T,) over all their tokens
         position = np.arange(int(lengths.sum())) - (np.cumsum(lengths) - lengths)[sentence] + 1  # 1 .. n
@@ -180,17 +185,21 @@ class Recurrence:
         backward = ((first + lengths[sentence] + 1 - position) % self.horizon * 2 + 1) * self.rows + row_of
         places = torch.from_numpy(np.concatenate([forward, backward])).to(self.outputs.device)
         read = self.outputs.view(len(self.layers), -1, self.outputs.shape[-1]).index_select(1, places)  # (L, 2T, P)
+        tokens = torch.cat([token_embeddings[1:-1] for _, token_embeddings in finished]).to(read.dtype)  # (T, P)
         n_tokens, dim = len(sentence), self.outputs.shape[-1]
+        if sentence_vectors:
+            summed = (torch.cat([tokens, tokens], dim=-1)
+                      + torch.cat([read[:, :n_tokens], read[:, n_tokens:]], dim=-1).sum(dim=0))  # (T, 2P) over layers
+            totals = summed.new_zeros(len(rows), 2 * dim).index_add_(0, torch.from_numpy(sentence).to(summed.device),
+                                                                     summed)  # (k, 2P)
+            counts = torch.from_numpy(np.maximum(lengths, 1) * (len(self.layers) + 1)).to(totals)
+            return list((totals / counts[:, None]).float().cpu().numpy())
         layers = np.empty((len(self.layers) + 1, n_tokens, 2 * dim), np.float32)  # (L+1, T, 2P)
         out = torch.from_numpy(layers)
-        tokens = torch.cat([token_embeddings[1:-1] for _, token_embeddings in finished])  # (T, P)
         out[0, :, :dim] = tokens
         out[0, :, dim:] = tokens
         out[1:, :, :dim] = read[:, :n_tokens]
         out[1:, :, dim:] = read[:, n_tokens:]
-        for row in rows:
-            heapq.heappush(self.free, row)
-        self.span = max(self.busy, default=-1) + 1
         return np.split(layers, np.cumsum(lengths)[:-1], axis=1)
 
     def clear(self) -> list[int]:

@@ -11,7 +11,8 @@ process, and a lock, of its own; the event loop only reads and writes a pipe.
 Messages, server -> model: ("job", id, sentences, enqueued, sentence_vectors) and ("stop",);
 model -> server: ("ready",) once loaded, then ("answers", [(id, results or None, error or None),
 ...], stats), the results one array per sentence: its layers (L+1, n, 2P), or with
-`sentence_vectors` its vector (2P,) (the 3n times smaller message that /v1/embeddings needs), where
+`sentence_vectors` its vector (2P,) (`Recurrence.take`: the 3n times smaller message that
+/v1/embeddings needs), where
 stats has the sentences that joined at each step since the last message ("batches": (n_sentences,
 n_tokens, queue seconds per request started)), each answered request's time in the model
 ("answer_seconds"), and the running totals "steps" and "row_steps".
@@ -32,11 +33,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
-import numpy as np
 import torch
 
 from elmokit.inference.embedder import ElmoEmbedder
-from elmokit.inference.files import shape_output
 from elmokit.serve.recurrence import Recurrence, token_layer
 
 MAX_WAITS = 10  # an idle recurrence waits for more requests at most this many times `max_wait_s`
@@ -71,12 +70,6 @@ def serve_model(connection: Connection, embedder: ElmoEmbedder, rows: int, max_p
         loop.run()
     except (EOFError, BrokenPipeError, ConnectionResetError):  # the server's process has gone
         pass
-
-
-def sentence_vector(layers: np.ndarray) -> np.ndarray:
-    """(L+1, n, 2P) -> (2P,): the mean over tokens of the equal-weight average of the layers, as
-    `elmo embed --average --sentence-vectors` stores it (TF-Hub's `default`)."""
-    return shape_output(layers, "average", sentence_vectors=True)
 
 
 class ModelLoop:
@@ -177,10 +170,18 @@ class ModelLoop:
         self.row_steps += len(self.rows)
         try:
             ended = self.recurrence.step()
-            for row, layers in zip(ended, self.recurrence.take(ended) if ended else []):  # (L+1, n, 2P) each
+            if not ended:
+                return
+            vectors = [self.rows[row][0].sentence_vectors for row in ended]
+            results = dict(zip(ended, [None] * len(ended)))
+            for wanted in (True, False):  # the rows that want vectors read together, those that want layers too
+                chosen = [row for row, want in zip(ended, vectors) if want is wanted]
+                if chosen:
+                    results.update(zip(chosen, self.recurrence.take(chosen, sentence_vectors=wanted)))
+            for row in ended:
                 job, index = self.rows.pop(row)
                 self.live_tokens -= len(job.sentences[index])
-                job.results[index] = sentence_vector(layers) if job.sentence_vectors else layers
+                job.results[index] = results[row]  # (2P,) or (L+1, n, 2P)
                 job.remaining -= 1
                 if job.remaining == 0:
                     self.answer_seconds.append(time.perf_counter() - job.started)
