@@ -411,3 +411,26 @@ def test_cuda_train_command_with_the_gpu_options(tmp_path, capsys, options):
     assert main(["perplexity", str(run), str(tmp_path / "valid.txt"), "--json", "--device", "cuda"]) == 0
     assert math.isfinite(json.loads(capsys.readouterr().out)["ppl"])
     torch.set_float32_matmul_precision("highest")
+
+
+def test_the_gpu_embedding_benchmark_measures_the_engine_and_judges_the_targets(tiny_model, monkeypatch):
+    """bench/embed.py's GPU parts on the CPU: the engine alone over embed_many's calls (the
+    synchronization a no-op here), and the targets judged per measure, 'never slower' included."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import embed as bench_embed
+
+    from elmokit import ElmoEmbedder
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
+    embedder = ElmoEmbedder(module=tiny_model)
+    embedder.POSITION_BUDGET = 64  # several calls
+    sentences = [["a", "b", "c"] * k for k in range(1, 30)]
+    assert bench_embed.engine_tokens_per_s(embedder, sentences, 4) > 0
+    assert len(bench_embed.bench_sentences(5, 12)) == 12
+    best = {("original", 256, True, "float32"): {"tokens_per_s": 2.0e5, "engine_tokens_per_s": 1.0e5},
+            ("original", 1024, True, "float32"): {"tokens_per_s": 1.0e5, "engine_tokens_per_s": 2.0e5}}
+    lines = "\n".join(bench_embed.gpu_target_lines(best))
+    assert "end to end, >= 1,024 rows: 100,000 tokens/s, target >= 150,000: **NOT met**" in lines
+    assert "end to end: never slower with more rows: **NOT met** (slower at 256 -> 1,024 rows)" in lines
+    assert "the engine alone, >= 1,024 rows: 200,000 tokens/s, target >= 150,000: **met**" in lines
+    assert "the engine alone: never slower with more rows: **met**" in lines
