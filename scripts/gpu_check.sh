@@ -10,6 +10,9 @@
 # UD EWT are read from ../shared/data when present, else the benchmarks use synthetic text and say so).
 #
 #     bash scripts/gpu_check.sh            (GPU_CHECK_BUDGET=SECONDS scales the three parts' time limits)
+#
+# It needs a Python whose torch is a CUDA build: this project's own .venv holds a CPU-only one, so a
+# GPU machine needs a .venv made there (scripts/setup.sh with PyPI's torch) or a system torch with CUDA.
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,16 +24,18 @@ BUDGET="${GPU_CHECK_BUDGET:-450}"  # seconds for the three parts together (the s
 RESULTS="$REPO/bench/results"
 REPORT="$RESULTS/gpu-check.md"
 
+# The first Python whose torch sees a CUDA GPU and that has elmokit's core dependencies (the .venv
+# made on a CPU machine may hold a CPU-only torch: then a system Python with a CUDA build is used).
 PY=""
+TRIED=""
 for candidate in "$REPO/.venv/bin/python" python3 python; do
-    if "$candidate" -c "import torch, numpy" >/dev/null 2>&1; then PY="$candidate"; break; fi
+    found="$("$candidate" -c 'import torch, numpy, h5py, safetensors; print(f"torch {torch.__version__} (CUDA build {torch.version.cuda}), GPU seen: {torch.cuda.is_available()}")' 2>/dev/null)" \
+        || found="no torch/numpy/h5py/safetensors"
+    TRIED="$TRIED; $candidate: $found"
+    if [[ "$found" == *"GPU seen: True" ]]; then PY="$candidate"; break; fi
 done
 if [ -z "$PY" ]; then
-    echo "gpu_check: no Python with torch and numpy (tried .venv/bin/python, python3, python)" >&2
-    exit 2
-fi
-if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-    echo "gpu_check: torch sees no CUDA GPU here ($("$PY" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)')); nothing measured" >&2
+    echo "gpu_check: torch sees no CUDA GPU here with any Python (${TRIED#; }); nothing measured" >&2
     exit 3
 fi
 
