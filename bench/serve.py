@@ -9,11 +9,17 @@ POST /v1/embeddings, so no tokenizer runs on either side); the model is the buil
 --model says otherwise. A bounded load generator (this process, asyncio, one keep-alive
 connection per client, every request sent once) posts them at 1, 4, 16 and 64 concurrent
 clients, one sentence or 8 per request, to a server on 127.0.0.1 started here with the same torch
-threads as the in-process run. Throughput is tokens over the wall time from the first request to
-the last answer; latency is per request. Both sides run with a warm token cache (one unmeasured
-pass each first). In-process and served runs alternate (--repeats of each per row, the fastest kept),
-and both are also measured in CPU time, the steadier figure on a shared machine. The first answer
-of every run is checked against the in-process vector.
+threads as the in-process run and as many rows of the recurrence (--rows) as its batch_size.
+Throughput is tokens over the wall time from the first request to the last answer; latency is
+per request. Both sides run with a warm token cache (one unmeasured pass each first). In-process
+and served runs alternate (--repeats of each per row, the fastest kept), and both are also
+measured in CPU time (the server's two processes and the load generator), the steadier figure on
+a shared machine. The first answer of every run is checked against the in-process vector.
+
+What bounds a closed loop (each client waits for its answer before sending again) is written
+beside it: in-process embed_sentences with as many rows as sentences in flight (clients x
+sentences a request), the mean rows busy in the server (from /metrics), and the CPU seconds of
+the model's process, the server's HTTP process and the load generator.
 """
 
 from __future__ import annotations

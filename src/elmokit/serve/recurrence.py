@@ -111,25 +111,23 @@ class Recurrence:
         if any(not 2 <= size <= self.horizon for size in sizes):
             raise ValueError(f"a sentence of {max(sizes)} positions does not fit the recurrence's {self.horizon}")
         rows = [heapq.heappop(self.free) for _ in sizes]
-        first = self.step_number
-        sizes = np.asarray(sizes, np.int64)
-        starts = np.cumsum(sizes) - sizes  # each sentence's first position in `token_embeddings`
-        sentence = np.repeat(np.arange(len(sizes)), sizes)  # (N,)
-        within = np.arange(int(sizes.sum())) - starts[sentence]  # step i of its sentence reads position i ...
-        reverse = starts[sentence] + sizes[sentence] - 1 - within  # ... forward, and S-1-i backward
-        device = self.inputs.device
-        places = torch.from_numpy(((first + within) % self.horizon * 2) * self.rows  # (N,): (step, direction 0, row)
-                                  + np.asarray(rows, np.int64)[sentence]).to(device)
+        first, device = self.step_number, self.inputs.device
         embeddings = token_embeddings.to(self.inputs.dtype)  # (N, P)
-        flat = self.inputs.view(-1, self.inputs.shape[-1])  # (H * D * R, P)
-        flat.index_copy_(0, places, embeddings)
-        flat.index_copy_(0, places + self.rows, embeddings[torch.from_numpy(reverse).to(embeddings.device)])
+        start = 0
+        for row, size in zip(rows, sizes):  # a slice or two of the ring each: cheaper than index arrays
+            sentence = embeddings[start:start + size]  # (S, P)
+            backward = sentence.flip(0)  # the backward stream reads the sentence from its end
+            done = 0
+            for slot, length in self._ring(first, size):
+                self.inputs[slot:slot + length, 0, row] = sentence[done:done + length]
+                self.inputs[slot:slot + length, 1, row] = backward[done:done + length]
+                done += length
+            self.busy[row] = (first, token_embeddings[start:start + size])
+            self.ends.setdefault(first + size - 1, []).append(row)
+            start += size
         started = torch.tensor(rows, device=device)
         self.layer_state[:, :, started, self.layer_state.shape[-1] // 2:] = 0  # a zero state: each as if alone
         self.cell[:, :, started] = 0
-        for row, start, size in zip(rows, starts.tolist(), sizes.tolist()):
-            self.busy[row] = (first, token_embeddings[start:start + size])
-            self.ends.setdefault(first + size - 1, []).append(row)
         self.span = max(self.span, max(rows, default=-1) + 1)
         return rows
 
@@ -167,40 +165,42 @@ class Recurrence:
 
     @torch.no_grad()
     def take(self, rows: Sequence[int], sentence_vectors: bool = False) -> list[np.ndarray]:
-        """What the sentences that ended in `rows` gave, read together (the rows are freed): each
-        one's layers (L+1, n, 2P) float32, boundaries dropped (as `ElmoEmbedder.embed_many` gives
-        them), or with `sentence_vectors` its vector (2P,): the mean over its tokens of the
-        equal-weight average of the layers (TF-Hub's `default`; zeros for no token)."""
-        finished = [self.busy.pop(row) for row in rows]
+        """What the sentences that ended in `rows` gave (the rows are freed): each one's layers
+        (L+1, n, 2P) float32, boundaries dropped (as `ElmoEmbedder.embed_many` gives them), or with
+        `sentence_vectors` its vector (2P,): the mean over its tokens of the equal-weight average of
+        the layers (TF-Hub's `default`; zeros for no token)."""
+        results = []
+        n_layers, dim = len(self.layers), self.outputs.shape[-1]
         for row in rows:
+            first, token_embeddings = self.busy.pop(row)
             heapq.heappush(self.free, row)
+            tokens = token_embeddings[1:-1].to(self.outputs.dtype)  # (n, P)
+            n_tokens = len(tokens)
+            # step first+i read forward position i and backward position S-1-i, so the tokens
+            # (positions 1 .. n) are steps first+1 .. first+n in both directions, backward reversed
+            pieces = [self.outputs[:, slot:slot + length, :, row] for slot, length in self._ring(first + 1, n_tokens)]
+            if sentence_vectors:
+                summed = sum(piece.sum(dim=(0, 1)) for piece in pieces) + tokens.sum(dim=0)  # (D, P) over layers, tokens
+                vector = summed.flatten() / max(1, n_tokens * (n_layers + 1))  # (2P,): [forward | backward]
+                results.append(vector.float().cpu().numpy())
+                continue
+            steps = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)  # (L, n, D, P)
+            layers = np.empty((n_layers + 1, n_tokens, 2 * dim), np.float32)  # (L+1, n, 2P)
+            out = torch.from_numpy(layers)
+            out[0, :, :dim] = tokens
+            out[0, :, dim:] = tokens
+            out[1:, :, :dim] = steps[:, :, 0]
+            out[1:, :, dim:] = steps[:, :, 1].flip(1)
+            results.append(layers)
         self.span = max(self.busy, default=-1) + 1
-        lengths = np.array([len(token_embeddings) - 2 for _, token_embeddings in finished], np.int64)  # (k,)
-        sentence = np.repeat(np.arange(len(rows)), lengths)  # (T,) over all their tokens
-        position = np.arange(int(lengths.sum())) - (np.cumsum(lengths) - lengths)[sentence] + 1  # 1 .. n
-        first = np.array([first for first, _ in finished], np.int64)[sentence]
-        row_of = np.asarray(rows, np.int64)[sentence]
-        # step first+i read forward position i and backward position S-1-i (S = n + 2)
-        forward = ((first + position) % self.horizon * 2) * self.rows + row_of  # (T,): (step, direction 0, row)
-        backward = ((first + lengths[sentence] + 1 - position) % self.horizon * 2 + 1) * self.rows + row_of
-        places = torch.from_numpy(np.concatenate([forward, backward])).to(self.outputs.device)
-        read = self.outputs.view(len(self.layers), -1, self.outputs.shape[-1]).index_select(1, places)  # (L, 2T, P)
-        tokens = torch.cat([token_embeddings[1:-1] for _, token_embeddings in finished]).to(read.dtype)  # (T, P)
-        n_tokens, dim = len(sentence), self.outputs.shape[-1]
-        if sentence_vectors:
-            summed = (torch.cat([tokens, tokens], dim=-1)
-                      + torch.cat([read[:, :n_tokens], read[:, n_tokens:]], dim=-1).sum(dim=0))  # (T, 2P) over layers
-            totals = summed.new_zeros(len(rows), 2 * dim).index_add_(0, torch.from_numpy(sentence).to(summed.device),
-                                                                     summed)  # (k, 2P)
-            counts = torch.from_numpy(np.maximum(lengths, 1) * (len(self.layers) + 1)).to(totals)
-            return list((totals / counts[:, None]).float().cpu().numpy())
-        layers = np.empty((len(self.layers) + 1, n_tokens, 2 * dim), np.float32)  # (L+1, T, 2P)
-        out = torch.from_numpy(layers)
-        out[0, :, :dim] = tokens
-        out[0, :, dim:] = tokens
-        out[1:, :, :dim] = read[:, :n_tokens]
-        out[1:, :, dim:] = read[:, n_tokens:]
-        return np.split(layers, np.cumsum(lengths)[:-1], axis=1)
+        return results
+
+    def _ring(self, first: int, count: int) -> list[tuple[int, int]]:
+        """The ring slots of steps first .. first+count-1: one run, or two where it wraps."""
+        slot = first % self.horizon
+        if slot + count <= self.horizon:
+            return [(slot, count)]
+        return [(slot, self.horizon - slot), (0, count - (self.horizon - slot))]
 
     def clear(self) -> list[int]:
         """Drop every sentence (after a failed step); the rows that were busy."""
