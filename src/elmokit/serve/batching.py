@@ -66,16 +66,19 @@ class Batcher:
         self.queued_tokens = 0  # their tokens
         self.steps = self.row_steps = 0  # the recurrence's steps, and busy rows summed over them
         self._ids = itertools.count()
-        self._process = self._connection = None
+        self._process = self._jobs = self._connection = None  # the pipe to the model's process, and back
 
     def launch(self) -> None:
         """Start the model's process and wait until it has the model (ModelFailed if it dies)."""
         context = multiprocessing.get_context("spawn")  # no fork: torch's thread pools do not survive one
-        self._connection, theirs = context.Pipe()
+        jobs_out, self._jobs = context.Pipe(duplex=False)  # one pipe each way, each end used by one thread
+        self._connection, answers_in = context.Pipe(duplex=False)
         self._process = context.Process(target=serve_model, name="elmo-model", daemon=True,
-                                        args=(theirs, self.embedder, *self.settings, torch.get_num_threads()))
+                                        args=(jobs_out, answers_in, self.embedder, *self.settings,
+                                              torch.get_num_threads()))
         self._process.start()
-        theirs.close()
+        jobs_out.close()
+        answers_in.close()
         self.embedder = None  # the model's process has its copy
         if not self._connection.poll(START_TIMEOUT):
             self._process.kill()
@@ -102,12 +105,13 @@ class Batcher:
             return
         asyncio.get_running_loop().remove_reader(self._connection.fileno())
         try:
-            self._connection.send(("stop",))
+            self._jobs.send(("stop",))
         except OSError:  # it has gone already
             pass
         await asyncio.to_thread(self._process.join, 60)
         if self._process.is_alive():
             self._process.kill()
+        self._jobs.close()
         self._connection.close()
         self._fail_all("the server is stopping")
 
@@ -123,8 +127,11 @@ class Batcher:
             raise ModelFailed("the model's process has stopped: restart elmo serve")
         job_id = next(self._ids)
         future = asyncio.get_running_loop().create_future()
-        self._connection.send(("job", job_id, [list(sentence) for sentence in sentences], time.perf_counter(),
-                               sentence_vectors))
+        try:
+            self._jobs.send(("job", job_id, [list(sentence) for sentence in sentences], time.perf_counter(),
+                             sentence_vectors))
+        except OSError:  # it died since `alive` was read
+            raise ModelFailed("the model's process has stopped: restart elmo serve") from None
         self.queue[job_id] = future
         self.queued_tokens += n_tokens
         try:

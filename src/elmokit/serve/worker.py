@@ -4,17 +4,18 @@ requests from the server's process over a pipe and sending the answers back.
 Why a process and not a thread: the recurrence runs about sixty small torch operations a step,
 each of which gives up Python's lock and takes it back. In the server's process the event loop
 (HTTP parsing, JSON) wants that lock between every two of them, so the model and the event loop
-took turns instead of running on two cores at once (measured: the model thread spent a third of
-its time waiting for the lock at 64 clients; bench/results/serve.md). Here the model has a
-process, and a lock, of its own; the event loop only reads and writes a pipe.
+took turns instead of running on two cores at once (profiled at 64 clients with the model in a
+thread: its one write a step to wake the event loop took 2.3 ms, half a step, waiting for the
+lock). Here the model has a process, and a lock, of its own; the event loop only reads and
+writes pipes.
 
-Messages, server -> model: ("job", id, sentences, enqueued, sentence_vectors) and ("stop",);
-model -> server: ("ready",) once loaded, then ("answers", [(id, results or None, error or None),
-...], stats), the results one array per sentence: its layers (L+1, n, 2P), or with
-`sentence_vectors` its vector (2P,) (`Recurrence.take`: the 3n times smaller message that
-/v1/embeddings needs), where
-stats has the sentences that joined at each step since the last message ("batches": (n_sentences,
-n_tokens, queue seconds per request started)), each answered request's time in the model
+Messages, server -> model (one pipe): ("job", id, sentences, enqueued, sentence_vectors) and
+("stop",). Model -> server (another pipe, written by a thread of its own): ("ready",) once
+loaded, then ("answers", [(id, results or None, error or None), ...], stats). The results are
+one array per sentence: its layers (L+1, n, 2P), or with `sentence_vectors` its vector (2P,)
+(`Recurrence.take`; the 3n times smaller message that /v1/embeddings needs). The stats hold the
+sentences that joined at each step since the last message ("batches": (n_sentences, n_tokens,
+queue seconds per request started)), each answered request's time in the model
 ("answer_seconds"), and the running totals "steps" and "row_steps".
 
 Before every step the loop moves sentences from the head of its queue, in arrival order, into
@@ -27,7 +28,9 @@ the recurrence is idle, the first request waits for company (until none has come
 from __future__ import annotations
 
 import collections
+import queue
 import signal
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -57,25 +60,43 @@ class Job:
         self.results = [None] * len(self.sentences)
 
 
-def serve_model(connection: Connection, embedder: ElmoEmbedder, rows: int, max_positions: int,
+def serve_model(jobs: Connection, answers: Connection, embedder: ElmoEmbedder, rows: int, max_positions: int,
                 max_batch_tokens: int, max_wait_s: float, threads: int) -> None:
-    """The model process's entry point (spawned by `elmokit.serve.batching.Batcher.launch`)."""
+    """The model process's entry point (spawned by `elmokit.serve.batching.Batcher.launch`):
+    requests come in on `jobs`, answers go out on `answers`, written by a thread of their own so
+    that the model never waits for the server's process to read (nor the server, blocked writing
+    a request while the model is blocked writing an answer, waits for the model: a deadlock)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's process decides when to stop (it drains first)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     torch.set_num_threads(threads)
-    loop = ModelLoop(connection, Recurrence(embedder.bilm, rows, max_positions),
+    outbox: queue.SimpleQueue = queue.SimpleQueue()
+    sender = threading.Thread(target=_send_all, args=(outbox, answers), name="elmo-answers", daemon=True)
+    sender.start()
+    loop = ModelLoop(jobs, outbox, Recurrence(embedder.bilm, rows, max_positions),
                      lambda sentences: token_layer(embedder, sentences), max_batch_tokens, max_wait_s)
-    connection.send(("ready",))
+    outbox.put(("ready",))
     try:
         loop.run()
-    except (EOFError, BrokenPipeError, ConnectionResetError):  # the server's process has gone
+    except (EOFError, OSError):  # the server's process has gone
+        pass
+    outbox.put(None)
+    sender.join()
+
+
+def _send_all(outbox: queue.SimpleQueue, answers: Connection) -> None:
+    """(A thread of the model's process.) Write each message put in `outbox` until None."""
+    try:
+        while (message := outbox.get()) is not None:
+            answers.send(message)
+    except OSError:  # the server's process has gone
         pass
 
 
 class ModelLoop:
-    def __init__(self, connection: Connection, recurrence: Recurrence, token_layer, max_batch_tokens: int,
-                 max_wait_s: float):
-        self.connection = connection
+    def __init__(self, connection: Connection, outbox: queue.SimpleQueue, recurrence: Recurrence, token_layer,
+                 max_batch_tokens: int, max_wait_s: float):
+        self.connection = connection  # the requests
+        self.outbox = outbox  # the answers (written by a thread of their own)
         self.recurrence = recurrence
         self.token_layer = token_layer
         self.max_batch_tokens = max_batch_tokens
@@ -207,5 +228,5 @@ class ModelLoop:
             return
         stats = {"batches": self.batches, "answer_seconds": self.answer_seconds, "steps": self.steps,
                  "row_steps": self.row_steps}
-        self.connection.send(("answers", self.answers, stats))
+        self.outbox.put(("answers", self.answers, stats))
         self.answers, self.batches, self.answer_seconds = [], [], []
