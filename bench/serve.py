@@ -223,7 +223,8 @@ def write_report(args, rows, n_sentences: int, n_tokens: int, started: str, load
         "load generator, against those of the in-process run) does not count time spent waiting for a core.", "",
         f"Data: UD English EWT dev, {n_sentences:,} sentences, {n_tokens:,} tokens, sent as token lists to "
         f"POST /v1/embeddings; model: {args.model or 'gutenberg-en (built in)'}; server flags: "
-        f"--rows {args.batch_size} {args.server_args} (--max-batch-tokens 16384, --max-wait-ms 2 unless given). "
+        f"--rows {args.batch_size}{' ' + args.server_args if args.server_args else ''} (--max-batch-tokens 16384, "
+        "--max-wait-ms 2 unless given). "
         f"In-process: `ElmoEmbedder.embed_sentences(batch_size={args.batch_size})` on the same sentences, run "
         f"just before each served run ({args.repeats} of each per row, interleaved, the fastest of each kept).", "",
         f"Server stack: {stack()}.", "",
@@ -258,7 +259,11 @@ def write_report(args, rows, n_sentences: int, n_tokens: int, started: str, load
                      f"{row['bound'] / row['local']:.2f}x | {row['served'] / row['local']:.2f}x | "
                      f"{row['busy_rows']:.1f} | {row['steps']:,.0f} | {row['seconds']:.2f} | {row['model_cpu']:.2f} | "
                      f"{row['http_cpu']:.2f} | {row['client_cpu']:.2f} |")
-    lines.append("")
+    capped = [f"{row['clients']} x {row['per_request']}" for row in rows if row["bound"] / row["local"] < 0.8]
+    reached = [f"{row['clients']} x {row['per_request']}" for row in rows if row["served"] / row["local"] >= 0.8]
+    lines += ["", f"Served at 0.8x in-process or more in this run: {', '.join(reached) or 'none'} (clients x sentences "
+              f"a request). Where in-process `embed_sentences` itself, given only the rows in flight, stays under "
+              f"0.8x ({', '.join(capped) or 'none'}), no server could reach it with these clients.", ""]
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text("\n".join(lines), encoding="utf-8")
     print(f"wrote {args.output}")
