@@ -115,15 +115,19 @@ def test_requests_batched_together_get_their_own_vectors(slow_server, embedder):
     assert_each_as_alone(sentences, answers, embedder)
 
 
-def test_sentences_joining_the_recurrence_at_any_step_get_their_own_vectors(embedder):
+@pytest.mark.parametrize("numpy_views", [True, False], ids=["cpu-numpy-views", "torch-as-on-a-gpu"])
+def test_sentences_joining_the_recurrence_at_any_step_get_their_own_vectors(embedder, numpy_views):
     """The server's recurrence (continuous batching): sentences start at random steps in whichever
     row is free, rows are reused, the ring of steps wraps; each sentence gets what `embed_many`
-    gives it alone (the tiny model's clips bind, so the clipped path runs too)."""
+    gives it alone (the tiny model's clips bind, so the clipped path runs too). Without the numpy
+    views of the rings, admission and reading back go through torch, as on a GPU."""
     rng = random.Random(0)
     words = ["a", "the", "play", "chess", "They", "run", ".", "home", "dog"]
     sentences = [[rng.choice(words) for _ in range(rng.randint(1, 9))] for _ in range(60)]
     expected = embedder.embed_many(sentences)
     recurrence = Recurrence(embedder.bilm, rows=5, max_positions=11)  # 9 tokens + 2 boundaries
+    if not numpy_views:
+        recurrence._host_inputs = recurrence._host_outputs = None
     pending, got, sentence_in = list(range(len(sentences))), {}, {}
     while pending or recurrence.busy:
         starting = [pending.pop(0) for _ in range(min(rng.randint(0, 3), len(pending), len(recurrence.free)))]
