@@ -146,18 +146,20 @@ class Recurrence:
         dim = self.outputs.shape[-1]
         state = self.layer_state[:, :, :span]  # (L, D, R', [P | P])
         state[0, :, :, :dim] = self.inputs[slot, :, :span]
+        mixed = compute != state.dtype
         for index, (gate_products, projections, bias) in enumerate(zip(self.gate_products, self.projections,
                                                                          self.bias)):
             cell = self.cell[index, :, :span]  # (D, R', C)
-            product_state = state[index].to(compute)  # (D, R', 2P); itself unless mixed
+            cell_output = self.cell_output[:, :span]  # (D, R', C)
+            product_state = state[index].to(compute) if mixed else state[index]  # (D, R', 2P)
+            gates = torch.stack([gate_products[d](product_state[d], bias[d]) for d in range(2)])  # (D, R', 4C):
+            if gates.dtype != cell.dtype:  # [x | h] (W_in | W_rec)^T + b, then the cell for both directions at once
+                gates = gates.to(cell.dtype)
+            lstm_cell.cell_step(lstm_cell.activate_doubled_gates_(gates), cell, self.cell_clip, cell_next=cell,
+                                cell_output=cell_output, tanh=lstm_cell.tanh_via_sigmoid)
+            product_output = cell_output.to(compute) if mixed else cell_output
             for d in range(2):
-                gates = gate_products[d](product_state[d], bias[d])  # (R', 4C): [x | h] (W_in | W_rec)^T + b
-                if gates.dtype != cell.dtype:
-                    gates = gates.to(cell.dtype)
-                lstm_cell.cell_step(lstm_cell.activate_doubled_gates_(gates), cell[d], self.cell_clip,
-                                    cell_next=cell[d], cell_output=self.cell_output[d, :span],
-                                    tanh=lstm_cell.tanh_via_sigmoid)
-                state[index, d, :, dim:] = projections[d](self.cell_output[d, :span].to(compute))  # (R', P)
+                state[index, d, :, dim:] = projections[d](product_output[d])  # (R', P)
             hidden = lstm_cell.clip_(state[index, :, :, dim:], self.proj_clip)  # (D, R', P)
             output = self.outputs[index, slot, :, :span]  # (D, R', P)
             if index > 0:  # the residual from layer 2 on, as `lstm_cell.run_layers` adds it
