@@ -28,10 +28,11 @@ otherwise), and print the address once it listens:
   GET  /health, /info, /metrics (Prometheus), and / : a page to explore the vectors
 
 Texts are Moses-tokenized, as `elmo embed --tokenize` does; token lists are taken as they are.
-The texts of the requests in flight run in the recurrence together (--rows): a text joins as soon
-as a row is free, and its answer leaves at its last step (--max-batch-tokens, --max-wait-ms).
-Every text starts from a zero state: its vector never depends on the others it ran with. Bad requests get a 4xx
-and a JSON error; a full queue (--max-queue-tokens) answers 429. With --api-key (or
+The texts of the requests in flight run in the recurrence together (--rows), in a process of the
+model's own: a text joins as soon as a row is free, and its answer leaves at its last step
+(--max-batch-tokens, --max-wait-ms). Every text starts from a zero state: its vector never
+depends on the others it ran with. Bad requests get a 4xx and a JSON error; a full queue
+(--max-queue-tokens) answers 429. With --api-key (or
 {API_KEY_VARIABLE}), every route but /health and the page needs 'Authorization: Bearer KEY'.
 SIGTERM (or Ctrl-C) stops accepting, finishes the requests already accepted, and exits 0.
 Needs the serve extra: pip install 'elmokit[serve]'. docs/serve.md has examples."""
