@@ -5,7 +5,8 @@
 #     bench/results/embed-cuda.md   bench/embed.py --device cuda  (rows up to 4,096, streams that fill them)
 #     bench/results/gpu-check.md    this run: the device, torch/CUDA versions, the tests' summary,
 #                                   each part's exit status and seconds, what else used the GPU
-# and copies them to $OUT when that is set. Runs cold on a fresh machine with the repository and its
+# rewrites docs/gpu.md's hours for 1B tokens from train-cuda.md (bench/gpu_time.py), and copies
+# them to $OUT when that is set. Runs cold on a fresh machine with the repository and its
 # .venv: it installs nothing and downloads nothing (the built-in model ships in the package; PTB and
 # UD EWT are read from ../shared/data when present, else the benchmarks use synthetic text and say so).
 #
@@ -83,7 +84,9 @@ AFTER="load average $(cut -d' ' -f1 /proc/loadavg); GPU processes: $(others)"
     echo "benchmark that finished)."
 } > "$REPORT"
 cat "$REPORT"
+"$PY" bench/gpu_time.py >/dev/null || echo "gpu_check: bench/gpu_time.py could not rewrite docs/gpu.md" >&2
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
-    cp "$REPORT" "$RESULTS/train-cuda.md" "$RESULTS/embed-cuda.md" /tmp/gpu_check_*.log "$OUT"/ 2>/dev/null || true
+    cp "$REPORT" "$RESULTS/train-cuda.md" "$RESULTS/embed-cuda.md" docs/gpu.md /tmp/gpu_check_*.log "$OUT"/ \
+        2>/dev/null || true
 fi
 grep -q '| tests | 0 |' "$REPORT" && grep -q '| train | 0 |' "$REPORT" && grep -q '| embed | 0 |' "$REPORT"
