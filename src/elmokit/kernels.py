@@ -281,7 +281,7 @@ class PackedLinear:
 
     Without gradients only (inference, and training's hand-written forward passes; inputs of the
     weight's dtype and device): the reordered copy does not follow later changes to `weight`, so
-    build it where the weight is fixed (`elmokit.inference.engine.packed_products` keys its cache
+    build it where the weight is fixed (`elmokit.inference.engine.layer_products` keys its cache
     on the weights' versions; training's recurrence builds one a pass).
     """
 
