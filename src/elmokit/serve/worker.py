@@ -1,7 +1,7 @@
 """The model's own process: it drives the recurrence (`elmokit.serve.recurrence`), taking
 requests from the server's process over a pipe and sending the answers back.
 
-Why a process and not a thread: the recurrence runs about sixty small torch operations a step,
+Why a process and not a thread: the recurrence runs dozens of small torch operations a step,
 each of which gives up Python's lock and takes it back. In the server's process the event loop
 (HTTP parsing, JSON) wants that lock between every two of them, so the model and the event loop
 took turns instead of running on two cores at once (profiled at 64 clients with the model in a
