@@ -244,8 +244,8 @@ def write_report(args, rows, n_sentences: int, n_tokens: int, started: str, load
               "so the rows it can fill are the sentences in flight: clients x sentences a request, at most "
               f"{args.batch_size}. The first answer of every run matched the in-process vector (atol 1e-5).", "",
               "## What bounds it", "",
-              "The recurrence's cost a step is nearly fixed up to a few dozen rows, so throughput follows the rows "
-              "busy. *In-process with the rows in flight* is `embed_sentences(batch_size=` sentences in flight `)` "
+              "A step of the recurrence has a fixed cost besides that of its rows, so the fewer rows busy, the "
+              "fewer tokens a second. *In-process with the rows in flight* is `embed_sentences(batch_size=` sentences in flight `)` "
               "on the same sentences, in this run: what any server could reach with that many sentences at once, "
               "had HTTP, JSON and the clients cost nothing. *Rows busy* is the mean over the server's steps "
               "(from /metrics). The CPU seconds are those of the fastest served run: the model's process, the "
