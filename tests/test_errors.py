@@ -383,3 +383,24 @@ def test_elmo_on_empty_cached_word_inputs(files):
                             (torch.zeros(2, 0, 4, dtype=torch.long), (2, 0, 4))):
         out = elmo(word_inputs=word_ids)
         assert out["elmo_representations"][0].shape == (*shape, 12) and out["mask"].shape == shape
+
+
+def test_sigterm_stops_any_command_as_ctrl_c_does(monkeypatch, capsys):
+    """SIGTERM (a batch scheduler, kill) is Ctrl-C for every command: exit 130, one line, and
+    what Ctrl-C cleans up is cleaned up; the handler before the command is back after it."""
+    import os
+    import signal
+    import time
+
+    from elmokit.commands import info
+
+    def terminated(args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)  # the signal arrives first
+        return 0
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(info, "run", terminated)
+    assert main(["info"]) == 130
+    assert capsys.readouterr().err.strip() == "elmo info: interrupted: SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) is before

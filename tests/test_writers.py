@@ -313,3 +313,27 @@ def test_task_predict_refuses_an_existing_output(tmp_path, capsys):
     assert main(["task", "predict", str(tmp_path / "no-run"), str(tmp_path / "in.txt"), "-o", str(out)]) == 2
     one_error_line(capsys, "exists", str(out), "--overwrite")
     assert out.read_text() == "keep me"
+
+
+def test_an_output_that_is_a_pipe_or_a_directory_is_refused_not_replaced(model_dir, source, tmp_path, capsys):
+    """--overwrite onto a FIFO (or /dev/null) would rename a file over it: refused before any work,
+    by every writer, and the FIFO is still a FIFO; a directory or an empty name likewise."""
+    import os
+    import stat
+
+    from elmokit.io import atomic_write_text
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert _embed(source, fifo, model_dir, "--overwrite") == 2
+    assert "is not a regular file (a device, a pipe or a socket)" in capsys.readouterr().err
+    assert not Path(f"{fifo}.partial").exists()
+    assert main(["convert", "--model", str(model_dir), "--to-native", str(fifo), "--overwrite", "--quiet"]) == 2
+    capsys.readouterr()
+    with pytest.raises(FileExistsError, match="not a regular file"):
+        atomic_write_text(fifo, "text")
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+    with pytest.raises(IsADirectoryError, match="is a directory"):
+        atomic_write_text(tmp_path, "text")
+    with pytest.raises(IsADirectoryError, match="empty name"):
+        atomic_write_text("", "text")

@@ -20,7 +20,9 @@ import errno
 import logging
 import os
 import re
+import signal
 import sys
+import threading
 
 from elmokit import __version__
 from elmokit.commands import COMMAND_MODULES
@@ -121,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("elmokit.cli").debug(f"elmokit {__version__}, torch {torch_version()}, Python "
                                            f"{sys.version.split()[0]}; arguments "
                                            f"{ {name: value for name, value in vars(args).items() if name != 'func'} }")
+    previous = _sigterm_as_interrupt()
     try:
         return args.func(args) or 0
     except BrokenPipeError:  # `elmo ... | head`: the reader has what it wanted
@@ -140,6 +143,23 @@ def main(argv: list[str] | None = None) -> int:
         detail = f": {interrupt}" if str(interrupt) else ""
         print(f"elmo {args.command}: interrupted{detail}", file=sys.stderr)
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _sigterm_as_interrupt():
+    """SIGTERM (kill, a batch scheduler) stops every command as Ctrl-C does, so that what Ctrl-C
+    cleans up (temporary files, locks, a half-made run) is cleaned up; commands that stop more
+    gracefully install their own handler inside (elmo train, elmo embed, elmo serve). Returns the
+    handler it replaced (None off the main thread, where signals cannot be handled)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt("SIGTERM")
+
+    return signal.signal(signal.SIGTERM, stop)
 
 
 if __name__ == "__main__":

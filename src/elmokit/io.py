@@ -67,6 +67,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     (a kill leaves only a `.tmp` file, never a corrupt destination).
     """
     path = Path(path)
+    check_replaceable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(handle)
@@ -78,6 +79,24 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         durable_replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def check_replaceable(path: Path) -> None:
+    """Refuse a destination that a file renamed onto it would destroy rather than fill: a
+    directory, or a device, pipe or socket (`--overwrite` onto /dev/null would replace the device
+    with a file)."""
+    if str(path) in ("", "."):
+        raise IsADirectoryError("the output is an empty name: give a file name")
+    try:
+        mode = path.stat().st_mode
+    except OSError:  # nothing there (or a dangling link, which the rename replaces)
+        return
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(f"{path} is a directory: give a file name for the output")
+    if not stat.S_ISREG(mode):
+        raise FileExistsError(f"{path} is not a regular file (a device, a pipe or a socket): elmokit writes "
+                              "files through a temporary file renamed into place, which would replace it; "
+                              "give a file name")
 
 
 def _umask() -> int:
@@ -102,7 +121,8 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 def refuse_overwrite(paths: Iterable[str | Path], overwrite: bool, what: str = "output") -> None:
     """FileExistsError naming every path of `paths` that exists, unless `overwrite`: no command
     replaces a file (or a run) the user did not ask it to replace."""
-    existing = [str(path) for path in paths if Path(path).exists()]
+    paths = [Path(path) for path in paths]
+    existing = [str(path) for path in paths if path.exists()]
     if existing and not overwrite:
         raise FileExistsError(f"{what} exists: {', '.join(existing)} (overwrite=True replaces it)")
 

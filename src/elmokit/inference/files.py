@@ -82,7 +82,7 @@ from elmokit.model.weights import model_fingerprint
 from elmokit.inference.windows import OUTPUT_FORMATS, position_windows, select_layers
 
 from elmokit.extras import require
-from elmokit.io import atomic_write_text, durable_replace, output_lock, refuse_overwrite
+from elmokit.io import atomic_write_text, check_replaceable, durable_replace, output_lock, refuse_overwrite
 from elmokit.textfiles import CorpusError, not_a_regular_file, read_lines
 from elmokit.inference.estimate import EmbedReport, InputScan, check_output_size
 from elmokit.progress import progress_bar
@@ -399,6 +399,7 @@ def embed_file_report(embedder: Embedder, input_path: str | Path, output_path: s
         require("prepare", "Moses tokenization (--tokenize)", ("sacremoses",))
     if output_path.is_dir():
         raise IsADirectoryError(f"output is a directory, expected a file name: {output_path}")
+    check_replaceable(output_path)  # not a device or a pipe, which the rename would replace
     lock = output_lock(lock_path(output_path), str(output_path)) if rank == 0 else contextlib.nullcontext()
     with lock:  # rank 0 speaks for its run: a second `elmo embed` to this output stops here
         refuse_overwrite([output_path], overwrite)
