@@ -216,3 +216,20 @@ def test_an_elmoformanylangs_model_is_refused(tmp_path, capsys):
     assert main(["convert", "--model", str(folder), "--to-onnx", str(tmp_path / "m.onnx")]) == 2
     one_error_line(capsys, "ELMoForManyLangs", "ONNX")
     assert not (tmp_path / "m.onnx").exists()
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--mix-weights", "nan,0,0"], "expected comma-separated finite numbers"),
+    (["--mix-weights", "0,0,0", "--mix-gamma", "inf"], "expected a finite number"),
+    (["--mix-gamma", "2"], "--mix-gamma scales the mix that --mix-weights adds"),
+    (["--mix-weights", "0,0"], "--mix-weights: the model has 3 layers"),
+])
+def test_bad_mix_options_are_refused_before_the_export(tmp_path, capsys, flags, expected):
+    """Non-finite weights or gamma, a gamma without weights, the wrong count: one line naming the
+    flag, before anything is exported (a nan mix failed only at the check, as a mismatch)."""
+    try:
+        status = main(["convert", "--to-onnx", str(tmp_path / "m.onnx"), *flags, "--quiet"])
+    except SystemExit as exit:  # argparse's refusal of a value
+        status = exit.code
+    assert status == 2 and expected in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # The library's errors name an option as its Python argument (elmokit.inference.files:
 # "continue it with resume=True"); the command line says its flag instead.
-PYTHON_SPELLINGS = {"resume=True": "--resume", "overwrite=True": "--overwrite",
+PYTHON_SPELLINGS = {"resume=True": "--resume", "overwrite=True": "--overwrite", "mix_parameters:": "--mix-weights:",
                     "skip_bad_lines=True": "--skip-bad-lines", "file_format='hdf5'": "--format hdf5",
                     "use_sentence_keys=False": "no --use-sentence-keys"}
 # Arguments named at the start of a check ("min_count must be at least 1") or as `name=value`.

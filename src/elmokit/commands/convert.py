@@ -5,6 +5,7 @@ ELMo biLM -> one ONNX graph (`--to-onnx`, `elmokit.inference.onnx_export`)."""
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from elmokit.commands.common import add_model_arguments, model_from_args
@@ -38,7 +39,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
                         help="with --to-onnx: add an output `mixed` (batch, tokens, 2P), the scalar mix "
                              "gamma * sum_k softmax(s)_k layer_k with these L+1 parameters s (before the softmax, "
                              "as Elmo's scalar_mix_parameters; 0,0,0 is the average of 3 layers)")
-    parser.add_argument("--mix-gamma", type=float, default=1.0, metavar="G",
+    parser.add_argument("--mix-gamma", type=_finite, default=1.0, metavar="G",
                         help="with --mix-weights: the mix's gamma (default 1)")
     parser.add_argument("--overwrite", action="store_true", help="replace existing outputs")
     parser.set_defaults(func=run)
@@ -46,14 +47,29 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 def _floats(text: str) -> list[float]:
     try:
-        return [float(value) for value in text.split(",")]
+        values = [float(value) for value in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as 0,0,0, got {text!r}") from None
+        values = []
+    if not values or not all(math.isfinite(value) for value in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated finite numbers such as 0,0,0, got {text!r}")
+    return values
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
     if args.mix_weights is not None and not args.to_onnx:
         raise ValueError("--mix-weights adds an output to the ONNX graph: give it with --to-onnx")
+    if args.mix_gamma != 1.0 and args.mix_weights is None:
+        raise ValueError("--mix-gamma scales the mix that --mix-weights adds: give both, or neither")
     if args.to_onnx:
         return _to_onnx(args)
     if args.to_original:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import json
 import logging
 import os
@@ -208,6 +209,9 @@ def export_onnx(bilm: BiLM, path: str | Path, *, mix_parameters: Sequence[float]
     if mix_parameters is not None and len(mix_parameters) != bilm.config.n_output_layers:
         raise ValueError(f"mix_parameters: the model has {bilm.config.n_output_layers} layers (token layer + "
                          f"{bilm.config.lstm.n_layers} LSTM layers), got {len(mix_parameters)} values: {list(mix_parameters)}")
+    if mix_parameters is not None and not all(math.isfinite(value) for value in [*mix_parameters, mix_gamma]):
+        raise ValueError(f"mix_parameters and mix_gamma must be finite numbers, got {list(mix_parameters)} "
+                         f"and {mix_gamma}")
     model = copy.deepcopy(bilm).float().cpu().eval().requires_grad_(False)
     module = ExportableBiLM(model, mix_parameters, mix_gamma).eval().requires_grad_(False)
     program = _torch_export(module)
