@@ -295,6 +295,11 @@ def test_task_training_interrupted_and_resumed_takes_the_uninterrupted_run_s_epo
     assert (tmp_path / "cut" / loop.CHECKPOINT).is_file() and not (tmp_path / "cut" / "results.json").exists()
     assert main(["task", "train", *args, "--out", str(tmp_path / "cut"), "--lr", "0.5", "--resume"]) == 2
     assert "trained with other lr (0.02, now 0.5)" in capsys.readouterr().err
+    kept = ner_files["train"].read_bytes()
+    ner_files["train"].write_bytes(kept.split(b"\n\n", 1)[1])  # the same path, its first sentence gone
+    assert main(["task", "train", *args, "--out", str(tmp_path / "cut"), "--resume"]) == 2
+    assert "its train data changed since it was interrupted" in capsys.readouterr().err
+    ner_files["train"].write_bytes(kept)
     assert main(["task", "train", *args, "--out", str(tmp_path / "cut"), "--resume", "--overwrite"]) == 2
     assert main(["task", "train", *args, "--out", str(tmp_path / "cut"), "--resume"]) == 0
     assert "resuming" in capsys.readouterr().err

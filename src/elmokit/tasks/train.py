@@ -9,6 +9,7 @@ run goes) and one line on stderr; the run's other files are written whole (temp 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import random
 import time
@@ -165,7 +166,7 @@ def train_task(config: TaskConfig, bilm: BiLM | None = None, data: TaskData | No
     optimizer = make_optimizer(model, config)
     loop = LoopState(EarlyStopping(config.patience), random.Random(config.seed))
     if resume:
-        loop = resume_loop(out / CHECKPOINT, config, model, optimizer, loop)
+        loop = resume_loop(out / CHECKPOINT, config, model, optimizer, loop, data_digests(data))
         start_cpu -= loop.cpu_seconds  # the CPU time of the epochs before the interruption counts
     metric = config.spec.metric
     out.mkdir(parents=True, exist_ok=True)  # only now that the data and the models are in hand
@@ -182,7 +183,7 @@ def train_task(config: TaskConfig, bilm: BiLM | None = None, data: TaskData | No
                       "cpu_s": round(time.process_time() - start_cpu, 1)}
             loop.epoch, loop.cpu_seconds = epoch, time.process_time() - start_cpu
             loop.records.append(record)
-            save_loop(out / CHECKPOINT, config, model, optimizer, loop)
+            save_loop(out / CHECKPOINT, config, model, optimizer, loop, data_digests(data))
             log.write(json.dumps(record) + "\n")
             log.flush()
             report(epoch_line(config, epoch, train_loss, dev, loop.stopping, record["cpu_s"]))
@@ -225,19 +226,26 @@ class LoopState:
     cpu_seconds: float = 0.0
 
 
-def save_loop(path: Path, config: TaskConfig, model, optimizer, loop: LoopState) -> None:
+def data_digests(data: TaskData) -> dict[str, str]:
+    """A sha256 of each split's examples as read: a resumed run must train on the same data."""
+    return {split: hashlib.sha256(repr(examples).encode()).hexdigest() for split, examples in data.splits.items()}
+
+
+def save_loop(path: Path, config: TaskConfig, model, optimizer, loop: LoopState, digests: dict[str, str]) -> None:
     """Everything a resumed run needs to take the next epoch as the uninterrupted run would."""
     stopping = loop.stopping
     save_checkpoint(path, {
-        "config": asdict(config), "epoch": loop.epoch, "model": model.state_dict(),
+        "config": asdict(config), "data": digests, "epoch": loop.epoch, "model": model.state_dict(),
         "optimizer": optimizer.state_dict(), "best_state": loop.best_state,
         "stopping": [stopping.best, stopping.best_epoch, stopping.waited], "records": loop.records,
         "order_rng": loop.rng.getstate(), "rng": rng_state(), "cpu_seconds": loop.cpu_seconds})
 
 
-def resume_loop(path: Path, config: TaskConfig, model, optimizer, loop: LoopState) -> LoopState:
+def resume_loop(path: Path, config: TaskConfig, model, optimizer, loop: LoopState,
+                digests: dict[str, str]) -> LoopState:
     """The loop state saved at `path`, loaded into `model` and `optimizer`; a ValueError naming
-    the options that differ from the interrupted run's (other than RESUMABLE_CHANGES)."""
+    the options that differ from the interrupted run's (other than RESUMABLE_CHANGES), or the
+    splits whose examples differ, or saying that the file is not such a state."""
     saved = load_checkpoint(path, ("config", "epoch", "model", "optimizer", "stopping", "records", "order_rng", "rng"),
                             "a checkpoint of elmo task train")
     ours = asdict(config)
@@ -247,14 +255,23 @@ def resume_loop(path: Path, config: TaskConfig, model, optimizer, loop: LoopStat
         differences = ", ".join(f"{name} ({before.get(name)!r}, now {ours[name]!r})" for name in changed)
         raise ValueError(f"cannot resume {path.parent}: it was trained with other {differences}; "
                          "give the same options, or overwrite=True to start over")
-    model.load_state_dict(saved["model"])
-    optimizer.load_state_dict(saved["optimizer"])
-    version, internal, gauss = saved["order_rng"]
-    loop.rng.setstate((version, tuple(internal), gauss))
-    set_rng_state(saved["rng"])
-    loop.stopping.best, loop.stopping.best_epoch, loop.stopping.waited = saved["stopping"]
-    loop.epoch, loop.best_state, loop.records = saved["epoch"], saved["best_state"], saved["records"]
-    loop.cpu_seconds = saved["cpu_seconds"]
+    changed = sorted(split for split in digests if saved.get("data", {}).get(split) != digests[split])
+    if changed:
+        raise ValueError(f"cannot resume {path.parent}: its {' and '.join(changed)} data changed since it was "
+                         "interrupted (the files' examples differ); give the same data, or overwrite=True to start over")
+    try:
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        version, internal, gauss = saved["order_rng"]
+        loop.rng.setstate((version, tuple(internal), gauss))
+        set_rng_state(saved["rng"])
+        loop.stopping.best, loop.stopping.best_epoch, loop.stopping.waited = map(float, saved["stopping"])
+        loop.stopping.best_epoch, loop.stopping.waited = int(loop.stopping.best_epoch), int(loop.stopping.waited)
+        loop.epoch, loop.best_state = int(saved["epoch"]), saved["best_state"]
+        loop.records, loop.cpu_seconds = list(saved["records"]), float(saved["cpu_seconds"])
+    except (RuntimeError, ValueError, TypeError, KeyError) as error:
+        raise ValueError(f"{path}: not the state of this run ({type(error).__name__}: "
+                         f"{str(error).splitlines()[0] if str(error) else ''}); overwrite=True starts over") from None
     report(f"resuming {path.parent} after epoch {loop.epoch} (best dev {config.spec.metric} "
            f"{loop.stopping.best:.2f} at epoch {loop.stopping.best_epoch})")
     return loop

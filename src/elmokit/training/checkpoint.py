@@ -18,6 +18,7 @@ import errno
 import json
 import random
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -120,10 +121,15 @@ def load_checkpoint(path: str | Path, required: tuple[str, ...] = ("model", "elm
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's remarks on pickle protocols: the error below says it all
+            warnings.simplefilter("ignore")
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # a truncated or foreign file
         first_line = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
-        raise WeightFileError(f"{path}: not a readable elmokit checkpoint ({first_line})") from error
+        if "Weights only load failed" in first_line:  # torch's advice to unpickle it is not ours to give
+            first_line = "it holds objects other than tensors and plain values, which elmokit never unpickles"
+        raise WeightFileError(f"{path}: not a readable elmokit checkpoint, damaged or written by something else "
+                              f"({first_line})") from error
     for key in required:
         if not isinstance(checkpoint, dict) or key not in checkpoint:
             raise WeightFileError(f"{path}: not {what} (no {key!r})")
