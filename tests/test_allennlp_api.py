@@ -64,6 +64,8 @@ def test_batch_to_embeddings_as_allennlp_returns_it(model_dir):
     for row, sentence in enumerate(batch):
         np.testing.assert_allclose(activations[row, :, :len(sentence)].numpy(), embedder.embed_sentence(sentence), atol=1e-6)
     assert (activations[1, :, 1:] == 0).all() and (activations[2] == 0).all()
+    activations, mask = embedder.batch_to_embeddings([])  # no sentences: empty, of the same layout
+    assert activations.shape == (0, 3, 0, embedder.output_dim) and mask.shape == (0, 0) and mask.dtype == torch.bool
 
 
 @pytest.mark.parametrize("mode", ["r", "rb"])

@@ -9,6 +9,7 @@ import pickle
 import resource
 import shutil
 import signal
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -197,3 +198,30 @@ def test_train_deterministic_is_recorded_and_sets_torch_deterministic_mode(corpu
     assert json.loads((run / "train_config.json").read_text())["deterministic"] is True
     assert torch.are_deterministic_algorithms_enabled()
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8" and torch.backends.cudnn.deterministic
+
+
+def test_elmo_convert_on_a_full_disk_is_one_line_and_exit_1(tmp_path, capsys, small_file_limit):
+    """safetensors' failed write is the OSError it is (the machine failed the run: exit 1), one
+    line naming the file, no temporary file left (hostile review)."""
+    assert main(["convert", "--to-native", str(tmp_path / "native")]) == 1
+    one_error_line(capsys, "native/model.safetensors failed (File too large); is the disk full or over its quota?")
+    assert not [path for path in tmp_path.rglob("*") if path.name.endswith(".tmp")]
+
+
+def test_elmo_convert_to_original_on_a_full_disk_is_one_line_and_exit_1(tmp_path):
+    """h5py's failed write likewise; in a process of its own (an HDF5 file that failed to close
+    can take the process that holds it down at exit: not pytest's)."""
+    import subprocess
+    import sys
+
+    def limited():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
+
+    done = subprocess.run([sys.executable, "-m", "elmokit", "convert", "--to-original", str(tmp_path / "o.json"),
+                           str(tmp_path / "w.hdf5")], capture_output=True, text=True, preexec_fn=limited,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")})
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "w.hdf5 failed (File too large); is the disk full" in lines[0], done.stderr
+    assert not [path for path in tmp_path.rglob("*") if path.name.endswith(".tmp")]

@@ -142,7 +142,12 @@ def test_shards_of_an_unfinished_prepare_are_refused_for_training(tmp_path, caps
     (out / "prepare.json").write_text(json.dumps({**record, "shards": record["shards"][:3]}))
     assert main([*train, str(tmp_path / "run1"), "--quiet"]) == 2
     assert "shard-00003.txt.gz is a shard of an `elmo prepare` that did not finish" in capsys.readouterr().err
+    (out / "prepare.json").write_text(json.dumps({**record, "shards": [record["shards"]]}))  # not names
+    assert main([*train, str(tmp_path / "run1"), "--quiet"]) == 2
+    assert "is missing or unreadable" in capsys.readouterr().err
     (out / "prepare.json").unlink()
+    assert main(["vocab", str(out / "shard-*.txt.gz"), "-o", str(tmp_path / "v2.txt"), "--quiet"]) == 2
+    assert "did not finish" in capsys.readouterr().err and not (tmp_path / "v2.txt").exists()
     assert main([*train, str(tmp_path / "run2"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "prepare.json is missing or unreadable" in err and "--overwrite" in err

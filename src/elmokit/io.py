@@ -13,6 +13,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import shutil
 import socket
 import stat
@@ -77,8 +78,40 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         if tmp.exists():  # mkstemp made it 0600: give it the permissions a new file normally gets
             tmp.chmod(0o666 & ~_umask())
         durable_replace(tmp, path)
+    except OSError as error:
+        if error.errno is None or error.strerror != os.strerror(error.errno) or error.filename is not None:
+            raise  # it says what failed already
+        raise _write_failure(path, error.errno) from error
+    except Exception as error:  # a library's failed write (h5py, safetensors) said as the OSError it is
+        code = _errno_in(error)
+        if code is None:
+            raise
+        raise _write_failure(path, code) from error
     finally:
         tmp.unlink(missing_ok=True)
+
+
+ERRNO_IN_MESSAGE = re.compile(r"errno = (\d+)|os error (\d+)|\[Errno (\d+)\]")  # h5py, Rust (safetensors), Python
+
+
+def _errno_in(error: BaseException) -> int | None:
+    """The operating system's error number that a library's exception carries in its message."""
+    found = ERRNO_IN_MESSAGE.search(str(error))
+    return int(next(group for group in found.groups() if group)) if found else None
+
+
+def _write_failure(path: Path, code: int) -> OSError:
+    """The OSError of a failed write of `path`: the file, the reason, and for a full disk its space."""
+    disk = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
+    hint = f"; is the disk full or over its quota? {_free_space(path.parent)}" if code in disk else ""
+    return OSError(code, f"writing {path} failed ({os.strerror(code)}){hint}")
+
+
+def _free_space(folder: Path) -> str:
+    try:
+        return f"({shutil.disk_usage(folder).free:,} bytes free on the disk of {folder})"
+    except OSError:
+        return ""
 
 
 def check_replaceable(path: Path) -> None:

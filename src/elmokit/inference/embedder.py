@@ -107,7 +107,11 @@ class ElmoEmbedder:
     def batch_to_embeddings(self, batch: Sequence[Sequence[str]]) -> tuple[torch.Tensor, torch.Tensor]:
         """AllenNLP's `batch_to_embeddings`: the activations (B, L+1, T, 2P) float32 and the mask
         (B, T) bool of a batch of token lists, torch tensors on the embedder's device; zero past
-        each sentence (layer 0 is the token layer twice)."""
+        each sentence (layer 0 is the token layer twice). No sentences: (0, L+1, 0, 2P) and (0, 0)."""
+        check_sentences(batch, "batch")
+        if len(batch) == 0:
+            return (torch.zeros(0, self.bilm.config.n_output_layers, 0, self.output_dim, device=self.device),
+                    torch.zeros(0, 0, dtype=torch.bool, device=self.device))
         layers, lengths = self.batch_layers(batch)
         mask = torch.arange(layers.shape[2], device=layers.device) < lengths.unsqueeze(1)  # (B, T)
         return layers.float(), mask

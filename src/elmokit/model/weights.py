@@ -300,7 +300,9 @@ def save_original(model: BiLM, options_file: str | Path, weight_file: str | Path
     options = model.config.to_options()
     arrays = _original_from_native(model)
     with atomic_path(weight_file) as tmp:
-        with h5py.File(tmp, "w") as file:
+        # through a Python file object: a full disk is then an OSError, where HDF5's own driver
+        # takes the process down (as elmokit.inference.segments writes its files)
+        with open(tmp, "w+b") as handle, h5py.File(handle, "w") as file:
             for name in sorted(arrays):
                 file.create_dataset(name, data=arrays[name])
     atomic_write_text(options_file, json.dumps(options, indent=2) + "\n")

@@ -57,7 +57,8 @@ def require_finished_shards(paths: Sequence[Path], what: str) -> None:
             record = folder / PREPARE_RECORD
             try:
                 shards = json.loads(record.read_text(encoding="utf-8")).get("shards")
-                listed[folder] = set(shards) if isinstance(shards, list) else None
+                names_only = isinstance(shards, list) and all(isinstance(name, str) for name in shards)
+                listed[folder] = set(shards) if names_only else None
             except (OSError, ValueError, AttributeError):
                 listed[folder] = None
         if listed[folder] is None or path.name not in listed[folder]:

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN
+from elmokit.training.corpus import require_finished_shards
 from elmokit.textfiles import CorpusError, expand_paths, locate_decode_error, open_text, text_size
 from elmokit.io import atomic_write_text
 
@@ -95,6 +96,7 @@ def make_vocab(
         the stats written to `out_path` with suffix `.json` (see the module docstring).
     """
     paths = expand_paths(inputs)
+    require_finished_shards(paths, "the vocabulary's corpus")  # as elmo train does
     counts, n_sentences = count_tokens(paths, progress)
     if n_sentences == 0:
         raise CorpusError(f"no tokens in {', '.join(map(str, paths))}: every line is blank")
