@@ -153,7 +153,9 @@ def test_shards_of_an_unfinished_prepare_are_refused_for_training(tmp_path, caps
     assert "prepare.json is missing or unreadable" in err and "--overwrite" in err
     assert not (tmp_path / "run1").exists() and not (tmp_path / "run2").exists()
 
+    (out / ".shard-00004.txt.gz.x1y2z3.tmp").write_bytes(b"a killed run's shard in the making")
     prepare_corpus([tmp_path / "raw.txt"], out, shard_size=10, pretokenized=True, progress=False, overwrite=True)
+    assert not list(out.glob(".*.tmp"))
     (tmp_path / "bad.txt").write_bytes(b"".join(b"a b .\n" for _ in range(25)) + b"\xff\xfe\n")
     with pytest.raises(CorpusError):  # started over, stopped by a bad line: the old record is gone first
         prepare_corpus([tmp_path / "bad.txt"], out, shard_size=10, pretokenized=True, progress=False, overwrite=True)

@@ -406,5 +406,6 @@ def _clear_old_shards(out_dir: Path, overwrite: bool) -> None:
         raise CorpusError(f"{out_dir} already holds {len(old)} shard files ({old[0].name}, ...); "
                           "pass overwrite=True to replace them or choose another output directory")
     (out_dir / PREPARE_RECORD).unlink(missing_ok=True)  # first: until the new one, no shard here is finished
-    for path in old:
+    stray = sorted(out_dir.glob(".shard-*.tmp")) if out_dir.is_dir() else []  # a killed run's shard in the making
+    for path in [*old, *stray]:
         path.unlink()
