@@ -127,8 +127,9 @@ def test_real_ptb_and_gutenberg_samples(tmp_path):
 
 
 def test_shards_of_an_unfinished_prepare_are_refused_for_training(tmp_path, capsys):
-    """prepare.json is written last: shards without it (a prepare interrupted, or one started over
-    with --overwrite and interrupted) or not listed in it are refused by elmo train, by name."""
+    """prepare.json is written first as unfinished and last as the record of the shards: shards of
+    a prepare that stopped (or of a folder whose record does not list them) are refused by elmo
+    train and elmo vocab, by name; files named like shards without a prepare.json are taken."""
     from elmokit.cli import main
 
     (tmp_path / "raw.txt").write_text("".join(f"w{i % 7} w{i % 5} w{i % 3} .\n" for i in range(40)), encoding="utf-8")
@@ -139,24 +140,25 @@ def test_shards_of_an_unfinished_prepare_are_refused_for_training(tmp_path, caps
              "--model", "none", "--output-dir"]
 
     record = json.loads((out / "prepare.json").read_text())
+    assert record["finished"] is True and len(record["shards"]) == 4
     (out / "prepare.json").write_text(json.dumps({**record, "shards": record["shards"][:3]}))
     assert main([*train, str(tmp_path / "run1"), "--quiet"]) == 2
     assert "shard-00003.txt.gz is a shard of an `elmo prepare` that did not finish" in capsys.readouterr().err
     (out / "prepare.json").write_text(json.dumps({**record, "shards": [record["shards"]]}))  # not names
     assert main([*train, str(tmp_path / "run1"), "--quiet"]) == 2
-    assert "is missing or unreadable" in capsys.readouterr().err
-    (out / "prepare.json").unlink()
-    assert main(["vocab", str(out / "shard-*.txt.gz"), "-o", str(tmp_path / "v2.txt"), "--quiet"]) == 2
-    assert "did not finish" in capsys.readouterr().err and not (tmp_path / "v2.txt").exists()
-    assert main([*train, str(tmp_path / "run2"), "--quiet"]) == 2
-    err = capsys.readouterr().err
-    assert "prepare.json is missing or unreadable" in err and "--overwrite" in err
-    assert not (tmp_path / "run1").exists() and not (tmp_path / "run2").exists()
+    assert "did not finish" in capsys.readouterr().err
+    assert not (tmp_path / "run1").exists()
 
     (out / ".shard-00004.txt.gz.x1y2z3.tmp").write_bytes(b"a killed run's shard in the making")
-    prepare_corpus([tmp_path / "raw.txt"], out, shard_size=10, pretokenized=True, progress=False, overwrite=True)
-    assert not list(out.glob(".*.tmp"))
     (tmp_path / "bad.txt").write_bytes(b"".join(b"a b .\n" for _ in range(25)) + b"\xff\xfe\n")
-    with pytest.raises(CorpusError):  # started over, stopped by a bad line: the old record is gone first
+    with pytest.raises(CorpusError):  # started over, stopped by a bad line
         prepare_corpus([tmp_path / "bad.txt"], out, shard_size=10, pretokenized=True, progress=False, overwrite=True)
-    assert not (out / "prepare.json").exists()  # whatever shards it left, none counts as finished
+    assert json.loads((out / "prepare.json").read_text())["finished"] is False and not list(out.glob(".*.tmp"))
+    (out / "shard-00000.txt.gz").write_bytes(gzip.compress(b"a b .\n"))  # as if one shard had been written
+    assert main(["vocab", str(out / "shard-*.txt.gz"), "-o", str(tmp_path / "v2.txt"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "says the run did not finish" in err and "--overwrite" in err and not (tmp_path / "v2.txt").exists()
+    assert main([*train, str(tmp_path / "run2"), "--quiet"]) == 2
+    assert "did not finish" in capsys.readouterr().err and not (tmp_path / "run2").exists()
+    (out / "prepare.json").unlink()  # someone's own files named like shards
+    assert main(["vocab", str(out / "shard-*.txt.gz"), "-o", str(tmp_path / "v3.txt"), "--quiet"]) == 0

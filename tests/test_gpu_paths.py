@@ -349,7 +349,7 @@ def test_the_cuda_pages_say_not_measured_until_a_gpu_run_writes_them():
 def test_the_gpu_training_benchmark_runs_its_models_and_writes_its_page(tmp_path, monkeypatch):
     """bench/train_cuda.py's steps and page on the CPU (no graphs there): a tiny shape, a synthetic
     corpus, the five models stepping in turn, the targets judged from the rows."""
-    sys.path.insert(0, str(REPO / "bench"))
+    monkeypatch.syspath_prepend(str(REPO / "bench"))  # undone after: bench/onnx.py would pass for the onnx package
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     import train as bench_train
     import train_cuda
@@ -416,7 +416,7 @@ def test_cuda_train_command_with_the_gpu_options(tmp_path, capsys, options):
 def test_the_gpu_embedding_benchmark_measures_the_engine_and_judges_the_targets(tiny_model, monkeypatch):
     """bench/embed.py's GPU parts on the CPU: the engine alone over embed_many's calls (the
     synchronization a no-op here), and the targets judged per measure, 'never slower' included."""
-    sys.path.insert(0, str(REPO / "bench"))
+    monkeypatch.syspath_prepend(str(REPO / "bench"))  # undone after: bench/onnx.py would pass for the onnx package
     import embed as bench_embed
 
     from elmokit import ElmoEmbedder

@@ -208,7 +208,7 @@ def test_every_option_is_a_field_and_a_keyword():
     names = {spec.name for spec in fields(TaskConfig)}
     assert names <= dests and names == set(KEYWORDS.values())
     # beside the fields, only what every task command has (help, --json, -v/-q) and --overwrite
-    assert dests - names - {action.dest for action in evaluate._actions} == {"overwrite"}
+    assert dests - names - {action.dest for action in evaluate._actions} == {"overwrite", "resume"}
     assert KEYWORDS["train"] == "train_file" and KEYWORDS["format"] == "data_format"
 
 

@@ -44,27 +44,29 @@ CHUNK_LINES = 256  # raw lines per task sent to a worker
 # ---------------------------------------------------------------------------------------------
 
 def require_finished_shards(paths: Sequence[Path], what: str) -> None:
-    """CorpusError for a shard (named as `elmo prepare` names them) that its folder's prepare.json
-    does not list: `elmo prepare` writes prepare.json last, so a shard without it comes from a run
-    that was interrupted (or one whose shards were mixed with another's); training on it would
-    take a corpus cut short without a word."""
+    """CorpusError for a shard (named as `elmo prepare` names them) of a folder whose prepare.json
+    says its run did not finish, or does not list it. `elmo prepare` writes prepare.json first as
+    unfinished (`"finished": false`), then the shards, then the record of what it wrote: shards
+    of an interrupted run would be a corpus cut short without a word. Files named like shards in
+    a folder without prepare.json are someone's own, and taken as they are."""
     listed: dict[Path, set[str] | None] = {}
     for path in paths:
-        if not SHARD_NAME.fullmatch(path.name):
-            continue
         folder = path.parent
+        record = folder / PREPARE_RECORD
+        if not SHARD_NAME.fullmatch(path.name) or not record.exists():
+            continue
         if folder not in listed:
-            record = folder / PREPARE_RECORD
             try:
-                shards = json.loads(record.read_text(encoding="utf-8")).get("shards")
-                names_only = isinstance(shards, list) and all(isinstance(name, str) for name in shards)
-                listed[folder] = set(shards) if names_only else None
+                saved = json.loads(record.read_text(encoding="utf-8"))
+                shards = saved.get("shards") if saved.get("finished", True) is True else None
             except (OSError, ValueError, AttributeError):
-                listed[folder] = None
+                shards = None
+            names_only = isinstance(shards, list) and all(isinstance(name, str) for name in shards)
+            listed[folder] = set(shards) if names_only else None
         if listed[folder] is None or path.name not in listed[folder]:
-            raise CorpusError(f"{what}: {path} is a shard of an `elmo prepare` that did not finish ({folder / PREPARE_RECORD} "
-                              f"{'is missing or unreadable' if listed[folder] is None else 'does not list it'}); "
-                              "run elmo prepare again with --overwrite")
+            problem = "says the run did not finish, or is unreadable" if listed[folder] is None else "does not list it"
+            raise CorpusError(f"{what}: {path} is a shard of an `elmo prepare` that did not finish ({record} "
+                              f"{problem}); run elmo prepare again with --overwrite")
 
 
 def count_targets(paths: Sequence[Path], max_sentences: int | None = None) -> int:
@@ -215,7 +217,8 @@ def looks_pretokenized(lines: Sequence[str], lang: str = "en") -> bool:
 
 SHARD_PATTERN = "shard-{index:05d}.txt{suffix}"
 SHARD_NAME = re.compile(r"shard-\d{5,}\.txt(\.gz)?")
-PREPARE_RECORD = "prepare.json"  # written last: its shards are complete
+PREPARE_RECORD = "prepare.json"  # first UNFINISHED, at the end the record of the shards written
+UNFINISHED = {"finished": False, "note": "elmo prepare is writing the shards of this folder, or was stopped"}
 
 
 class ShardWriter:
@@ -372,7 +375,7 @@ def prepare_corpus(
     finally:
         bar.close()
     stats.shards = [path.name for path in writer.paths]
-    atomic_write_text(out_dir / PREPARE_RECORD, json.dumps(asdict(stats), indent=2) + "\n")
+    atomic_write_text(out_dir / PREPARE_RECORD, json.dumps({**asdict(stats), "finished": True}, indent=2) + "\n")
     return stats
 
 
@@ -405,7 +408,8 @@ def _clear_old_shards(out_dir: Path, overwrite: bool) -> None:
     if old and not overwrite:
         raise CorpusError(f"{out_dir} already holds {len(old)} shard files ({old[0].name}, ...); "
                           "pass overwrite=True to replace them or choose another output directory")
-    (out_dir / PREPARE_RECORD).unlink(missing_ok=True)  # first: until the new one, no shard here is finished
     stray = sorted(out_dir.glob(".shard-*.tmp")) if out_dir.is_dir() else []  # a killed run's shard in the making
+    # first: from here until the record of the new shards, nothing in this folder is a finished corpus
+    atomic_write_text(out_dir / PREPARE_RECORD, json.dumps(UNFINISHED) + "\n")
     for path in [*old, *stray]:
         path.unlink()
