@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from elmokit.training.corpus import ShardWriter, looks_pretokenized, prepare_corpus, tokenize_paragraphs
+from elmokit.training.corpus import UNFINISHED, ShardWriter, looks_pretokenized, prepare_corpus, tokenize_paragraphs
 from elmokit.textfiles import CorpusError, expand_paths
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"  # ../shared beside the repo
@@ -126,7 +126,7 @@ def test_real_ptb_and_gutenberg_samples(tmp_path):
     assert not gut_stats.pretokenized and gut_stats.sentences > 400
 
 
-def test_shards_of_an_unfinished_prepare_are_refused_for_training(tmp_path, capsys):
+def test_shards_of_an_unfinished_prepare_are_refused_for_training(tmp_path, capsys, monkeypatch):
     """prepare.json is written first as unfinished and last as the record of the shards: shards of
     a prepare that stopped (or of a folder whose record does not list them) are refused by elmo
     train and elmo vocab, by name; files named like shards without a prepare.json are taken."""
@@ -151,10 +151,15 @@ def test_shards_of_an_unfinished_prepare_are_refused_for_training(tmp_path, caps
 
     (out / ".shard-00004.txt.gz.x1y2z3.tmp").write_bytes(b"a killed run's shard in the making")
     (tmp_path / "bad.txt").write_bytes(b"".join(b"a b .\n" for _ in range(25)) + b"\xff\xfe\n")
-    with pytest.raises(CorpusError):  # started over, stopped by a bad line
+    with pytest.raises(CorpusError):  # started over, stopped by a bad line: nothing half-made is left
         prepare_corpus([tmp_path / "bad.txt"], out, shard_size=10, pretokenized=True, progress=False, overwrite=True)
-    assert json.loads((out / "prepare.json").read_text())["finished"] is False and not list(out.glob(".*.tmp"))
-    (out / "shard-00000.txt.gz").write_bytes(gzip.compress(b"a b .\n"))  # as if one shard had been written
+    assert list(out.iterdir()) == []
+    with pytest.raises(CorpusError):  # and in a new folder, not even the folder
+        prepare_corpus([tmp_path / "bad.txt"], tmp_path / "new", shard_size=10, pretokenized=True, progress=False)
+    assert not (tmp_path / "new").exists()
+    # killed (SIGKILL) after its first shard: the record it writes first says unfinished
+    (out / "prepare.json").write_text(json.dumps(UNFINISHED))
+    (out / "shard-00000.txt.gz").write_bytes(gzip.compress(b"a b .\n"))
     assert main(["vocab", str(out / "shard-*.txt.gz"), "-o", str(tmp_path / "v2.txt"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "says the run did not finish" in err and "--overwrite" in err and not (tmp_path / "v2.txt").exists()
@@ -162,3 +167,10 @@ def test_shards_of_an_unfinished_prepare_are_refused_for_training(tmp_path, caps
     assert "did not finish" in capsys.readouterr().err and not (tmp_path / "run2").exists()
     (out / "prepare.json").unlink()  # someone's own files named like shards
     assert main(["vocab", str(out / "shard-*.txt.gz"), "-o", str(tmp_path / "v3.txt"), "--quiet"]) == 0
+
+    seen = []  # while its shards are written, the record says unfinished
+    commit = ShardWriter._commit
+    monkeypatch.setattr(ShardWriter, "_commit", lambda writer: (
+        seen.append(json.loads((out / "prepare.json").read_text())["finished"]), commit(writer)))
+    prepare_corpus([tmp_path / "raw.txt"], out, shard_size=10, pretokenized=True, progress=False, overwrite=True)
+    assert seen == [False] * 4 and json.loads((out / "prepare.json").read_text())["finished"] is True

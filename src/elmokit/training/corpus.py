@@ -26,9 +26,10 @@ import itertools
 import json
 import os
 import re
+import shutil
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from multiprocessing import Pool
+import multiprocessing
 from pathlib import Path
 from typing import IO
 
@@ -345,6 +346,7 @@ def prepare_corpus(
             require("zh", f"elmo prepare --lang {lang}")
         else:
             require("prepare", "elmo prepare")
+    made = not out_dir.exists()
     _clear_old_shards(out_dir, overwrite)
     stats.pretokenized = pretokenized
     workers = max(1, workers or os.cpu_count() or 1)
@@ -369,8 +371,12 @@ def prepare_corpus(
                 bar.update(read[0] - bar.n)  # read ahead of the results by the chunks in flight
                 bar.set_postfix(sentences=f"{stats.sentences:,}", refresh=False)
         writer.close()
-    except BaseException:
+    except BaseException:  # an error or Ctrl-C: nothing half-made is left (a SIGKILL leaves the record "unfinished")
         writer.abort()
+        for path in [*writer.paths, out_dir / PREPARE_RECORD]:
+            path.unlink(missing_ok=True)
+        if made:
+            shutil.rmtree(out_dir, ignore_errors=True)
         raise
     finally:
         bar.close()
@@ -393,7 +399,10 @@ def _sentence_chunks(chunks: Iterator[list[str]], pretokenized: bool, workers: i
         _init_worker(lang)
         yield from map(tokenize_paragraphs, chunks)
         return
-    with Pool(workers, initializer=_init_worker, initargs=(lang,)) as pool:
+    # spawned, not forked: a fork copies the locks other threads hold (torch's, a server's) into a
+    # child that then waits on them forever
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(workers, initializer=_init_worker, initargs=(lang,)) as pool:
         in_flight: collections.deque = collections.deque()
         for chunk in chunks:
             in_flight.append(pool.apply_async(tokenize_paragraphs, (chunk,)))
