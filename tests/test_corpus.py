@@ -174,3 +174,11 @@ def test_shards_of_an_unfinished_prepare_are_refused_for_training(tmp_path, caps
         seen.append(json.loads((out / "prepare.json").read_text())["finished"]), commit(writer)))
     prepare_corpus([tmp_path / "raw.txt"], out, shard_size=10, pretokenized=True, progress=False, overwrite=True)
     assert seen == [False] * 4 and json.loads((out / "prepare.json").read_text())["finished"] is True
+
+
+def test_a_bad_shard_size_touches_nothing(tmp_path):
+    """Checked before the output folder is cleared or made (the fuzz test found a record left)."""
+    (tmp_path / "raw.txt").write_text("a b .\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="shard_size must be at least 1"):
+        prepare_corpus([tmp_path / "raw.txt"], tmp_path / "out", shard_size=-1, pretokenized=True, progress=False)
+    assert not (tmp_path / "out").exists()

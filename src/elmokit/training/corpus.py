@@ -346,12 +346,11 @@ def prepare_corpus(
             require("zh", f"elmo prepare --lang {lang}")
         else:
             require("prepare", "elmo prepare")
+    writer = ShardWriter(out_dir, shard_size, compress)  # checks shard_size before anything is touched
     made = not out_dir.exists()
     _clear_old_shards(out_dir, overwrite)
     stats.pretokenized = pretokenized
     workers = max(1, workers or os.cpu_count() or 1)
-
-    writer = ShardWriter(out_dir, shard_size, compress)
     read = [0]  # characters of the input read so far (its lines, as the progress bar counts them)
 
     def counted(lines: Iterator[str]) -> Iterator[str]:
