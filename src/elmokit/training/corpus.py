@@ -347,6 +347,7 @@ def prepare_corpus(
         else:
             require("prepare", "elmo prepare")
     writer = ShardWriter(out_dir, shard_size, compress)  # checks shard_size before anything is touched
+    total = sum(map(text_size, paths))  # reads the inputs' sizes (a corrupt .gz fails here) before too
     made = not out_dir.exists()
     _clear_old_shards(out_dir, overwrite)
     stats.pretokenized = pretokenized
@@ -359,8 +360,7 @@ def prepare_corpus(
             yield line
 
     chunks = _chunks(counted(_all_lines(paths, skip_bad_lines, stats)), CHUNK_LINES)
-    bar = progress_bar(total=sum(map(text_size, paths)), unit="B", unit_scale=True, enabled=progress,
-                       desc="prepare")
+    bar = progress_bar(total=total, unit="B", unit_scale=True, enabled=progress, desc="prepare")
     try:
         with contextlib.closing(_sentence_chunks(chunks, pretokenized, workers, lang)) as results:
             for sentences in results:
