@@ -474,8 +474,9 @@ def build_cache(choose: Choices, place: Place) -> list[str]:
 
 
 def build_serve(choose: Choices, place: Place) -> list[str]:
-    """Only argument errors: the last flag is always out of range, so no server ever starts
-    (a long-running process; tests/test_serve.py runs real ones)."""
+    """Only argument errors: the last flag is always out of range, whatever came before it (a
+    queue of 1 token was valid after --max-input-tokens 1, and the server started), so no server
+    ever starts (a long-running process; tests/test_serve.py runs real ones)."""
     argv = ["serve"] + choose.options({"--host": ["127.0.0.1", "localhost"], "--max-batch-tokens": INTS,
                                        "--max-inputs": INTS, "--max-input-tokens": INTS, "--max-wait-ms": FLOATS,
                                        "--max-body-bytes": INTS, "--device": DEVICES, "--api-key": TEXT,
@@ -483,7 +484,7 @@ def build_serve(choose: Choices, place: Place) -> list[str]:
     argv += model_arguments(choose, place)
     return argv + choose.pick([["--port", choose.pick(["-1", "65536", "x", "99999999999"])],
                                ["--max-inputs", choose.pick(["0", "-3"])], ["--max-wait-ms", choose.pick(["-1", "nan", "inf"])],
-                               ["--threads", "0"], ["--api-key", " "], ["--max-queue-tokens", "1"],
+                               ["--threads", "0"], ["--api-key", " "], ["--max-queue-tokens", "0"],
                                ["--max-batch-tokens", "0"], ["--max-body-bytes", "-1"]])
 
 
