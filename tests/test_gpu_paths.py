@@ -152,15 +152,9 @@ def _recurrence_results(lstm, inputs, state, options, weights):
 def test_batched_training_products_equal_the_step_loop_and_its_gradients(clip):
     """Both directions in one product (what runs off the CPU) against autograd over the step loop
     of `BiLstm` (`elmokit.model.cell`'s definition), float64, from a carried state, clipped or not."""
-    from tests.test_lm import make_model
+    from tests.test_lm import recurrence_case
 
-    torch.manual_seed(0)
-    lstm = make_model(clip=clip).bilm.lstm.double()
-    for parameter in lstm.parameters():
-        torch.nn.init.normal_(parameter, 0.0, 0.6)
-    inputs = torch.randn(2, 3, 7, 6, dtype=torch.float64, requires_grad=True)  # (D, B, U, P)
-    state = LstmState(torch.randn(2, 2, 3, 6, dtype=torch.float64), torch.randn(2, 2, 3, 12, dtype=torch.float64))
-    weights = [torch.randn(2, 3, 7, 6, dtype=torch.float64) for _ in lstm.layers]
+    lstm, inputs, state, weights = recurrence_case(clip)
     layers, final, grads = _recurrence_results(lstm, inputs, state, RecurrenceOptions(batched=True), weights)
     packed = inputs.transpose(1, 2).reshape(2, 7 * 3, 6)
     outputs, ref_final = lstm._run_layers(packed, [3] * 7, state)

@@ -151,11 +151,9 @@ def test_every_parameter_gets_a_gradient():
                 assert parameter.grad.abs().sum() > 0, name
 
 
-@pytest.mark.parametrize("clip", [0.0, 0.05])
-def test_training_recurrence_matches_the_autograd_step_loop(clip):
-    """The hand-written forward/backward through time (training.recurrence) gives the outputs,
-    final state and every gradient of autograd over BiLstmLayer's step loop, clipped or not
-    (a clip of 0.05 is hit by many cells), from a carried state, in float64."""
+def recurrence_case(clip: float):
+    """A float64 biLSTM with large weights (so that a clip of 0.05 binds), inputs (D, B, U, P), a
+    carried state and a random weight for each layer's outputs: what the recurrence tests compare on."""
     torch.manual_seed(0)
     lstm = make_model(clip=clip).bilm.lstm.double()
     for parameter in lstm.parameters():
@@ -163,6 +161,15 @@ def test_training_recurrence_matches_the_autograd_step_loop(clip):
     inputs = torch.randn(2, 3, 7, 6, dtype=torch.float64, requires_grad=True)  # (D, B, U, P)
     state = LstmState(torch.randn(2, 2, 3, 6, dtype=torch.float64), torch.randn(2, 2, 3, 12, dtype=torch.float64))
     weights = [torch.randn(2, 3, 7, 6, dtype=torch.float64) for _ in lstm.layers]
+    return lstm, inputs, state, weights
+
+
+@pytest.mark.parametrize("clip", [0.0, 0.05])
+def test_training_recurrence_matches_the_autograd_step_loop(clip):
+    """The hand-written forward/backward through time (training.recurrence) gives the outputs,
+    final state and every gradient of autograd over BiLstmLayer's step loop, clipped or not
+    (a clip of 0.05 is hit by many cells), from a carried state, in float64."""
+    lstm, inputs, state, weights = recurrence_case(clip)
     results = []
     for engine in ("hand-written", "autograd"):
         if engine == "hand-written":
