@@ -24,10 +24,9 @@ import numpy as np
 import pytest
 import torch
 
-from elmokit import BiLM, CharCNNConfig, ElmoConfig, LSTMConfig, batch_to_ids
+from elmokit import BiLM, CharCNNConfig, ElmoConfig, LSTMConfig
 from elmokit.inference import cuda_graphs as inference_graphs
 from elmokit.inference import engine
-from elmokit.model.lstm import LstmState
 from elmokit.training import cuda_graphs as training_graphs
 from elmokit.training.recurrence import RecurrenceOptions, forward_streams
 from tests.conftest import SENTENCES
