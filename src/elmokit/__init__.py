@@ -1,6 +1,7 @@
 """elmokit: train ELMo on your own corpus and serve its contextual word vectors."""
 
 from elmokit.model.chars import batch_to_ids
+from elmokit.tokenizer import tokenize
 from elmokit.model.config import CharCNNConfig, ConfigError, ElmoConfig, LSTMConfig
 from elmokit.inference.cache import TokenCache
 from elmokit.inference.elmo import Elmo, HubElmo

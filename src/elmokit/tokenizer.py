@@ -1,0 +1,48 @@
+"""Raw text -> the Moses tokens that `elmo serve`, `elmo embed --tokenize`, `elmo similar --tokenize`
+and the task commands' `--tokenize` feed the biLM: the one definition they all call.
+
+    >>> import elmokit
+    >>> elmokit.tokenize("It's 3.5 km, isn't it?")
+    ['It', "'s", '3.5', 'km', ',', 'isn', "'t", 'it', '?']
+
+Tokens are sacremoses' `MosesTokenizer(lang).tokenize(text, escape=False)` (no HTML escaping of
+`&`, `<`, quotes: the tokens `elmo prepare` writes into a training corpus), each split again on
+whitespace so that no token holds a space. Needs sacremoses (the `prepare` extra).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from elmokit.extras import require
+
+
+@functools.lru_cache(maxsize=None)
+def _moses(lang: str):
+    """One sacremoses.MosesTokenizer per language, built once (its regexes are compiled on build)."""
+    from sacremoses import MosesTokenizer
+
+    return MosesTokenizer(lang=lang)
+
+
+def tokenize(text: str, lang: str = "en") -> list[str]:
+    """Split raw text into the Moses tokens elmokit's `--tokenize` and `elmo serve` embed.
+
+    Args:
+        text: one sentence or paragraph of raw text (a str; not split into sentences here).
+        lang: the Moses language code ("en", "de", "fr", ...): it decides e.g. where an apostrophe
+            splits ("it's" -> "it" "'s" in English, "l'homme" -> "l'" "homme" in French).
+
+    Returns:
+        The tokens, in order, none empty or holding whitespace; [] for blank text.
+
+    Raises:
+        TypeError: `text` or `lang` is not a str.
+        MissingExtraError: sacremoses is not installed (pip install 'elmokit[prepare]').
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"tokenize: text must be a str, got {type(text).__name__}")
+    if not isinstance(lang, str) or not lang:
+        raise TypeError(f"tokenize: lang must be a language code such as 'en', got {lang!r}")
+    require("prepare", "elmokit.tokenize (Moses tokenization)", ("sacremoses",))
+    return " ".join(_moses(lang).tokenize(text, escape=False)).split()
