@@ -210,3 +210,27 @@ def test_hub_outputs(tiny_model):
     assert torch.allclose(out["default"][1], out["elmo"][1, 0])
     assert torch.allclose(out["default"][0], out["elmo"][0].mean(0))
     assert out["elmo"].requires_grad  # the mix is trainable
+
+
+def test_embedder_sentence_vectors_are_token_means_of_its_layers(tiny_model):
+    embedder = ElmoEmbedder(module=tiny_model)
+    per_token = [embedder.embed_sentence(sentence) for sentence in SENTENCES]  # (3, n, 12) each
+    for output_format in ("average", "top", "all"):
+        vectors = embedder.sentence_vectors(SENTENCES, batch_size=2, output_format=output_format)
+        for sentence, layers, vector in zip(SENTENCES, per_token, vectors):
+            chosen = {"all": layers, "top": layers[2], "average": (layers[0] + layers[1] + layers[2]) / 3}[output_format]
+            tokens = [np.take(chosen, i, axis=-2) for i in range(len(sentence))]
+            want = sum(tokens) / len(tokens) if tokens else np.zeros(vector.shape, np.float32)
+            np.testing.assert_allclose(vector, want, atol=1e-6, err_msg=f"{output_format} {sentence}")
+    assert embedder.sentence_vectors([]).shape == (0, 12)
+    with pytest.raises(ValueError, match="output format must be one of all, top, average"):
+        embedder.sentence_vectors(SENTENCES, output_format="mean")
+
+
+def test_hub_default_before_training_is_the_embedders_sentence_vector(tiny_model):
+    """One definition: TF-Hub's `default` with the untrained (equal-weight) mix is the vector that
+    `ElmoEmbedder.sentence_vectors` and `elmo embed --sentence-vectors --average` give."""
+    hub_default = HubElmo(module=tiny_model)(SENTENCES)["default"]  # (B, 12), an empty sentence among them
+    vectors = ElmoEmbedder(module=tiny_model).sentence_vectors(SENTENCES)
+    np.testing.assert_allclose(hub_default.detach().numpy(), vectors, atol=1e-5)
+    assert not hub_default[SENTENCES.index([])].any()

@@ -18,7 +18,7 @@ import pytest
 
 from elmokit import ElmoEmbedder
 from elmokit.cli import main
-from elmokit.inference.files import embed_sentences, shape_output, split_windows
+from elmokit.inference.files import embed_sentences, split_windows
 from tests.conftest import REPO
 
 SUBPROCESS_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src")}
@@ -56,10 +56,14 @@ def test_layouts_hdf5_npz_and_sentence_vectors(model_dir, tiny_model, tmp_path, 
     assert set(hdf5) == set(npz) == set(sentences) == {"0", "1", "2", "3", "sentence_to_index"}
     assert hdf5["0"].shape == per_token and hdf5["1"].shape[-2] == 0  # blank line: empty, key kept
     assert sentences["0"].shape == per_sentence and not sentences["1"].any()
-    expected = ElmoEmbedder(module=tiny_model).embed_sentence(LINES[0].split())
-    output_format = flag.removeprefix("--")
-    np.testing.assert_allclose(hdf5["0"], shape_output(expected, output_format, False), atol=1e-6)
-    np.testing.assert_allclose(sentences["0"], shape_output(expected, output_format, True), atol=1e-6)
+    layers = ElmoEmbedder(module=tiny_model).embed_sentence(LINES[0].split())  # (3, 7, 12)
+    want = {"--all": layers, "--top": layers[2], "--average": (layers[0] + layers[1] + layers[2]) / 3}[flag]
+    np.testing.assert_allclose(hdf5["0"], want, atol=1e-6)
+    for key, line in zip(("0", "1", "2", "3"), LINES):  # each vector from the same run's per-token output
+        n_tokens = len(line.split())
+        tokens = [np.take(hdf5[key], i, axis=-2) for i in range(n_tokens)]  # every token, the first included
+        want = sum(tokens) / n_tokens if n_tokens else np.zeros(per_sentence, np.float32)
+        np.testing.assert_allclose(sentences[key], want, atol=1e-6, err_msg=f"line {key}: {line!r}")
     for key in ("0", "1", "2", "3"):
         np.testing.assert_array_equal(hdf5[key], npz[key])
     assert json.loads(hdf5["sentence_to_index"][0]) == json.loads(str(npz["sentence_to_index"])) == {

@@ -32,6 +32,7 @@ from elmokit.devices import dtype_name, resolve_device, resolve_dtype
 from elmokit.model.bilm import BiLM, BiLMOutput, LstmState
 from elmokit.model.mix import ScalarMix
 from elmokit.inference.engine import bilm_contextualize, bilm_forward
+from elmokit.inference.layers import token_mean
 from elmokit.model.loading import load_model
 
 # ---------------------------------------------------------------------------------------------
@@ -308,7 +309,8 @@ def boundary_mask(lengths: torch.Tensor) -> torch.Tensor:
 class HubElmo(nn.Module):
     """TF-Hub ELMo's outputs in one call: `word_emb` (B, T, P) token layer, `lstm_outputs1` and
     `lstm_outputs2` (B, T, 2P), `elmo` (B, T, 2P) a trainable mix of the three layers, `default`
-    (B, 2P) the mean of `elmo` over real tokens, and `sequence_len` (B,). Padding is zero.
+    (B, 2P) the mean of `elmo` over real tokens (`layers.token_mean`; before training, when the
+    mix is the equal-weight average, `layers.sentence_vector`), and `sequence_len` (B,). Padding is zero.
 
     Call with a list of token lists or with char ids (B, T, 50) (moved to the module's device).
     `device` and `dtype` as for `Elmo`.
@@ -337,7 +339,7 @@ class HubElmo(nn.Module):
         outputs = {"word_emb": layers[0][..., :self.bilm.config.lstm.projection_dim]}
         outputs.update({f"lstm_outputs{k}": layer for k, layer in enumerate(layers[1:], start=1)})
         outputs["elmo"] = elmo
-        outputs["default"] = elmo.sum(dim=1) / lengths.clamp(min=1).unsqueeze(1).to(elmo.dtype)
+        outputs["default"] = token_mean(elmo, lengths)  # (B, 2P)
         outputs["sequence_len"] = lengths
         return outputs
 

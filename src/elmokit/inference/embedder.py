@@ -30,6 +30,7 @@ from elmokit.inference.elmo import (
     run_bilm,
 )
 from elmokit.inference.engine import bilm_contextualize, contextualize_sentences
+from elmokit.inference.layers import check_output_format, shape_output
 from elmokit.inference.windows import check_sentences, check_tokens, position_windows
 from elmokit.model.bilm import BiLM, BiLMOutput
 from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN
@@ -186,6 +187,20 @@ class ElmoEmbedder:
             return
         for window in position_windows(sentences, batch_size * self.STREAM_WINDOW, self.POSITION_BUDGET):
             yield from self.embed_many(window, rows=batch_size)
+
+    def sentence_vectors(self, sentences: Iterable[Sequence[str]], batch_size: int = 64,
+                         output_format: str = "average") -> np.ndarray:
+        """One vector per sentence, float32 (N, 2P): the mean over its tokens of the equal-weight
+        average of the layers (`output_format="average"`, TF-Hub's `default` before training), or
+        of the top layer ("top"); (N, L+1, 2P) for "all". An empty sentence gives zeros. What
+        `elmo embed --sentence-vectors` stores (`elmokit.inference.layers.shape_output`)."""
+        check_output_format(output_format)
+        vectors = [shape_output(layers, output_format, True) for layers in self.embed_sentences(sentences, batch_size)]
+        if not vectors:
+            n_layers = self.bilm.config.n_output_layers
+            return np.zeros((0, n_layers, self.output_dim) if output_format == "all" else (0, self.output_dim),
+                            np.float32)
+        return np.stack(vectors)
 
     def embed_file(self, input_file: str | Path | IO, output_file_path: str | Path, output_format: str = "all",
                    batch_size: int = 64, forget_sentences: bool = False, use_sentence_keys: bool = False, *,

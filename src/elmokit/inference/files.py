@@ -11,7 +11,7 @@ The pipeline, in the order text travels:
       -> tokens: whitespace, or Moses          (`make_tokenizer`)
       -> batches of `batch_size` sentences; a sentence longer than `max_length` tokens is cut into
          overlapping windows and stitched back  (`split_windows`, `embed_sentences`)
-      -> (L+1, n, 2P) per sentence, then the form asked for  (`shape_output`)
+      -> (L+1, n, 2P) per sentence, then the form asked for  (`layers.shape_output`)
       -> segment files in OUTPUT.partial/, one closed every `checkpoint_every` sentences
       -> merged into OUTPUT with `sentence_to_index`, renamed into place  (`merge_segments`)
 
@@ -54,7 +54,6 @@ import contextlib
 import ctypes
 import ctypes.util
 import dataclasses
-import functools
 import hashlib
 import itertools
 import json
@@ -80,10 +79,10 @@ from elmokit.inference.segments import (
     sentence_key,
 )
 from elmokit.model.weights import model_fingerprint
-from elmokit.inference.windows import OUTPUT_FORMATS, position_windows, select_layers
+from elmokit.inference.layers import check_output_format, shape_output
+from elmokit.inference.windows import position_windows
 
 from elmokit.extras import require
-from elmokit.tokenizer import tokenize as moses_tokens
 from elmokit.io import atomic_write_text, check_replaceable, durable_replace, output_lock, refuse_overwrite
 from elmokit.textfiles import CorpusError, not_a_regular_file, read_lines
 from elmokit.inference.estimate import EmbedReport, InputScan, check_output_size
@@ -124,8 +123,7 @@ class EmbedOptions:
     checkpoint_every: int = 2000  # sentences per segment file (the unit of --resume)
 
     def __post_init__(self) -> None:
-        if self.output_format not in OUTPUT_FORMATS:
-            raise ValueError(f"output format must be one of {OUTPUT_FORMATS}, got {self.output_format!r}")
+        check_output_format(self.output_format)
         if self.file_format not in FILE_FORMATS:
             raise ValueError(f"file format must be one of {FILE_FORMATS}, got {self.file_format!r}")
         for name in ("batch_size", "checkpoint_every"):
@@ -165,12 +163,15 @@ def scan_input(path: Path, use_sentence_keys: bool, file_format: str = "hdf5",
 
 
 def make_tokenizer(tokenize: bool, lang: str = "en") -> Callable[[str], list[str]]:
-    """str -> tokens: whitespace splitting, or `elmokit.tokenize` (Moses, `escape=False`, as
+    """str -> tokens: whitespace splitting, or sacremoses' MosesTokenizer (`escape=False`, as
     `elmo prepare` tokenizes) for raw text; MissingExtraError if sacremoses is not installed."""
     if not tokenize:
         return str.split
     require("prepare", "Moses tokenization (--tokenize)", ("sacremoses",))
-    return functools.partial(moses_tokens, lang=lang)  # the one Moses tokenizer (elmokit.tokenize)
+    from sacremoses import MosesTokenizer
+
+    moses = MosesTokenizer(lang=lang)
+    return lambda line: " ".join(moses.tokenize(line, escape=False)).split()
 
 
 def input_fingerprint(path: Path) -> dict:
@@ -255,18 +256,6 @@ def embed_sentence_groups(embedder: Embedder, sentences: Iterable[Sequence[str]]
             group.append(kept[first] if last - first == 1 else np.concatenate(kept[first:last], axis=1))
             first = last
         yield group
-
-
-def shape_output(layers: np.ndarray, output_format: str, sentence_vectors: bool) -> np.ndarray:
-    """(L+1, n, 2P) -> what is stored: (L+1, n, 2P) / (n, 2P) per token, or with
-    `sentence_vectors` the token mean (L+1, 2P) / (2P,) (zeros for an empty sentence)."""
-    selected = select_layers(layers, output_format)  # (L+1, n, 2P) or (n, 2P)
-    if not sentence_vectors:
-        return selected
-    token_axis = selected.ndim - 2
-    if selected.shape[token_axis] == 0:
-        return np.zeros(selected.shape[:token_axis] + selected.shape[token_axis + 1:], np.float32)
-    return selected.mean(axis=token_axis, dtype=np.float32)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,14 +1,10 @@
-"""What a call is cut into and what it returns: token lists checked, sentences grouped in windows
-of bounded positions, and the output formats (all layers, the top one, their mean)."""
+"""What a call is cut into: token lists checked, and sentences grouped in windows of bounded
+positions (what a call returns, the layer selection and the sentence vector: layers.py)."""
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
-
-import numpy as np
-
-OUTPUT_FORMATS = ("all", "top", "average")
 
 
 def position_windows(sentences: Iterable[Sequence[str]], max_sentences: int, max_positions: int
@@ -49,15 +45,3 @@ def check_sentences(sentences: Sequence[Sequence[str]], name: str = "sentences")
                         f"[['Hello', 'world']], got {type(sentences).__name__} {sentences!r:.60}")
     for index, sentence in enumerate(sentences):
         check_tokens(sentence, f"{name}[{index}]")
-
-
-
-def select_layers(layers: np.ndarray, output_format: str) -> np.ndarray:
-    """(L+1, n, 2P) -> itself ("all"), the top layer ("top") or the layer mean ("average")."""
-    if output_format == "all":
-        return layers
-    if output_format == "top":
-        return layers[-1]
-    return layers.mean(axis=0)
-
-
