@@ -1,0 +1,11 @@
+"""Thin adapters that put elmokit's ELMo inside the libraries its users already work in.
+
+One module per library; each imports its library itself (after `elmokit.extras.require` has
+checked it is installed) and elmokit's public API, and nothing else in elmokit imports them, so
+importing this package needs none of those libraries:
+
+    elmokit.integrations.flair   `ELMoEmbeddings`, Flair's token embeddings    (pip install 'elmokit[flair]')
+    elmokit.integrations.spacy   the `elmo` pipe of spaCy: nlp.add_pipe("elmo") (pip install 'elmokit[spacy]')
+
+docs/integrations.md shows each in use, what is exact and how it is tested.
+"""
