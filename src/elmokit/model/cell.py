@@ -7,12 +7,36 @@
     layers            every layer's input dropped (bilm-tf's DropoutWrapper); from layer 2 on the
                       output adds that dropped input (ResidualWrapper inside the DropoutWrapper)
 
-A clip of 0 means none. Three drivers run these functions, none re-states them:
+A clip of 0 means none. Every path that runs the LSTM is a driver of these functions (it calls
+`cell_step`, `clip_` and, but for the server, `run_layers`); none re-states a formula. Each exists
+because the others cannot do its job:
 
-    elmokit.model.lstm                  the stateful step loop (autograd, carried state)
-    elmokit.inference.engine            the stateless streams (in place, oneDNN products)
-    elmokit.training.recurrence         training's forward/backward through time (its backward is
-                                        the derivative of these functions, checked against autograd)
+    elmokit.model.lstm (BiLstm.forward)   the reference step loop: right-padded batches packed so
+                                        ended rows drop out, an optional carried state (the
+                                        original's stateful mode), gradients through autograd;
+                                        `Elmo` fine-tuning and stateful embedding run it
+    elmokit.inference.engine            stateless inference: many sentences streamed end to end
+                                        through R rows (no row idles on padding), the cell in place
+                                        with one sigmoid for the four gates, oneDNN products with
+                                        weights reordered once; bfloat16 weights run here only
+    elmokit.inference.cuda_graphs       the engine's `run_block` captured once and replayed on a
+                                        GPU, where launching each small kernel from the host would
+                                        leave the GPU waiting (the same code, not a new driver)
+    elmokit.training.recurrence         LM training: a hand-written forward and backward through
+                                        time, every weight gradient one product over all steps
+                                        (autograd over the step loop keeps ~20 intermediates a
+                                        step); its backward is these functions' derivative,
+                                        checked against autograd through `elmokit.model.lstm`
+    elmokit.training.cuda_graphs        that recurrence's forward and backward captured as CUDA
+                                        graphs (`elmo train --cuda-graph`), again the same code
+    elmokit.serve.recurrence            `elmo serve`: every layer advances one step at a time so a
+                                        request's sentence joins any free row at the next step and
+                                        leaves at its last (continuous batching); the engine needs
+                                        its sentences known in advance. It adds the residual itself
+                                        (one step of all layers at once), as `run_layers` does
+    elmokit.inference.onnx_export       the ONNX export: a `scan` over the steps that an ONNX
+                                        `Scan` can hold, for ONNX's own LSTM operator has no
+                                        projection and clips the gate inputs, not the cell
 
 The drivers choose where results go (`out=` buffers, in place) and how the products run; the
 formulas are here. Shape notation: C cell dim, P projection dim; `...` any leading axes.
