@@ -7,21 +7,46 @@ the internet): set it as ELMOKIT_MIRROR and the published URLs are fetched from 
         server.requests   # [(path, status, bytes sent)], in order
 
 A file whose name ends with one of `break_first` gets a first response that announces its whole
-length and breaks off halfway (the connection closed), as a dropped connection does.
+length and breaks off halfway (the connection closed), as a dropped connection does. `dribble`
+sends every body one byte at a time, that many seconds apart (a server that stalls without going
+silent); `routes` answers a path (query included) with a fixed status, headers and body (an HTTP
+error, a gzip bomb).
+
+    pin(monkeypatch, root, "small")   # the published sizes and SHA-256 of `small` become those
+                                      # of the files under root (a world where they are published)
 """
 
 from __future__ import annotations
 
+import hashlib
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import urlsplit
+
+
+def pin(monkeypatch, root: Path, name: str) -> None:
+    """Make the files a mirror folder holds for the published `name` the published ones: their
+    sizes and SHA-256 are pinned in `elmokit.model.published.PUBLISHED_FILES` for this test."""
+    from elmokit.download import Expected
+    from elmokit.model import published
+
+    files = dict(published.PUBLISHED_FILES)
+    for url in (published.PUBLISHED[name].options_url, published.PUBLISHED[name].weight_url):
+        data = (Path(root) / urlsplit(url).path.lstrip("/")).read_bytes()
+        files[url] = Expected(len(data), hashlib.sha256(data).hexdigest(), "pinned by the test")
+    monkeypatch.setattr(published, "PUBLISHED_FILES", files)
 
 
 class MirrorServer:
-    def __init__(self, root: Path, break_first: tuple[str, ...] = (), delay: float = 0.0):
+    def __init__(self, root: Path, break_first: tuple[str, ...] = (), delay: float = 0.0, dribble: float = 0.0,
+                 routes: dict[str, tuple[int, dict[str, str], bytes]] | None = None):
         self.root = Path(root)
         self.break_first = break_first
         self.delay = delay
+        self.dribble = dribble
+        self.routes = routes or {}
         self.requests: list[tuple[str, int, int]] = []
         self._broken: set[str] = set()
         self._lock = threading.Lock()
@@ -52,8 +77,16 @@ class MirrorServer:
                 pass
 
             def do_GET(self) -> None:
-                import time
-
+                if self.path in server.routes:
+                    status, headers, body = server.routes[self.path]
+                    self.send_response(status)
+                    for key, value in {"Content-Length": str(len(body)), **headers}.items():
+                        self.send_header(key, value)
+                    self.end_headers()
+                    self.wfile.write(body)
+                    with server._lock:
+                        server.requests.append((self.path, status, len(body)))
+                    return
                 path = server.root / self.path.split("?")[0].lstrip("/")
                 if not path.is_file() or ".." in self.path:
                     self.send_error(404)
@@ -71,8 +104,17 @@ class MirrorServer:
                 self.send_header("Content-Type", "application/octet-stream")
                 self.end_headers()
                 time.sleep(server.delay)
-                self.wfile.write(data[:sent])
-                self.wfile.flush()
+                try:
+                    if server.dribble:
+                        for index in range(sent):
+                            self.wfile.write(data[index:index + 1])
+                            self.wfile.flush()
+                            time.sleep(server.dribble)
+                    else:
+                        self.wfile.write(data[:sent])
+                        self.wfile.flush()
+                except OSError:  # the client gave up
+                    sent = -1
                 if breaks:
                     self.close_connection = True
                 with server._lock:

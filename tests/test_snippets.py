@@ -14,7 +14,7 @@ import torch
 
 from elmokit import Elmo, ElmoEmbedder, HubElmo, batch_to_ids, load_model
 from elmokit.model.published import PUBLISHED
-from tests.http_mirror import MirrorServer
+from tests.http_mirror import MirrorServer, pin
 from tests.test_loading import publish
 
 ALLENNLP_SNIPPET = '''
@@ -80,6 +80,7 @@ def check_tfhub(namespace: dict, local: Path) -> None:
 def test_the_snippets_run_verbatim_through_a_mirror_then_from_the_cache(snippet, check, tmp_path, monkeypatch):
     mirror = tmp_path / "mirror"
     publish(mirror, "original", seed=3)
+    pin(monkeypatch, mirror, "original")  # the tiny stand-in is the published file in this test
     local = mirror_file_folder = Path(mirror / urlsplit(PUBLISHED["original"].options_url).path.lstrip("/")).parent
     monkeypatch.setenv("ELMOKIT_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("ELMOKIT_OFFLINE", raising=False)

@@ -1,43 +1,59 @@
 """Model files named by URL: downloaded once into a cache, read from there afterwards.
 
-    fetch(url, check)   -> Path in the cache (downloaded, checked, then renamed into place)
-    cache_entries()     -> what the cache holds          remove_entry(path)  -> delete one
+    fetch(url, check, expected)  -> Path in the cache (downloaded, checked, then renamed into place)
+    cache_entries()              -> what the cache holds       remove_entry(entry)  -> delete one
+    partial_leftovers()          -> unfinished downloads a killed process left behind
 
-The transfer itself is pooch's (`pooch.HTTPDownloader` over requests: a tqdm progress bar,
-timeouts, a temporary file moved into place only when complete, `retry_if_failed`); around it
-this module adds what pooch leaves to its caller:
+Why this file is long: the cache layout, the transfer loop and the lock are one story (where a
+URL's file lives, how it gets there, who may write it); split, each half would re-state the other's
+naming rules.
 
-* one download when several processes ask at once (a `filelock` lock per file);
-* the file checked before it enters the cache (`check`: the options parse, the HDF5 file opens
-  with the datasets its options imply), so the cache never holds a partial or broken file;
-* a mirror and an offline mode.
+The transfer is a streaming loop over requests (`_transfer_once`): each download is capped (the
+published file's size where it is known, else `ELMOKIT_MAX_DOWNLOAD_GB`), any content encoding is
+decoded under the same cap, and the stall rule below ends it. Around it:
+
+* one download when several processes ask at once (a `filelock` lock per file); a process that
+  waits says for whom (the pid in the owner file beside the lock) and gives up by the stall rule;
+* the file checked before it enters the cache (`expected`: its published size and SHA-256 where
+  known; `check`: the options parse, the HDF5 file opens with the datasets its options imply), so
+  the cache never holds a partial or broken file; a cached file is checked again when used;
+* a mirror and an offline mode. A file from a mirror enters the cache under the published URL
+  only when its SHA-256 is pinned and matches; otherwise it is cached under the mirror's own
+  URL, so a mirror never stands in for the published file for users who do not use it.
 
 Settings (environment variables):
-    ELMOKIT_CACHE    the cache folder (default: the user's cache directory, `platformdirs`)
-    ELMOKIT_MIRROR   a base URL or a local folder that replaces the scheme and host of a published
-                     model's URL, path kept (for users who cannot reach the original host)
-    ELMOKIT_OFFLINE  1: never download, read the cache only
+    ELMOKIT_CACHE            the cache folder (default: the user's cache directory, `platformdirs`)
+    ELMOKIT_MIRROR           an http(s) base URL, a file:// URL or a local folder that replaces the
+                             scheme and host of a published model's URL, path kept
+    ELMOKIT_OFFLINE          1: never download, read the cache only
+    ELMOKIT_MAX_DOWNLOAD_GB  the cap on a download whose size is not published (default 4)
+    ELMOKIT_STALL_SECONDS    the stall rule: a download (retries included) that receives less than
+    ELMOKIT_STALL_BYTES      STALL_BYTES in STALL_SECONDS is abandoned (default 1 MB in 60 s)
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import logging
 import os
-import re
 import shutil
-import sys
+import socket
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 ENV_CACHE, ENV_MIRROR, ENV_OFFLINE = "ELMOKIT_CACHE", "ELMOKIT_MIRROR", "ELMOKIT_OFFLINE"
-TIMEOUT = (10, 60)  # seconds to connect, and between two reads: nothing hangs
-RETRIES = 2  # a broken transfer is tried again this many times (pooch waits 1 s, then 2 s)
-LOCK_SUFFIX = ".lock"
+ENV_MAX_GB, ENV_STALL_SECONDS, ENV_STALL_BYTES = "ELMOKIT_MAX_DOWNLOAD_GB", "ELMOKIT_STALL_SECONDS", "ELMOKIT_STALL_BYTES"
+DEFAULT_MAX_GB, DEFAULT_STALL_SECONDS, DEFAULT_STALL_BYTES = 4.0, 60.0, 1_000_000
+CONNECT_TIMEOUT = 10.0  # seconds to connect (at most the stall window)
+RETRIES = 2  # a broken transfer is tried again this many times (after 1 s, then 2 s), within the stall rule
+OPTIONS_MAX_BYTES = 1_000_000  # an options JSON is a few hundred bytes: the cap on one whose size is not published
+CHUNK = 16 * 1024  # bytes read at once (a gzip body decodes to at most ~1000x this before the cap is checked)
+LOCK_SUFFIX, OWNER_SUFFIX, PARTIAL_SUFFIX = ".lock", ".owner", ".partial"
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +61,22 @@ PUBLISHED_HOSTS = ("allennlp.s3.amazonaws.com", "s3-us-west-2.amazonaws.com")
 """Hosts of the published models (`elmokit.model.published`): `ELMOKIT_MIRROR` replaces them."""
 _LEGACY_PREFIX = "https://s3-us-west-2.amazonaws.com/allennlp/"  # the same bucket, path-style
 _CANONICAL_PREFIX = "https://allennlp.s3.amazonaws.com/"
+MIRROR_SCHEMES = ("http", "https", "file")
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What a file is known to be: its size in bytes and SHA-256 (hex), each None where unknown,
+    and where these figures come from."""
+
+    size: int | None = None
+    sha256: str | None = None
+    source: str = ""
+
+
+class DownloadError(OSError):
+    """A model file could not be downloaded (and is not in the cache): one line naming the URL
+    and the settings that help."""
 
 
 def is_url(reference: object) -> bool:
@@ -60,11 +92,6 @@ def canonical_url(url: str) -> str:
     if url.startswith(_LEGACY_PREFIX):
         return _CANONICAL_PREFIX + url[len(_LEGACY_PREFIX):]
     return url
-
-
-class DownloadError(OSError):
-    """A model file could not be downloaded (and is not in the cache): one line naming the URL
-    and the settings that help."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -83,13 +110,34 @@ def offline() -> bool:
     return os.environ.get(ENV_OFFLINE, "").strip().lower() not in ("", "0", "false", "no")
 
 
+def _positive_setting(name: str, default: float) -> float:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise DownloadError(f"{name}={text!r}: expected a positive number")
+    return value
+
+
+def max_download_bytes() -> int:
+    """The cap on a download whose size is not published: `ELMOKIT_MAX_DOWNLOAD_GB` (default 4)."""
+    return int(_positive_setting(ENV_MAX_GB, DEFAULT_MAX_GB) * 1e9)
+
+
 def mirrored(url: str) -> str:
-    """Where to get `url` from: under `ELMOKIT_MIRROR` (a base URL or a local folder, path kept)
-    when it is set and the URL is a published model's; else the URL itself."""
+    """Where to get `url` from: under `ELMOKIT_MIRROR` (an http(s) or file:// base URL or a local
+    folder, path kept) when it is set and the URL is a published model's; else the URL itself."""
     mirror = os.environ.get(ENV_MIRROR, "").strip()
     parts = urlsplit(url)
     if not mirror or parts.hostname not in PUBLISHED_HOSTS:
         return url
+    if "://" in mirror and mirror.split("://", 1)[0].lower() not in MIRROR_SCHEMES:
+        raise DownloadError(f"{ENV_MIRROR}={mirror}: the scheme {mirror.split('://', 1)[0]!r} is not supported "
+                            "(an http:// or https:// base URL, a file:// URL or a local folder)")
     return mirror.rstrip("/") + parts.path
 
 
@@ -99,19 +147,55 @@ def _settings() -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# The cache: one file a URL, at <cache>/<host>/<path>
+# The cache: one file a URL, at <cache>/<host>/<path>, every name percent-encoded
 # ---------------------------------------------------------------------------------------------
+def _name(text: str) -> str:
+    """A file name for one URL component: percent-encoded (no '/', '\\', ':' or NUL survives), a
+    leading '.' encoded too (hidden names are the cache's own: locks, owners, unfinished
+    downloads), and a long name cut and made unique by a hash."""
+    name = quote(text, safe="")
+    return _cut("%2E" + name[1:] if name.startswith(".") else name)
+
+
+def _cut(name: str) -> str:
+    """A name short enough for any file system: cut, and made unique by a hash after a '!' (which
+    `quote` always encodes, so no URL gives it)."""
+    return name if len(name) <= 200 else name[:150] + "!" + hashlib.sha256(name.encode()).hexdigest()[:16]
+
+
 def cache_path(url: str) -> Path:
-    """Where the file of `url` lives in the cache (published URLs in their canonical spelling)."""
+    """Where the file of `url` lives in the cache (published URLs in their canonical spelling):
+    `<cache>/<host[:port]>/<path>` for https, `<scheme>+<host[:port]>/<path>` for http and
+    `file+/<path>` for file:// URLs; a query makes another file (`name#query`). Whatever the URL,
+    the path is inside the cache, or ValueError."""
     parts = urlsplit(canonical_url(url))
+    scheme = parts.scheme.lower()
+    try:
+        host, port = parts.hostname or "", parts.port
+    except ValueError:  # a port that is not a number, or out of range
+        raise ValueError(f"not a URL of a file: {url!r} (its port)") from None
     segments = [unquote(segment) for segment in parts.path.split("/") if segment]
-    if not parts.hostname or not segments or any(s in (".", "..") or "/" in s or "\\" in s or "\0" in s
-                                                 for s in segments):
+    if scheme not in MIRROR_SCHEMES or (not host and scheme != "file") or host in (".", "..") or not segments:
         raise ValueError(f"not a URL of a file: {url!r}")
+    if any(segment in (".", "..") for segment in segments):
+        raise ValueError(f"not a URL of a file: {url!r} (a '.' or '..' in its path)")
+    names = [_name(segment) for segment in segments]
     if parts.query:  # the same path with another query is another file
-        segments[-1] += "." + hashlib.sha256(parts.query.encode()).hexdigest()[:12]
-    host = parts.hostname + (f"_{parts.port}" if parts.port else "")
-    return cache_dir().joinpath(host, *segments)
+        names[-1] = _cut(names[-1] + "#" + quote(parts.query, safe=""))  # `quote` encodes '#': no clash
+    folder = _name(host + (f":{port}" if port else ""))
+    if scheme != "https":
+        folder = f"{scheme}+{folder}"  # '+' is encoded in a host's name: no clash
+    return cache_dir().joinpath(folder, *names)
+
+
+def _url_of(relative: Path) -> str:
+    """The URL a cache path stands for (the inverse of `cache_path`, up to a cut long name)."""
+    folder, *names = relative.parts
+    scheme, _, host = folder.rpartition("+") if "+" in folder else ("https", "", folder)
+    *folders, last = names
+    last, _, query = last.partition("#")
+    path = "/".join(quote(unquote(name), safe="") for name in (*folders, last))
+    return f"{scheme}://{unquote(host)}/{path}" + (f"?{unquote(query)}" if query else "")
 
 
 @dataclass(frozen=True)
@@ -121,96 +205,258 @@ class CacheEntry:
     size: int
 
 
+def _hidden(relative: Path) -> bool:
+    return any(part.startswith(".") for part in relative.parts)
+
+
 def cache_entries() -> list[CacheEntry]:
     """Every file in the cache (not the locks or unfinished downloads), sorted by URL."""
     root = cache_dir()
     if not root.is_dir():
         return []
-    entries = []
-    for path in root.rglob("*"):
-        relative = path.relative_to(root)
-        if (path.is_file() and not path.name.endswith(LOCK_SUFFIX)
-                and not any(part.startswith(".") for part in relative.parts)):
-            host, *rest = relative.parts
-            host = host.replace("_", ":", 1)
-            entries.append(CacheEntry(path, f"https://{host}/" + "/".join(rest), path.stat().st_size))
+    entries = [CacheEntry(path, _url_of(path.relative_to(root)), path.stat().st_size)
+               for path in root.rglob("*") if path.is_file() and not _hidden(path.relative_to(root))]
     return sorted(entries, key=lambda entry: entry.url)
+
+
+def _lock_path(target: Path, suffix: str = LOCK_SUFFIX) -> Path:
+    return target.parent / f".{target.name}{suffix}"
+
+
+def _lock(target: Path):
+    import filelock
+
+    return filelock.FileLock(str(_lock_path(target)))
 
 
 def remove_entry(entry: CacheEntry) -> None:
     """Delete one cached file (under its lock, so no download of it is under way)."""
+    with _lock(entry.path):
+        entry.path.unlink(missing_ok=True)
+    _lock_path(entry.path).unlink(missing_ok=True)
+
+
+def partial_leftovers() -> list[CacheEntry]:
+    """Unfinished downloads that no process is writing (a killed download's staging folders):
+    each as the staging folder, the URL it was for and the bytes it holds."""
     import filelock
 
-    with filelock.FileLock(str(entry.path) + LOCK_SUFFIX):
-        entry.path.unlink(missing_ok=True)
-    Path(str(entry.path) + LOCK_SUFFIX).unlink(missing_ok=True)
+    root = cache_dir()
+    if not root.is_dir():
+        return []
+    leftovers = []
+    for staging in root.rglob(f".*{PARTIAL_SUFFIX}"):
+        if not staging.is_dir():
+            continue
+        target = staging.parent / staging.name[1:].rsplit(".", 2)[0]  # .<name>.<random>.partial
+        lock = _lock(target)
+        try:
+            lock.acquire(timeout=0)
+        except filelock.Timeout:  # a download is under way: not a leftover
+            continue
+        lock.release()
+        size = sum(path.stat().st_size for path in staging.rglob("*") if path.is_file())
+        leftovers.append(CacheEntry(staging, _url_of(target.relative_to(root)), size))
+    return sorted(leftovers, key=lambda entry: entry.url)
+
+
+def remove_leftover(leftover: CacheEntry) -> None:
+    shutil.rmtree(leftover.path, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The stall rule
+# ---------------------------------------------------------------------------------------------
+class StallWatch:
+    """The stall rule: less than `min_bytes` received in a window of `seconds` ends a download
+    (its retries included), and a wait on another process's download."""
+
+    def __init__(self, seconds: float | None = None, min_bytes: float | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.seconds = _positive_setting(ENV_STALL_SECONDS, DEFAULT_STALL_SECONDS) if seconds is None else seconds
+        self.min_bytes = _positive_setting(ENV_STALL_BYTES, DEFAULT_STALL_BYTES) if min_bytes is None else min_bytes
+        self.clock = clock
+        self.started = self.window_start = clock()
+        self.window_bytes = 0
+
+    def add(self, n: int) -> None:
+        self.window_bytes += n
+
+    def stalled(self) -> bool:
+        """Whether the window that just ended received too little (a window with enough opens the next)."""
+        now = self.clock()
+        if now - self.window_start < self.seconds:
+            return False
+        if self.window_bytes < self.min_bytes:
+            return True
+        self.window_start, self.window_bytes = now, 0
+        return False
+
+    def left(self) -> float:
+        """Seconds until the current window ends."""
+        return max(0.0, self.window_start + self.seconds - self.clock())
+
+    def rule(self) -> str:
+        return (f"less than {self.min_bytes:,.0f} bytes in {self.seconds:g} s ({ENV_STALL_BYTES}, "
+                f"{ENV_STALL_SECONDS})")
 
 
 # ---------------------------------------------------------------------------------------------
 # Fetching
 # ---------------------------------------------------------------------------------------------
-def fetch(url: str, check: Callable[[Path], None] | None = None, progress: bool | None = None) -> Path:
+def fetch(url: str, check: Callable[[Path], object] | None = None, progress: bool | None = None,
+          expected: Expected | None = None, max_bytes: int | None = None, repair: bool = False) -> Path:
     """The local path of `url`'s file: from the cache, or downloaded into it.
 
     Args:
         url: an http(s) URL (a published one may be fetched from `ELMOKIT_MIRROR`).
-        check: raises if a downloaded file is not what it should be (then it never enters the
-            cache, and the error names the URL).
+        check: raises if a file is not what it should be: a downloaded file that fails it never
+            enters the cache, a cached one that fails it is reported as a broken cache entry.
         progress: show a progress bar (default: when stderr is a terminal, unless `elmo -q`).
+        expected: the file's published size and SHA-256, where known (`elmokit.model.published`).
+        max_bytes: the cap where no size is published (default: `ELMOKIT_MAX_DOWNLOAD_GB`).
+        repair: a cached file that fails its checks is downloaded again (`elmo download`).
 
     Raises:
-        DownloadError: offline or unreachable and not in the cache, or the file failed `check`.
+        DownloadError: offline or unreachable and not in the cache, too large, stalled, or the file
+            failed its checks.
     """
-    import filelock
-
-    target = cache_path(url)
+    canonical = canonical_url(url)
+    source = mirrored(canonical)
+    trusted = source == canonical or (expected is not None and expected.sha256 is not None)
+    identity = canonical if trusted else _identity(source)
+    target = cache_path(identity)
+    if target.is_dir():
+        raise DownloadError(f"{target} is a folder where the cached download of {url} belongs; remove it "
+                            f"({ENV_CACHE}={cache_dir()})")
     if target.is_file():
-        return target
+        broken = _broken(target, check, expected, hash_it=repair)
+        if broken is None:
+            return target
+        if not repair:
+            raise DownloadError(f"{target} is the cached download of {identity} and it is broken ({broken}); "
+                                f"remove it with `elmo cache --remove '{_url_of(target.relative_to(cache_dir()))}'`, "
+                                "or replace it with `elmo download`")
     if offline():
         raise DownloadError(f"{url} is not in the cache and {ENV_OFFLINE} is set ({_settings()}); "
                             "fill the cache with `elmo download` where there is a network")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    lock = filelock.FileLock(str(target) + LOCK_SUFFIX)
+    _make_folder(target.parent)
+    lock = _acquire(target, url)
     try:
-        lock.acquire(timeout=1)
-    except filelock.Timeout:
-        log.warning("waiting for another process that is downloading %s", url)
-        lock.acquire()
-    try:
-        if target.is_file():  # the other process finished it
-            return target
-        source = mirrored(canonical_url(url))
+        if target.is_file():
+            if _broken(target, check, expected) is None:  # the other process finished it
+                return target
+            log.warning("replacing the broken cached download %s", target)
         if progress is None:  # elmokit.progress's policy: a bar on a terminal, none under `elmo -q`
             from elmokit.progress import quiet, stderr_is_terminal
 
             progress = stderr_is_terminal() and not quiet()
-        staged = _transfer(url, source, target, progress)
+        cap = expected.size if expected is not None and expected.size else (max_bytes or max_download_bytes())
+        staged = _transfer(url, source, target, progress, cap)
         try:
-            if check is not None:
-                check(staged)
+            problem = _broken(staged, check, expected, hash_it=True)
+            if problem is not None:
+                raise DownloadError(f"{url} (from {source}) is not a valid model file: {problem}")
             os.replace(staged, target)
-        except Exception as error:
-            raise DownloadError(f"{url} (from {source}) is not a valid model file: {error}") from error
         finally:
-            staged.unlink(missing_ok=True)
             shutil.rmtree(staged.parent, ignore_errors=True)
     finally:
+        _lock_path(target, OWNER_SUFFIX).unlink(missing_ok=True)
         lock.release()
     return target
 
 
-def _transfer(url: str, source: str, target: Path, progress: bool) -> Path:
+def _identity(source: str) -> str:
+    """The URL a mirror's file is cached under: the mirror's own (a folder as a file:// URL)."""
+    if "://" in source:
+        return source
+    return Path(source).expanduser().resolve().as_uri()
+
+
+def _broken(path: Path, check: Callable[[Path], object] | None, expected: Expected | None,
+            hash_it: bool = False) -> str | None:
+    """Why the file at `path` is not the file it should be, or None."""
+    size = path.stat().st_size
+    if expected is not None and expected.size is not None and size != expected.size:
+        return f"{size:,} bytes where the published file has {expected.size:,} ({expected.source})"
+    if hash_it and expected is not None and expected.sha256 is not None:
+        digest = _sha256(path)
+        if digest != expected.sha256:
+            return f"SHA-256 {digest} where the published file's is {expected.sha256} ({expected.source})"
+    if check is not None:
+        try:
+            check(path)
+        except Exception as error:  # the check's own message names what is wrong
+            return str(error)
+    return None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _make_folder(folder: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=folder, prefix=".probe.")
+        probe.close()
+    except OSError as error:  # a file in the way, a read-only folder
+        raise DownloadError(f"cannot write the model cache at {folder} ({error.strerror or error}); set "
+                            f"{ENV_CACHE} to a writable folder ({ENV_CACHE}={cache_dir()})") from None
+
+
+def _acquire(target: Path, url: str):
+    """Take the file's lock; while another process holds it, wait, saying for whom, until that
+    process's download breaks the stall rule."""
+    import filelock
+
+    lock = _lock(target)
+    try:
+        lock.acquire(timeout=0.2)
+    except filelock.Timeout:
+        owner = _lock_path(target, OWNER_SUFFIX)
+        holder = owner.read_text(errors="replace").strip() if owner.is_file() else "another process"
+        log.warning("waiting for %s, which is downloading %s", holder, url)
+        watch, seen = StallWatch(), _partial_bytes(target)
+        while True:
+            try:
+                lock.acquire(timeout=min(0.5, watch.seconds / 4))
+                break
+            except filelock.Timeout:
+                now_seen = _partial_bytes(target)
+                watch.add(max(0, now_seen - seen))
+                seen = now_seen
+                if watch.stalled():
+                    raise DownloadError(f"gave up waiting for {holder}, which is downloading {url}: its download "
+                                        f"received {watch.rule()}; stop that process, or try again") from None
+    _lock_path(target, OWNER_SUFFIX).write_text(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    return lock
+
+
+def _partial_bytes(target: Path) -> int:
+    pattern = str(target.parent / glob.escape(f".{target.name}.")) + f"*{PARTIAL_SUFFIX}"
+    return sum(path.stat().st_size for staging in glob.glob(pattern) for path in Path(staging).glob("*")
+               if path.is_file())
+
+
+def _transfer(url: str, source: str, target: Path, progress: bool, cap: int) -> Path:
     """Copy or download `source` to a new staging file beside `target` (same file system, so the
     final rename is atomic) and return its path; raises DownloadError naming the source."""
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=PARTIAL_SUFFIX, dir=target.parent))
     staged = staging / target.name
     try:
         if is_url(source):
-            _download(url, source, staged, progress)
+            _download(url, source, staged, progress, cap)
         else:  # a mirror folder (or file:// URL)
             local = Path(unquote(urlsplit(source).path) if source.startswith("file://") else source)
             if not local.is_file():
                 raise DownloadError(f"{local} not found in the mirror folder ({_settings()})")
+            if local.stat().st_size > cap:
+                raise DownloadError(f"{local} has {local.stat().st_size:,} bytes, more than the {cap:,} allowed")
             shutil.copyfile(local, staged)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -218,22 +464,88 @@ def _transfer(url: str, source: str, target: Path, progress: bool) -> Path:
     return staged
 
 
-def _download(url: str, source: str, destination: Path, progress: bool) -> None:
-    import pooch
-    import requests
+class _Retry(Exception):
+    """A transfer that broke off (a reset connection, a short body, a 5xx): tried again."""
 
-    pooch.get_logger().setLevel(logging.WARNING)  # its "Downloading ..." line: our log says it
+
+def _download(url: str, source: str, destination: Path, progress: bool, cap: int) -> None:
+    """Download `source` to `destination` from the start, again after a broken transfer (at most
+    RETRIES times), until the stall rule ends it."""
     log.info("downloading %s", source)
-    fetcher = pooch.create(path=destination.parent, base_url="", registry={destination.name: None},
-                           urls={destination.name: source}, retry_if_failed=RETRIES)
-    started = time.monotonic()
+    origin = f" from {source}" if source != url else ""
+    watch, tries = StallWatch(), 0
+    while True:
+        tries += 1
+        try:
+            _transfer_once(url, source, destination, progress, cap, watch)
+            return
+        except _Retry as error:
+            reason = str(error)
+        if watch.stalled():
+            raise DownloadError(f"cannot download {url}{origin}: it received {watch.rule()} ({reason}; "
+                                f"{tries} tries)") from None
+        if tries > RETRIES:
+            raise DownloadError(f"cannot download {url}{origin} ({reason}; after {time.monotonic() - watch.started:.0f} s, "
+                                f"{tries} tries) and it is not in the cache; set {ENV_MIRROR} to a mirror (base URL "
+                                f"or folder), or fill the cache with `elmo download` on a machine with a network "
+                                f"({_settings()})") from None
+        time.sleep(min(2.0 ** (tries - 1), watch.left()))
+
+
+def _transfer_once(url: str, source: str, destination: Path, progress: bool, cap: int, watch: StallWatch) -> None:
+    import requests
+    import urllib3
+
+    from elmokit.progress import progress_bar
+
+    origin = f" from {source}" if source != url else ""
+    timeout = (min(CONNECT_TIMEOUT, watch.seconds), watch.seconds)
     try:
-        fetcher.fetch(destination.name, downloader=pooch.HTTPDownloader(progressbar=progress, timeout=TIMEOUT))
+        response = requests.get(source, stream=True, timeout=timeout, headers={"Accept-Encoding": "identity"})
     except requests.exceptions.RequestException as error:
-        cause = re.search(r"Caused by (\w+)", str(error))  # urllib3's reason, e.g. NameResolutionError
-        reason = type(error).__name__ + (f" ({cause.group(1)})" if cause else "")
-        origin = f" from {source}" if source != url else ""
-        raise DownloadError(f"cannot download {url}{origin} ({reason}; after {time.monotonic() - started:.0f} s, "
-                            f"{1 + RETRIES} tries) and it is not in the cache; set {ENV_MIRROR} to a "
-                            f"mirror (base URL or folder), or fill the cache with `elmo download` on a "
-                            f"machine with a network ({_settings()})") from None
+        raise _Retry(_reason(error)) from None
+    with response:
+        if response.status_code >= 500:
+            raise _Retry(f"HTTP {response.status_code} {response.reason}")
+        if response.status_code != 200:
+            raise DownloadError(f"cannot download {url}{origin}: HTTP {response.status_code} {response.reason}")
+        length = response.headers.get("Content-Length", "")
+        encoded = response.headers.get("Content-Encoding", "identity").lower() not in ("", "identity")
+        if length.isdigit() and int(length) > cap and not encoded:
+            raise DownloadError(f"cannot download {url}{origin}: it announces {int(length):,} bytes, more than the "
+                                f"{cap:,} allowed ({_cap_reason()})")
+        written = 0
+        total = int(length) if length.isdigit() and not encoded else None
+        with open(destination, "wb") as out, progress_bar(total=total, desc=destination.name, unit="B",
+                                                          unit_scale=True, enabled=progress) as bar:
+            while True:
+                try:
+                    chunk = response.raw.read1(CHUNK, decode_content=True)
+                except (urllib3.exceptions.ReadTimeoutError, TimeoutError, socket.timeout):
+                    raise DownloadError(f"cannot download {url}{origin}: it received {watch.rule()} "
+                                        "(nothing arrived)") from None
+                except (urllib3.exceptions.HTTPError, OSError) as error:
+                    raise _Retry(_reason(error)) from None
+                if not chunk:  # the end (urllib3 decodes until data comes or the body ends)
+                    break
+                written += len(chunk)
+                if written > cap:
+                    raise DownloadError(f"cannot download {url}{origin}: more than the {cap:,} bytes allowed "
+                                        f"({_cap_reason()})")
+                out.write(chunk)
+                bar.update(len(chunk))
+                watch.add(len(chunk))
+                if watch.stalled():
+                    raise DownloadError(f"cannot download {url}{origin}: it received {watch.rule()} "
+                                        f"({written:,} bytes in {time.monotonic() - watch.started:.0f} s)")
+
+
+def _cap_reason() -> str:
+    return f"the published file's size, or {ENV_MAX_GB}={max_download_bytes() / 1e9:g} where none is published"
+
+
+def _reason(error: BaseException) -> str:
+    import re
+
+    cause = re.search(r"Caused by (\w+)", str(error))  # urllib3's reason, e.g. NameResolutionError
+    return type(error).__name__ + (f" ({cause.group(1)})" if cause else "")

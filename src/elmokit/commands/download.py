@@ -6,14 +6,19 @@ from __future__ import annotations
 import argparse
 import fnmatch
 
-from elmokit.download import ENV_CACHE, ENV_MIRROR, ENV_OFFLINE, cache_dir, cache_entries, remove_entry
-from elmokit.model.published import PUBLISHED, published_model
-from elmokit.download import is_url
+from urllib.parse import urlsplit
+
+from elmokit.download import (ENV_CACHE, ENV_MAX_GB, ENV_MIRROR, ENV_OFFLINE, ENV_STALL_BYTES, ENV_STALL_SECONDS,
+                              OPTIONS_MAX_BYTES, cache_dir, cache_entries, is_url, partial_leftovers, remove_entry,
+                              remove_leftover)
 from elmokit.model.config import read_options
 from elmokit.model.loading import load_model, resolve_file
+from elmokit.model.published import PUBLISHED, published_model
+from elmokit.model.weights import check_weight_file
 
 SETTINGS = (f"Settings: {ENV_CACHE} (the cache folder), {ENV_MIRROR} (a base URL or folder replacing the "
-            f"published host), {ENV_OFFLINE}=1 (cache only).")
+            f"published host), {ENV_OFFLINE}=1 (cache only), {ENV_MAX_GB} (the cap where no size is published), "
+            f"{ENV_STALL_SECONDS} and {ENV_STALL_BYTES} (the stall rule: less than 1 MB in 60 s ends a download).")
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
@@ -29,10 +34,11 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
     parser = subcommands.add_parser(
         "cache", help="list or remove cached model files",
-        description=f"List the files in the model cache, or remove some. {SETTINGS}")
+        description=f"List the files in the model cache and the unfinished downloads a killed process left "
+                    f"there, or remove some. {SETTINGS}")
     parser.add_argument("--remove", nargs="+", metavar="NAME|PATTERN",
-                        help="remove the files of these published names, or whose URL matches these "
-                             "shell patterns (e.g. '*5.5B*'; '*' removes all)")
+                        help="remove the files (and unfinished downloads) of these published names, or whose URL "
+                             "matches these shell patterns (e.g. '*5.5B*'; '*' removes all)")
     parser.set_defaults(func=run_cache)
 
 
@@ -58,34 +64,50 @@ def download_requests(references: list[str]) -> list[tuple[str, str | None]]:
 
 
 def run_download(args: argparse.Namespace) -> int:
+    """Download each model, or check its cached files again and replace a broken one, then load it."""
     for options_url, weights_url in download_requests(args.models):
         if weights_url is None:
-            path = resolve_file(options_url, read_options if options_url.endswith(".json") else None)
+            is_options = urlsplit(options_url).path.endswith(".json")
+            path = resolve_file(options_url, read_options if is_options else None,
+                                max_bytes=OPTIONS_MAX_BYTES if is_options else None, repair=True)
             print(f"{options_url}\n  -> {path}")
             continue
-        model = load_model(options_url, weights_url)  # downloads both, checks them, and loads once
+        options_path = resolve_file(options_url, read_options, max_bytes=OPTIONS_MAX_BYTES, repair=True)
+        config = read_options(options_path)
+        resolve_file(weights_url, lambda path: check_weight_file(path, config, options_url), repair=True)
+        model = load_model(options_url, weights_url)  # both cached and sound now: loads once
         print(f"{options_url}\n{weights_url}\n  -> {resolve_file(weights_url).parent} "
               f"({sum(p.numel() for p in model.parameters()):,} parameters, loads)")
     return 0
 
 
 def run_cache(args: argparse.Namespace) -> int:
-    entries = cache_entries()
+    entries, leftovers = cache_entries(), partial_leftovers()
     if args.remove:
         patterns = []
         for reference in args.remove:
             published = published_model(reference)
-            patterns += [published.options_url, published.weight_url] if published else [reference]
-        chosen = [entry for entry in entries if any(fnmatch.fnmatchcase(entry.url, pattern) for pattern in patterns)]
+            urls = [published.options_url, published.weight_url] if published else []
+            # a published name: its files, and the copies a mirror served (cached under the mirror's URL)
+            patterns += urls + ["*://*" + urlsplit(url).path for url in urls] if published else [reference]
+        matches = lambda entry: any(fnmatch.fnmatchcase(entry.url, pattern) for pattern in patterns)  # noqa: E731
+        chosen = [entry for entry in entries if matches(entry)]
         for entry in chosen:
             remove_entry(entry)
             print(f"removed {entry.url} ({entry.size / 1e6:,.1f} MB)")
-        if not chosen:
+        unfinished = [leftover for leftover in leftovers if matches(leftover)]
+        for leftover in unfinished:
+            remove_leftover(leftover)
+            print(f"removed an unfinished download of {leftover.url} ({leftover.size / 1e6:,.1f} MB, {leftover.path})")
+        if not chosen and not unfinished:
             print(f"nothing in {cache_dir()} matches {' '.join(args.remove)}")
         return 0
     print(f"cache: {cache_dir()}")
     for entry in entries:
         print(f"{entry.size / 1e6:>10,.1f} MB  {entry.url}")
     print(f"{len(entries)} file(s), {sum(entry.size for entry in entries) / 1e6:,.1f} MB")
+    if leftovers:
+        print(f"unfinished downloads (left by a process that was stopped; `elmo cache --remove PATTERN` removes them):")
+        for leftover in leftovers:
+            print(f"{leftover.size / 1e6:>10,.1f} MB  {leftover.url}  ({leftover.path})")
     return 0
-

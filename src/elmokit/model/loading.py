@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from elmokit.download import fetch, is_url
+from elmokit.download import OPTIONS_MAX_BYTES, fetch, is_url
 from elmokit.model.bilm import BiLM
 from elmokit.model.config import ConfigError, read_options
-from elmokit.model.published import published_model, published_names
+from elmokit.model.published import expected_file, published_model, published_names
 from elmokit.model.weights import WEIGHTS_NAME, check_weight_file, load_original, load_pretrained
 
 
@@ -30,7 +30,7 @@ def load_model(model: str | Path | None = None, weight_file: str | Path | None =
     if weight_file is not None:
         if model is None:
             raise ValueError("a weight file needs its options file: give both")
-        options_path = resolve_file(model, read_options)
+        options_path = resolve_file(model, read_options, max_bytes=OPTIONS_MAX_BYTES)
         config = read_options(options_path)
         weights_path = resolve_file(weight_file, lambda path: check_weight_file(path, config, str(model)))
         return load_original(options_path, weights_path)
@@ -57,9 +57,12 @@ def load_model(model: str | Path | None = None, weight_file: str | Path | None =
     raise ConfigError(f"{path}: an options file needs its weight file; give both, or a model directory")
 
 
-def resolve_file(reference: str | Path, check: Callable[[Path], object] | None = None) -> Path:
+def resolve_file(reference: str | Path, check: Callable[[Path], object] | None = None,
+                 max_bytes: int | None = None, repair: bool = False) -> Path:
     """A local path for a file given as a path or an http(s) URL (downloaded into the cache,
-    `check`ed before it enters it)."""
+    `check`ed and held to its published size and hash before it enters it, at most `max_bytes`
+    where no size is published; `repair`: a broken cached copy is downloaded again)."""
     if is_url(str(reference)):
-        return fetch(str(reference), check)
+        return fetch(str(reference), check, expected=expected_file(str(reference)), max_bytes=max_bytes,
+                     repair=repair)
     return Path(reference)

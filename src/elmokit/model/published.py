@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from elmokit.download import Expected, canonical_url
+
 ALLENNLP_BASE = "https://allennlp.s3.amazonaws.com/models/elmo/"
 
 
@@ -72,3 +74,23 @@ def published_model(name: str) -> PublishedModel | None:
 
 def published_names() -> list[str]:
     return list(PUBLISHED)
+
+
+_SIZES_SEEN = ("the Content-Length AllenNLP's downloader showed (`100%| 336/336`, `374434792/374434792`) in "
+               "public notebooks' output: an ELMo tutorial's (2019, `original`) and a CORD-19 notebook's through "
+               "Flair's ELMoEmbeddings('pubmed') (2020)")
+PUBLISHED_FILES: dict[str, Expected] = {
+    PUBLISHED["original"].options_url: Expected(size=336, source=_SIZES_SEEN),
+    PUBLISHED["original"].weight_url: Expected(size=374_434_792, source=_SIZES_SEEN),
+    PUBLISHED["pubmed"].options_url: Expected(size=336, source=_SIZES_SEEN),
+    PUBLISHED["pubmed"].weight_url: Expected(size=374_434_792, source=_SIZES_SEEN),
+}
+"""What is publicly known of the published files, by URL: sizes seen in public download logs; no
+SHA-256 of any of them is published (AllenNLP's pages, its S3 listing and the public copies found
+give none), so none is pinned and a mirror's copy is cached under the mirror's own URL
+(`elmokit.download`). docs/loading.md lists them."""
+
+
+def expected_file(url: str) -> Expected | None:
+    """The published size and SHA-256 of the file at `url` (any spelling), where known."""
+    return PUBLISHED_FILES.get(canonical_url(url))
