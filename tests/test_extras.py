@@ -31,13 +31,13 @@ def test_extras_match_pyproject():
 
     def names(requirements: list[str]) -> set[str]:
         return {r.split("[")[0].split(">")[0].split("=")[0].split("<")[0].split(";")[0].strip().lower()
-                for r in requirements if not r.startswith("elmokit")}
+                .replace("-", "_") for r in requirements if not r.startswith("elmokit")}
 
     for extra, packages in EXTRAS.items():
         assert names(optional[extra]) == set(packages), extra
     every = set().union(*EXTRAS.values())
     assert names(project["dependencies"]) == {"torch", "numpy", "h5py", "safetensors", "tqdm",  # embedding
-                                              "pooch", "filelock", "platformdirs"}  # models by name or URL
+                                              "requests", "urllib3", "filelock", "platformdirs"}  # models by name or URL
     assert set(optional["all"]) == {f"elmokit[{extra}]" for extra in EXTRAS}
     assert "elmokit[all]" in optional["test"] and "elmokit[docs]" in optional["test"]
     assert every.isdisjoint(names(project["dependencies"]))

@@ -1,7 +1,7 @@
 """Optional dependencies: which extra brings which package, and the error when one is missing.
 
-`pip install elmokit` brings what embedding needs (torch, numpy, h5py, safetensors, tqdm; pooch,
-filelock and platformdirs for models named by URL or published name). The
+`pip install elmokit` brings what embedding needs (torch, numpy, h5py, safetensors, tqdm; requests,
+urllib3, filelock and platformdirs for models named by URL or published name). The
 rest is imported only where it is used, after `require` has checked it is there:
 
 | extra | packages | used by |
@@ -11,6 +11,12 @@ rest is imported only where it is used, after `require` has checked it is there:
 | `zh` | jieba, sentencex | `elmo prepare --lang zh`: Chinese word segmentation |
 | `serve` | starlette, uvicorn, httptools, prometheus_client, orjson, sacremoses | `elmo serve`: the HTTP service and its page |
 | `onnx` | onnx, onnxruntime, onnxscript | `elmo convert --to-onnx`: the biLM as one ONNX graph (onnxscript: torch's exporter) |
+| `flair` | flair | `elmokit.integrations.flair.ELMoEmbeddings`: Flair's token embeddings |
+| `spacy` | spacy | the `elmo` pipe of spaCy (`nlp.add_pipe("elmo")`) |
+| `sentence-transformers` | sentence-transformers, huggingface_hub | `elmo convert --to-sentence-transformers`, the Hugging Face layout |
+| `langchain` | langchain-core | `elmokit.integrations.langchain.ELMoEmbeddings` |
+| `parquet` | pyarrow | `elmo embed OUTPUT.parquet`, `elmokit.read_embeddings` of Parquet |
+| `ray` | ray[data], pyarrow | `elmokit.ray.embed_dataset`, `elmo embed --ray` |
 | `all` | all of the above | |
 """
 
@@ -24,8 +30,14 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "zh": ("jieba", "sentencex"),
     "serve": ("starlette", "uvicorn", "httptools", "prometheus_client", "orjson", "sacremoses"),
     "onnx": ("onnx", "onnxruntime", "onnxscript"),
+    "flair": ("flair",),
+    "spacy": ("spacy",),
+    "sentence-transformers": ("sentence_transformers", "huggingface_hub"),
+    "langchain": ("langchain_core",),
+    "parquet": ("pyarrow",),
+    "ray": ("ray", "pyarrow"),
 }
-"""The packages of each optional extra (import names, the same as their pip names)."""
+"""The packages of each optional extra (import names: their pip names with `-` written `_`)."""
 
 
 class MissingExtraError(ImportError):
