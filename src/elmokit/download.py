@@ -516,7 +516,7 @@ def _transfer_once(url: str, source: str, destination: Path, progress: bool, cap
                                 f"{cap:,} allowed ({_cap_reason()})")
         written = 0
         total = int(length) if length.isdigit() and not encoded else None
-        with open(destination, "wb") as out, progress_bar(total=total, desc=destination.name, unit="B",
+        with open(destination, "wb", buffering=0) as out, progress_bar(total=total, desc=destination.name, unit="B",
                                                           unit_scale=True, enabled=progress) as bar:
             while True:
                 try:

@@ -1,0 +1,291 @@
+"""The download cache tried as a hostile user or server would (issue 38, point 1): cache paths that
+stay inside the cache whatever the URL, mirrors that cannot stand in for a published file, a cap on
+every download (gzip included), the stall rule (the transfer, its retries and a process waiting on
+the lock), and the errors of a broken or misplaced cache. Servers run on 127.0.0.1 only."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from elmokit.cli import main
+from elmokit.download import DownloadError, cache_dir, cache_entries, cache_path, fetch, partial_leftovers
+from elmokit.model.loading import load_model
+from elmokit.model.published import PUBLISHED, PUBLISHED_FILES, expected_file
+from tests.conftest import REPO, one_error_line
+from tests.http_mirror import MirrorServer, pin
+from tests.test_loading import mirror_path, publish, same_weights
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("ELMOKIT_CACHE", str(tmp_path / "cache"))
+    for name in ("ELMOKIT_MIRROR", "ELMOKIT_OFFLINE", "ELMOKIT_MAX_DOWNLOAD_GB", "ELMOKIT_STALL_SECONDS",
+                 "ELMOKIT_STALL_BYTES"):
+        monkeypatch.delenv(name, raising=False)
+    return tmp_path / "cache"
+
+
+# ---------------------------------------------------------------------------------------------
+# Cache paths
+# ---------------------------------------------------------------------------------------------
+def test_a_host_of_dot_dot_is_refused_and_nothing_is_made_outside(cache, tmp_path):
+    before = sorted(path.name for path in tmp_path.iterdir())
+    for url in ("http://../x.json", "http://./x.json", "https://../../etc/passwd"):
+        with pytest.raises(ValueError, match="not a URL of a file"):
+            cache_path(url)
+        with pytest.raises(ValueError, match="not a URL of a file"):
+            fetch(url)
+    assert sorted(path.name for path in tmp_path.iterdir()) == before  # no folder, no lock made beside it
+
+
+HOSTILE = ["..", ".", "%2e%2e", "%2E", "%2F", "%2f..", "\\", "..\\..", "%00", "%5C", "a", ".lock", ".x.partial",
+           "~", "%", "#", "?", ":", "con", "a" * 300]
+
+
+@st.composite
+def hostile_urls(draw) -> str:
+    scheme = draw(st.sampled_from(["http", "https", "HTTPS", "file", "ftp"]))
+    host = draw(st.sampled_from(HOSTILE[:12] + ["127.0.0.1", "example.org", "[::1]", "", "a.b..c"])
+                | st.text(min_size=0, max_size=8))
+    port = draw(st.sampled_from(["", ":80", ":0", ":99999", ":x", ":"]))
+    segments = draw(st.lists(st.sampled_from(HOSTILE) | st.text(max_size=6), max_size=4))
+    query = draw(st.sampled_from(["", "?v=1", "?..", "?/../../x", "?%2e%2e/"]) | st.text(max_size=6).map(lambda q: "?" + q))
+    return f"{scheme}://{host}{port}/" + "/".join(segments) + query
+
+
+@settings(max_examples=400, deadline=None)
+@given(url=hostile_urls())
+def test_every_cache_path_is_inside_the_cache(url):
+    root = Path("/tmp/elmokit-cache-property")
+    os.environ["ELMOKIT_CACHE"] = str(root)
+    try:
+        path = cache_path(url)
+    except ValueError:
+        return
+    relative = path.relative_to(root)  # raises if the path is elsewhere
+    assert os.path.normpath(path) == str(path)  # no '..' left to resolve
+    assert all(part not in ("", ".", "..") and not part.startswith(".") and "/" not in part and "\\" not in part
+               and "\0" not in part and len(part.encode()) <= 255 for part in relative.parts), relative
+    assert len(relative.parts) >= 2  # a host folder and a file: never the cache folder itself
+
+
+@settings(max_examples=200, deadline=None)
+@given(path=st.lists(st.text(min_size=1, max_size=5), min_size=1, max_size=3), a=st.text(max_size=5),
+       b=st.text(max_size=5))
+def test_the_query_is_part_of_the_cache_key(path, a, b):
+    os.environ["ELMOKIT_CACHE"] = "/tmp/elmokit-cache-property"
+    from urllib.parse import quote
+
+    base = "https://example.org/" + "/".join(quote(segment, safe="") for segment in path)
+    if any(segment in (".", "..") for segment in path):
+        return
+    first, second = cache_path(f"{base}?{quote(a)}"), cache_path(f"{base}?{quote(b)}")
+    assert (first == second) == (a == b)
+    assert cache_path(base) != cache_path(base + "?v=1") and cache_path(base + "#x") == cache_path(base)
+
+
+def test_two_queries_download_two_files(cache, tmp_path):
+    routes = {"/notes.txt?v=1": (200, {}, b"first"), "/notes.txt?v=2": (200, {}, b"second")}
+    with MirrorServer(tmp_path, routes=routes) as server:
+        one, two = fetch(f"{server.url}/notes.txt?v=1"), fetch(f"{server.url}/notes.txt?v=2")
+        assert (one.read_bytes(), two.read_bytes()) == (b"first", b"second")
+        assert fetch(f"{server.url}/notes.txt?v=1").read_bytes() == b"first"  # from the cache
+        assert len(server.requests) == 2
+    assert sorted(entry.url for entry in cache_entries()) == [f"{server.url}/notes.txt?v=1",
+                                                              f"{server.url}/notes.txt?v=2"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Mirrors and the published files
+# ---------------------------------------------------------------------------------------------
+def test_a_mirror_without_a_pinned_hash_never_stands_in_for_the_published_file(cache, tmp_path, monkeypatch):
+    model = publish(tmp_path / "mirror", "small")
+    assert expected_file(PUBLISHED["small"].weight_url) is None  # nothing published about small
+    with MirrorServer(tmp_path / "mirror") as server:  # plain http
+        monkeypatch.setenv("ELMOKIT_MIRROR", server.url)
+        assert same_weights(model, load_model("small"))
+    urls = sorted(entry.url for entry in cache_entries())
+    assert urls == sorted(server.url + urlsplit(url).path for url in (PUBLISHED["small"].options_url,
+                                                                        PUBLISHED["small"].weight_url))
+    assert not cache_path(PUBLISHED["small"].weight_url).exists()
+    monkeypatch.delenv("ELMOKIT_MIRROR")
+    monkeypatch.setenv("ELMOKIT_OFFLINE", "1")  # without the mirror, `small` is not in the cache
+    with pytest.raises(DownloadError, match="not in the cache"):
+        load_model("small")
+
+
+def test_a_mirror_file_whose_hash_differs_is_refused(cache, tmp_path, monkeypatch):
+    publish(tmp_path / "mirror", "small")
+    pin(monkeypatch, tmp_path / "mirror", "small")
+    publish(tmp_path / "mirror", "small", seed=1)  # the mirror now serves other weights of the same size
+    with MirrorServer(tmp_path / "mirror") as server:
+        monkeypatch.setenv("ELMOKIT_MIRROR", server.url)
+        with pytest.raises(DownloadError, match="SHA-256 .* where the published file's is"):
+            load_model("small")
+    assert [entry.url for entry in cache_entries()] == [PUBLISHED["small"].options_url]  # the same options: they match
+
+
+def test_the_pinned_sizes_refuse_a_stand_in_for_original(cache, tmp_path, monkeypatch):
+    assert PUBLISHED_FILES[PUBLISHED["original"].weight_url].size == 374_434_792
+    assert PUBLISHED_FILES[PUBLISHED["original"].options_url].size == 336
+    publish(tmp_path / "mirror", "original")  # a tiny model under original's names
+    monkeypatch.setenv("ELMOKIT_MIRROR", str(tmp_path / "mirror"))
+    with pytest.raises(DownloadError, match="336 allowed|published file has 336"):
+        load_model("original")
+    assert cache_entries() == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Caps
+# ---------------------------------------------------------------------------------------------
+def test_a_gzip_bomb_stops_at_the_cap(cache, tmp_path, monkeypatch):
+    bomb = gzip.compress(bytes(50_000_000), compresslevel=9)  # 49 KB that decode to 50 MB
+    routes = {"/x.hdf5": (200, {"Content-Encoding": "gzip"}, bomb)}
+    monkeypatch.setenv("ELMOKIT_MAX_DOWNLOAD_GB", "0.001")
+    with MirrorServer(tmp_path, routes=routes) as server:
+        with pytest.raises(DownloadError, match="more than the 1,000,000 bytes allowed.*ELMOKIT_MAX_DOWNLOAD_GB"):
+            fetch(f"{server.url}/x.hdf5")
+    assert cache_entries() == [] and partial_leftovers() == []
+    assert not [path for path in cache.rglob("*") if path.is_file() and path.stat().st_size > 1_000_000]
+
+
+def test_an_options_file_is_capped_and_a_long_announcement_refused_unread(cache, tmp_path, monkeypatch):
+    routes = {"/big_options.json": (200, {}, b"{" + b" " * 2_000_000 + b"}"),
+              "/w.hdf5": (200, {"Content-Length": str(10**13)}, b"")}
+    with MirrorServer(tmp_path, routes=routes) as server:
+        with pytest.raises(DownloadError, match="big_options.json: it announces 2,000,002 bytes, more than the "
+                                                 "1,000,000 allowed"):
+            load_model(f"{server.url}/big_options.json", f"{server.url}/w.hdf5")
+        with pytest.raises(DownloadError, match="announces 10,000,000,000,000 bytes"):
+            fetch(f"{server.url}/w.hdf5")
+
+
+# ---------------------------------------------------------------------------------------------
+# The stall rule: the transfer, and a process waiting on the lock
+# ---------------------------------------------------------------------------------------------
+def test_a_dribbling_server_ends_the_command_by_the_stall_rule(cache, tmp_path, monkeypatch, capsys):
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "x.json").write_text("{}" * 100)
+    monkeypatch.setenv("ELMOKIT_STALL_SECONDS", "1")
+    with MirrorServer(tmp_path / "files", dribble=0.3) as server:  # a byte every 0.3 s, forever
+        started = time.monotonic()
+        assert main(["-q", "download", f"{server.url}/x.json"]) == 2
+        elapsed = time.monotonic() - started
+    assert elapsed < 3
+    one_error_line(capsys, "cannot download", "less than 1,000,000 bytes in 1 s", "ELMOKIT_STALL_SECONDS")
+    assert len(server.requests) <= 1  # no retry after a stall
+
+
+DOWNLOADER = """
+import sys
+from elmokit.download import fetch
+fetch(sys.argv[1], progress=False)
+"""
+
+
+def test_a_waiting_process_names_the_downloader_gives_up_and_the_leftover_is_removed(cache, tmp_path, monkeypatch,
+                                                                                     capsys):
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "x.bin").write_bytes(bytes(10_000))
+    with MirrorServer(tmp_path / "files", dribble=0.05) as server:
+        url = f"{server.url}/x.bin"
+        env = {**os.environ, "ELMOKIT_STALL_SECONDS": "600", "ELMOKIT_STALL_BYTES": "1",
+               "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        downloader = subprocess.Popen([sys.executable, "-c", DOWNLOADER, url], env=env)
+        try:
+            deadline = time.monotonic() + 60
+            while not list(cache.rglob("*.partial")) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert list(cache.rglob("*.partial")), "the downloader never started"
+            monkeypatch.setenv("ELMOKIT_STALL_SECONDS", "1")  # 20 bytes/s is less than 1 MB in 1 s
+            started = time.monotonic()
+            with pytest.raises(DownloadError, match=f"gave up waiting for pid {downloader.pid} on .*less than"):
+                fetch(url)
+            assert time.monotonic() - started < 4
+            assert partial_leftovers() == []  # a download under way is not a leftover
+        finally:
+            downloader.send_signal(signal.SIGKILL)
+            downloader.wait(timeout=30)
+    leftovers = partial_leftovers()
+    assert [leftover.url for leftover in leftovers] == [url] and leftovers[0].size > 0
+    capsys.readouterr()
+    assert main(["cache"]) == 0
+    assert "unfinished downloads" in capsys.readouterr().out
+    assert main(["cache", "--remove", "*x.bin"]) == 0
+    assert "removed an unfinished download" in capsys.readouterr().out
+    assert partial_leftovers() == [] and not list(cache.rglob("*.partial"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------
+def test_a_broken_cache_entry_names_itself_and_elmo_download_replaces_it(cache, tmp_path, monkeypatch, capsys):
+    model = publish(tmp_path / "mirror", "small")
+    pin(monkeypatch, tmp_path / "mirror", "small")
+    monkeypatch.setenv("ELMOKIT_MIRROR", str(tmp_path / "mirror"))
+    load_model("small")
+    weights = cache_path(PUBLISHED["small"].weight_url)
+    weights.write_bytes(weights.read_bytes()[:1000])  # a disk error, an interrupted copy
+    assert main(["info", "small"]) == 2
+    one_error_line(capsys, str(weights), "cached download of " + PUBLISHED["small"].weight_url, "elmo cache --remove",
+                   "elmo download")
+    assert main(["download", "small"]) == 0
+    assert same_weights(model, load_model("small"))
+
+
+def test_http_errors_name_the_status_code(cache, tmp_path, capsys):
+    routes = {"/gone.json": (404, {}, b"not here"), "/secret.json": (403, {}, b"")}
+    with MirrorServer(tmp_path, routes=routes) as server:
+        for path, status in (("/gone.json", "HTTP 404 Not Found"), ("/secret.json", "HTTP 403 Forbidden")):
+            assert main(["-q", "download", server.url + path]) == 2
+            one_error_line(capsys, status, server.url + path)
+        assert len(server.requests) == 2  # a 4xx is not retried
+
+
+def test_a_cache_that_is_a_file_names_elmokit_cache(tmp_path, monkeypatch, capsys):
+    (tmp_path / "cache").write_text("not a folder")
+    monkeypatch.setenv("ELMOKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("ELMOKIT_MIRROR", str(tmp_path))
+    assert main(["info", "small"]) == 2
+    one_error_line(capsys, "ELMOKIT_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes into read-only folders")
+def test_a_read_only_cache_names_elmokit_cache(cache, tmp_path, monkeypatch, capsys):
+    cache.mkdir()
+    cache.chmod(0o500)
+    monkeypatch.setenv("ELMOKIT_MIRROR", str(tmp_path))
+    try:
+        assert main(["info", "small"]) == 2
+        one_error_line(capsys, "ELMOKIT_CACHE", "writable")
+    finally:
+        cache.chmod(0o700)
+
+
+def test_a_folder_in_the_entrys_place_is_refused_before_the_transfer(cache, tmp_path):
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "x.json").write_text("{}")
+    with MirrorServer(tmp_path / "files") as server:
+        cache_path(f"{server.url}/x.json").mkdir(parents=True)
+        with pytest.raises(DownloadError, match="is a folder where the cached download of"):
+            fetch(f"{server.url}/x.json")
+        assert server.requests == []
+
+
+@pytest.mark.parametrize("mirror", ["ftp://mirror.example.org/elmo", "sftp://host/x", "gopher://host"])
+def test_a_mirror_of_another_scheme_is_refused_by_name(cache, monkeypatch, capsys, mirror):
+    monkeypatch.setenv("ELMOKIT_MIRROR", mirror)
+    assert main(["download", "small"]) == 2
+    one_error_line(capsys, f"ELMOKIT_MIRROR={mirror}", repr(mirror.split("://")[0]), "not supported")
+    assert not cache_dir().exists()
