@@ -47,8 +47,11 @@ a blank line as "%"); shape (3, n, 2P) with --all, (n, 2P) with
 over the sentence's tokens instead: (3, 2P) with --all, (2P,) with --top or --average (zeros for an
 empty sentence). Plus 'sentence_to_index', a JSON string mapping each sentence to its key (not with
 --forget-sentences). OUTPUT is HDF5 (one dataset per key), or .npz (one member per key, for
-numpy.load) when it ends in .npz or with --format npz. In Python, elmokit.read_embeddings(OUTPUT)
-reads either back as {sentence or line number: array}.
+numpy.load) when it ends in .npz or with --format npz, or Parquet when it ends in .parquet or with
+--format parquet: one row per line with the columns line (int64, 0-based), sentence (not with
+--forget-sentences), tokens (list of strings) and embedding (float32 nested lists, the array above),
+in row groups of about 32 MB (pyarrow: pip install 'elmokit[parquet]'). In Python,
+elmokit.read_embeddings(OUTPUT) reads any of them back as {sentence or line number: array}.
 
 Sentences longer than --max-length tokens are embedded in overlapping windows and stitched back.
 Work goes to OUTPUT.partial/ and OUTPUT appears only when complete; after an interruption (or a
@@ -80,7 +83,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
         "embed", help="embed a file of sentences into HDF5 or .npz", description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("input", type=Path, help="text file (plain or .gz), one sentence per line")
-    parser.add_argument("output", type=Path, help="HDF5 or .npz file to write")
+    parser.add_argument("output", type=Path, help="HDF5, .npz or .parquet file to write")
     layers = parser.add_mutually_exclusive_group()
     layers.add_argument("--all", dest="output_format", action="store_const", const="all",
                         help="all layers (default)")
@@ -90,7 +93,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser.add_argument("--sentence-vectors", action="store_true",
                         help="one mean-pooled vector per sentence instead of one per token")
     parser.add_argument("--format", choices=FILE_FORMATS, dest="file_format",
-                        help="output file format (default: npz if OUTPUT ends in .npz, else hdf5)")
+                        help="output file format (default: npz or parquet if OUTPUT ends in .npz or .parquet, else hdf5)")
     parser.add_argument("--tokenize", action="store_true",
                         help="INPUT is raw text: Moses-tokenize each line (default: split on whitespace)")
     parser.add_argument("--lang", default="en", help="language for --tokenize (default: en)")

@@ -76,6 +76,7 @@ from elmokit.inference.segments import (
     SEGMENT_TYPES,
     NpzSegment,
     Hdf5Segment,
+    SentenceRow,
     sentence_key,
 )
 from elmokit.model.weights import model_fingerprint
@@ -126,6 +127,9 @@ class EmbedOptions:
         check_output_format(self.output_format)
         if self.file_format not in FILE_FORMATS:
             raise ValueError(f"file format must be one of {FILE_FORMATS}, got {self.file_format!r}")
+        if self.file_format == "parquet" and self.use_sentence_keys:
+            raise ValueError("use-sentence-keys names HDF5 datasets or .npz members; a Parquet output keys "
+                             "its rows by the `line` column and holds the text in `sentence`: drop it")
         for name in ("batch_size", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
@@ -291,7 +295,7 @@ class RankProgress:
                 for key, kind in fields.items()):
             raise PartialOutputError(f"{path}: not a progress record of elmo embed (expected the keys "
                                      f"{', '.join(fields)} with a dict, int, list and bool)")
-        segment_name = re.compile(rf"rank{re.escape(rank)}-\d{{5}}\.(h5|npz)")
+        segment_name = re.compile(rf"rank{re.escape(rank)}-\d{{5}}\.(h5|npz|parquet)")
         strange = [name for name in record["segments"] if not (isinstance(name, str) and segment_name.fullmatch(name))]
         if strange or record["next_line"] < 0:
             raise PartialOutputError(f"{path}: names {strange[0]!r}, which is not a segment of rank {rank} in "
@@ -454,14 +458,17 @@ def _embed_rank(embedder: Embedder, input_path: Path, scan: InputScan, partial: 
     with bar:
         while chunk := list(itertools.islice(own, options.checkpoint_every)):
             name = f"rank{rank}-{len(progress.segments):05d}{SEGMENT_TYPES[options.file_format].suffix}"
-            keys = iter([_key(input_path, i, line, options.use_sentence_keys) for i, line in chunk])
+            token_lists = [tokenize(line) for _, line in chunk]
+            rows = iter([(_key(input_path, i, line, options.use_sentence_keys),
+                          SentenceRow(i, None if options.forget_sentences else line, tokens))
+                         for (i, line), tokens in zip(chunk, token_lists)])
             with _writing(partial / (name + ".tmp"), options.file_format, partial) as segment:
-                groups = embed_sentence_groups(embedder, (tokenize(line) for _, line in chunk), options.batch_size,
+                groups = embed_sentence_groups(embedder, token_lists, options.batch_size,
                                                options.max_length, options.overlap)
                 for group in groups:  # the bar moves once a group, when its sentences are done
                     tokens = sum(layers.shape[-2] for layers in group)
-                    for layers, key in zip(group, keys):  # group first: zip takes no key past its end
-                        segment.write(key, shape_output(layers, options.output_format, options.sentence_vectors))
+                    for layers, (key, row) in zip(group, rows):  # group first: zip takes no row past its end
+                        segment.write(key, shape_output(layers, options.output_format, options.sentence_vectors), row)
                     bar.update(tokens)
                     n_tokens += tokens
                 segment.close()
@@ -500,8 +507,7 @@ def merge_segments(input_path: Path, partial: Path, output_path: Path, options: 
             keys, lines = next(expected[rank], (None, "no line"))
             source = segment_type(partial / name, "r")
             try:
-                for key, values in source.items():
-                    out.write(key, values)
+                for key in source.copy_to(out):
                     if keys is not None:
                         keys.discard(key)
             finally:
@@ -512,7 +518,7 @@ def merge_segments(input_path: Path, partial: Path, output_path: Path, options: 
         for rank, rest in expected.items():
             for _, lines in itertools.islice(rest, 1):  # lines that no segment holds
                 raise PartialOutputError(f"{lines} of {input_path} (rank {rank}) are in no segment of {partial}")
-        if not options.forget_sentences:
+        if not options.forget_sentences and segment_type.sentence_index:
             index = partial / "sentence_to_index.json"
             write_sentence_index(input_path, options.use_sentence_keys, index)
             out.write_json(INDEX_KEY, index)

@@ -1,8 +1,10 @@
 """The files `elmo embed` writes, and reading them back: one array per sentence, keyed by line
 number or by the sentence's text (escaped for the format: `sentence_key`), in HDF5 datasets or
 `.npz` members (`Hdf5Segment`, `NpzSegment`: the partial segments and the final file alike), with
-`sentence_to_index` (JSON) mapping sentences to keys. `read_embeddings` / `iter_embeddings` read
-an output back (spec §10 layout; see `elmokit.inference.files` for how it is made)."""
+`sentence_to_index` (JSON) mapping sentences to keys; or Parquet rows (`ParquetSegment`, one row a
+line with its sentence and tokens: `elmokit.inference.parquet`). `read_embeddings` /
+`iter_embeddings` read an output back (AllenNLP's layout; see `elmokit.inference.files` for how it
+is made)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-FILE_FORMATS = ("hdf5", "npz")
+from elmokit.inference.parquet import ParquetSegment, SentenceRow, is_parquet, iter_parquet_embeddings
+
+FILE_FORMATS = ("hdf5", "npz", "parquet")
 INDEX_KEY = "sentence_to_index"
 
 
@@ -23,8 +27,8 @@ NPZ_MAX_NAME_BYTES = 65_535  # a zip member's name has a 16-bit length
 
 
 def format_for_path(path: Path) -> str:
-    """The file format an output path asks for by its suffix: .npz, else HDF5."""
-    return "npz" if path.suffix.lower() == ".npz" else "hdf5"
+    """The file format an output path asks for by its suffix: .npz, .parquet, else HDF5."""
+    return {".npz": "npz", ".parquet": "parquet"}.get(path.suffix.lower(), "hdf5")
 
 
 def sentence_key(sentence: str) -> str:
@@ -63,9 +67,23 @@ class _Segment:
 
     path: Path
     handle: object
+    sentence_index = True  # the merged output holds sentence_to_index (unless forget_sentences)
 
     def _container(self):
         raise NotImplementedError
+
+    def items(self) -> Iterator[tuple[str, np.ndarray]]:
+        raise NotImplementedError
+
+    def write(self, key: str, array: np.ndarray, row: SentenceRow | None = None) -> None:
+        """Store `array` under `key` (`row`, what a Parquet row holds beside it, is not kept)."""
+        raise NotImplementedError
+
+    def copy_to(self, out: _Segment) -> Iterator[str]:
+        """Copy every array into `out` (the merge); yield each key copied."""
+        for key, values in self.items():
+            out.write(key, values)
+            yield key
 
     def close(self) -> None:
         try:
@@ -97,7 +115,7 @@ class Hdf5Segment(_Segment):
     def __contains__(self, key: str) -> bool:
         return key in self.file
 
-    def write(self, key: str, array: np.ndarray) -> None:
+    def write(self, key: str, array: np.ndarray, row: SentenceRow | None = None) -> None:
         if key not in self.file:  # a repeated sentence under use_sentence_keys
             self.file.create_dataset(key, data=array)
 
@@ -135,7 +153,7 @@ class NpzSegment(_Segment):
     def __contains__(self, key: str) -> bool:
         return f"{key}.npy" in self.names
 
-    def write(self, key: str, array: np.ndarray) -> None:
+    def write(self, key: str, array: np.ndarray, row: SentenceRow | None = None) -> None:
         name = f"{key}.npy"
         if name in self.names:
             return
@@ -165,18 +183,22 @@ class NpzSegment(_Segment):
         return self.zip
 
 
-SEGMENT_TYPES = {"hdf5": Hdf5Segment, "npz": NpzSegment}
+SEGMENT_TYPES = {"hdf5": Hdf5Segment, "npz": NpzSegment, "parquet": ParquetSegment}
 
 
 # ---------------------------------------------------------------------------------------------
 # Reading an output back
 # ---------------------------------------------------------------------------------------------
 def iter_embeddings(path: str | Path) -> Iterator[tuple[str, np.ndarray]]:
-    """(key, array) for every array of an `elmo embed` output, HDF5 or .npz, one array in memory at
-    a time, in the file's order (not the input's): the key is the sentence text for an output
-    written with --use-sentence-keys (stored names decoded with `key_sentence`), else the line
-    number ("0", "1", ...). `sentence_to_index` is not an array of vectors and is skipped."""
+    """(key, array) for every array of an `elmo embed` output, HDF5, .npz or Parquet, one array (a
+    Parquet row group) in memory at a time, in the file's order (not the input's): the key is the
+    sentence text for an output written with --use-sentence-keys (stored names decoded with
+    `key_sentence`), else the line number ("0", "1", ...). `sentence_to_index` is not an array of
+    vectors and is skipped."""
     path = Path(path)
+    if is_parquet(path):
+        yield from iter_parquet_embeddings(path)
+        return
     if zipfile.is_zipfile(path):
         with np.load(path, allow_pickle=False) as archive:
             for name in archive.files:
@@ -192,7 +214,7 @@ def iter_embeddings(path: str | Path) -> Iterator[tuple[str, np.ndarray]]:
 
 
 def read_embeddings(path: str | Path) -> dict[str, np.ndarray]:
-    """Every array of an `elmo embed` output (HDF5 or .npz) by its sentence (with
+    """Every array of an `elmo embed` output (HDF5, .npz or Parquet) by its sentence (with
     --use-sentence-keys) or line number ("0", "1", ...); see `iter_embeddings` to hold one at a
     time. E.g. `read_embeddings("vectors.h5")["The cat sat ."]` -> (L+1, 4, 2P) with --all."""
     return dict(iter_embeddings(path))
