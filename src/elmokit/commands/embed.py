@@ -1,5 +1,5 @@
 """`elmo embed`: a file of sentences -> HDF5 or .npz with the vectors of every token or sentence
-(spec §10 layout), streamed batch by batch, resumable, and shared across processes by torchrun."""
+(AllenNLP's layout), streamed batch by batch, resumable, and shared across processes by torchrun."""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 moving a biLM to its device and precision, and the carried state.
 
 Stateless by default: the same sentence gives the same vectors whatever else is in the batch and
-whatever came before. `stateful=True` reproduces the original carried LSTM state (spec §9).
+whatever came before. `stateful=True` reproduces the original carried LSTM state (as AllenNLP's
+biLM, each row of a call starts from that row's final state of the call before).
 
 Devices and precision: every class takes `device=` ("cpu", "cuda", "cuda:N", "auto"; AllenNLP's
 `cuda_device` is kept as an alias where AllenNLP has it) and `dtype=` (float32, or bfloat16 for
@@ -36,7 +37,7 @@ from elmokit.inference.layers import token_mean
 from elmokit.model.loading import load_model
 
 # ---------------------------------------------------------------------------------------------
-# Carried state (spec §9), only when asked for
+# Carried state (AllenNLP's stateful biLM), only when asked for
 # ---------------------------------------------------------------------------------------------
 class CarriedState:
     """The original stateful behaviour: row b of a call starts from the final state of row b of
@@ -167,7 +168,7 @@ class Elmo(nn.Module):
         vocab_to_cache: precompute the token layer for these words; then call with `word_inputs`.
         keep_sentence_boundaries: keep `<S>` and `</S>` in the outputs.
         scalar_mix_parameters: fixed raw (pre-softmax) layer weights; frozen, gamma = 1.
-        stateful: carry the LSTM state from call to call as the original did (spec §9).
+        stateful: carry the LSTM state from call to call as AllenNLP's biLM did.
         module: an already loaded `BiLM` to use instead of loading one (moved and converted in place).
         device: where to run ("cpu", "cuda", "cuda:N", "auto"; default: the CPU).
         dtype: torch.bfloat16 (or "bfloat16") for a frozen, stateless biLM in bfloat16; default:

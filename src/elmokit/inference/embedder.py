@@ -2,7 +2,8 @@
 and files (AllenNLP's class of the same name).
 
 Stateless by default: the same sentence gives the same vectors whatever else is in the batch and
-whatever came before; `stateful=True` reproduces the original carried LSTM state (spec §9).
+whatever came before; `stateful=True` reproduces the original carried LSTM state (as AllenNLP's
+biLM, each row of a call starts from that row's final state of the call before).
 Threads: one embedder may be called from many threads at once (the token cache and the carried
 state are behind locks).
 """
@@ -205,7 +206,7 @@ class ElmoEmbedder:
     def embed_file(self, input_file: str | Path | IO, output_file_path: str | Path, output_format: str = "all",
                    batch_size: int = 64, forget_sentences: bool = False, use_sentence_keys: bool = False, *,
                    overwrite: bool = False) -> None:
-        """Embed a file of whitespace-tokenized sentences, one per line, into HDF5 (spec §10).
+        """Embed a file of whitespace-tokenized sentences, one per line, into HDF5 (as AllenNLP's).
 
         `input_file` is a path, or an open file (text or binary, as AllenNLP takes it; read to its
         end and closed).

@@ -15,7 +15,7 @@ The pipeline, in the order text travels:
       -> segment files in OUTPUT.partial/, one closed every `checkpoint_every` sentences
       -> merged into OUTPUT with `sentence_to_index`, renamed into place  (`merge_segments`)
 
-Output layout (spec §10): one array per input line, keyed by the line number ("0", "1", ...) or,
+Output layout (AllenNLP's): one array per input line, keyed by the line number ("0", "1", ...) or,
 with `use_sentence_keys`, by the sentence text (a repeated sentence is stored once), escaped where
 the file format needs it (`sentence_key`: '%', '/', '\\' and NUL as %25, %2F, %5C, %00; "." and
 "sentence_to_index" with their first character escaped; the empty sentence as "%"). Per token:

@@ -1,4 +1,4 @@
-"""The ELMo biLM, in the order text flows through it (spec §4-§8).
+"""The ELMo biLM, in the order text flows through it.
 
     char ids -> CharCNN -> Highway -> projection  = TokenEncoder (encoder.py: context-free)
              -> forward and backward LSTM stacks   = BiLstm (lstm.py: both directions at once)
@@ -14,7 +14,7 @@ Shape notation:
     D  2 directions (0 = forward, 1 = backward)
 
 Stateless by default: every call starts from a zero state unless a state is passed in, and the
-final state is returned, so carrying it (spec §9) is the caller's explicit choice.
+final state is returned, so carrying it (as AllenNLP's biLM did) is the caller's explicit choice.
 """
 
 from __future__ import annotations
@@ -82,8 +82,8 @@ class BiLM(nn.Module):
 
     def reset_parameters(self) -> None:
         """Initialise as the original training code did (bilm-tf's `_build_word_char_embeddings`,
-        spec §13): uniform char embeddings; convolutions uniform in ±0.05 for relu, normal with
-        std sqrt(1 / (w E)) for tanh; normal highway and projection weights, carry-gate bias -2;
+        and its training script): uniform char embeddings; convolutions uniform in ±0.05 for relu,
+        normal with std sqrt(1 / (w E)) for tanh; normal highway and projection weights, carry-gate bias -2;
         Glorot LSTMs."""
         cnn, lstm = self.config.char_cnn, self.config.lstm
         encoder = self.token_encoder
@@ -156,7 +156,7 @@ class BiLM(nn.Module):
 
         Args:
             char_ids: (B, T, W) from `batch_to_ids`, right-padded with all-zero rows.
-            state: initial LSTM state for these B rows (spec §9); zeros if None.
+            state: initial LSTM state for these B rows (a carried state); zeros if None.
             run_lstm: the driver of the LSTM stacks (see `contextualize`); `self.lstm` if None.
         """
         boundary_ids, mask = add_boundaries(char_ids, *self.boundary_ids)  # (B, S, W), (B, S)

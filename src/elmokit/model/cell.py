@@ -1,4 +1,4 @@
-"""The ELMo LSTM cell and how its layers stack (spec §6-§7): the one definition of each.
+"""The ELMo LSTM cell and how its layers stack (bilm-tf's): the one definition of each.
 
     pre-activations   g = x W_in^T + h_{t-1} W_rec^T + b + FORGET_BIAS on f       gates (i, f, o, j)
     cell              c_t = clip(σ(f) * c_{t-1} + σ(i) * tanh(j), cell_clip)

@@ -1,4 +1,4 @@
-"""THE character-id scheme of ELMo (spec §3). Nothing else in elmokit defines these numbers.
+"""THE character-id scheme of ELMo (AllenNLP's). Nothing else in elmokit defines these numbers.
 
 Each token becomes 50 ids: begin-of-word, its first 48 UTF-8 bytes, end-of-word, then in-word
 padding; every id is shifted by +1 so that 0 means "no token" (right padding of a batch).
@@ -117,7 +117,7 @@ def token_mask(char_ids: torch.Tensor) -> torch.Tensor:
 
 def add_boundaries(char_ids: torch.Tensor, bos_ids: np.ndarray = BOS_IDS, eos_ids: np.ndarray = EOS_IDS
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Wrap every sentence in `<S>` ... `</S>` (spec §4).
+    """Wrap every sentence in `<S>` ... `</S>` (as bilm-tf and AllenNLP).
 
     Args:
         char_ids: (B, T, W) right-padded ids, on any device.

@@ -1,7 +1,7 @@
 """Typed configuration of the ELMo biLM: char CNN, LSTM stack, presets, JSON in and out.
 
 One `ElmoConfig` builds the model and is saved next to its weights (`config.json`), so a
-checkpoint always rebuilds its own model. The original options JSON (spec §1) is read and
+checkpoint always rebuilds its own model. The original options JSON (bilm-tf's) is read and
 written by `ElmoConfig.from_options` / `ElmoConfig.to_options`; docs/formats.md says how bilm-tf
 and AllenNLP each read every key, and why elmokit writes what it writes.
 """
@@ -184,7 +184,7 @@ class ElmoConfig:
     def load(cls, path: str | Path) -> "ElmoConfig":
         return cls.from_dict(_read_json(path), source=str(path))
 
-    # ---- the original options JSON (spec §1) ---------------------------------------------
+    # ---- the original options JSON (bilm-tf's) -------------------------------------------
     @classmethod
     def from_options(cls, options: dict[str, Any], source: str = "options") -> "ElmoConfig":
         """Read the original bilm-tf / AllenNLP options dictionary (docs/formats.md, every key).

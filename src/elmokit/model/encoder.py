@@ -1,4 +1,4 @@
-"""The token encoder (spec §5): char ids -> char embedding -> convolutions of several widths,
+"""The token encoder (bilm-tf's): char ids -> char embedding -> convolutions of several widths,
 max-pooled -> highway -> projection. Context-free: one vector a token, any word in any language.
 
 Shape notation: N tokens, W 50 char ids a token, E char embedding dim, F total CNN filters,

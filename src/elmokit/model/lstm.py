@@ -1,11 +1,11 @@
-"""The forward and backward LSTM stacks of the biLM (spec §6-§7), both directions at once.
+"""The forward and backward LSTM stacks of the biLM (bilm-tf's), both directions at once.
 
     token representations (D, ..., P) -> BiLstmLayer x L (cell and projection clipping,
     residual from layer 2 on) -> one (.., 2P) output per layer, [forward | backward]
 
 The weights live here and the cell math in `elmokit.model.cell`; three drivers run them:
     BiLstm.forward                      right-padded sentences, packed so rows that have ended
-                                        drop out; an optional carried state (spec §9);
+                                        drop out; a carried state (AllenNLP's stateful mode);
                                         differentiable (autograd over the step loop)
     elmokit.inference.engine            inference: many sentences streamed through R rows, each
                                         from a zero state; oneDNN products on the CPU
@@ -124,7 +124,7 @@ class BiLstmLayer(nn.Module):
         return state
 
 class BiLstm(nn.Module):
-    """The forward and the backward LSTM stacks, run together but never mixing (spec §6).
+    """The forward and the backward LSTM stacks, run together but never mixing (as in bilm-tf).
 
     Layer l >= 1 adds its input to its output (residual); the recurrent state is the clipped
     projection before the residual. `dropout` is applied to every layer's input in training.

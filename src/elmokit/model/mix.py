@@ -1,4 +1,4 @@
-"""The scalar mix (spec §8): what a task learns on top of the biLM's L+1 layers."""
+"""The scalar mix (AllenNLP's `ScalarMix`): what a task learns on top of the biLM's L+1 layers."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from torch import nn
 # Scalar mix: what a task learns on top of the layers
 # ---------------------------------------------------------------------------------------------
 class ScalarMix(nn.Module):
-    """mix = gamma * sum_k softmax(w)_k * h_k over the L+1 layers (spec §8).
+    """mix = gamma * sum_k softmax(w)_k * h_k over the L+1 layers (Peters et al. 2018, eq. 1).
 
     With `do_layer_norm`, each layer is first normalised with one mean and one variance over all
     unmasked elements of the batch. `initial_scalar_parameters` given with `trainable=False`

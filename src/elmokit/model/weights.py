@@ -1,4 +1,4 @@
-"""Weight files: the original options JSON + HDF5 (spec §2), and the native safetensors format.
+"""Weight files: the original options JSON + HDF5 (bilm-tf's), and the native safetensors format.
 
     load_original(options_file, weight_file) -> BiLM     save_original(model, options, weights)
     load_pretrained(directory)               -> BiLM     save_pretrained(model, directory)

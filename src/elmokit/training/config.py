@@ -54,7 +54,7 @@ def max_threads() -> int:
 class TrainConfig:
     """Everything a training run depends on; saved as `train_config.json` in the output dir.
 
-    Defaults follow the original recipe (spec §13): Adagrad lr 0.2 with initial accumulator 1.0,
+    Defaults follow the original recipe (bilm-tf's): Adagrad lr 0.2 with initial accumulator 1.0,
     global gradient norm 10, dropout 0.1, 20-token windows, sampled softmax with 8192 negatives.
     """
 

@@ -1,4 +1,4 @@
-"""The biLM training objective: a BiLM with one softmax shared by both directions (spec §13).
+"""The biLM training objective: a BiLM with one softmax shared by both directions (bilm-tf's).
 
     forward / backward char ids -> unique tokens -> TokenEncoder (once a window)
         -> forward and backward LSTM stacks over their streams, state carried between windows

@@ -6,7 +6,7 @@
 
 Per direction a sentence of n words has n + 1 targets: forward w1 .. wn, </S>; backward
 wn .. w1, <S>. Perplexity = exp(mean NLL); the average perplexity is exp of the mean of the two
-directions' mean NLL (spec §13).
+directions' mean NLL (as bilm-tf).
 """
 
 from __future__ import annotations
