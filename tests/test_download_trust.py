@@ -25,6 +25,7 @@ from elmokit.model.published import PUBLISHED, PUBLISHED_FILES, expected_file
 from tests.conftest import REPO, one_error_line
 from tests.http_mirror import MirrorServer, pin
 from tests.test_loading import mirror_path, publish, same_weights
+from tests.test_task_portable import ner_files  # noqa: F401  (a fixture)
 
 
 @pytest.fixture
@@ -289,3 +290,46 @@ def test_a_mirror_of_another_scheme_is_refused_by_name(cache, monkeypatch, capsy
     assert main(["download", "small"]) == 2
     one_error_line(capsys, f"ELMOKIT_MIRROR={mirror}", repr(mirror.split("://")[0]), "not supported")
     assert not cache_dir().exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# A task run's edited bilm record: what can be checked is checked before a download
+# ---------------------------------------------------------------------------------------------
+ORIGINAL_OPTIONS = {"lstm": {"use_skip_connections": True, "projection_dim": 512, "cell_clip": 3, "proj_clip": 3,
+                             "dim": 4096, "n_layers": 2},
+                    "char_cnn": {"activation": "relu", "n_highway": 2, "embedding": {"dim": 16}, "n_characters": 262,
+                                 "max_characters_per_token": 50,
+                                 "filters": [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]]}}
+
+
+def test_an_edited_bilm_record_is_refused_before_the_weights_are_downloaded(cache, tmp_path, monkeypatch, tiny_model,
+                                                                            ner_files):
+    import json
+
+    import elmokit.tasks
+    from elmokit import save_pretrained
+    from elmokit.model import published
+    from elmokit.tasks.bilm_ref import BiLMMismatchError
+    from tests.test_task_portable import train
+
+    save_pretrained(tiny_model, tmp_path / "bilm")
+    train(tmp_path / "run", ner_files, model=str(tmp_path / "bilm"))
+    config_path = tmp_path / "run" / "task_config.json"
+    saved = json.loads(config_path.read_text())
+    options = mirror_path(tmp_path / "mirror", PUBLISHED["original"].options_url)
+    options.parent.mkdir(parents=True)
+    options.write_text(json.dumps(ORIGINAL_OPTIONS))  # original's shape; its weights are nowhere
+    monkeypatch.setattr(published, "PUBLISHED_FILES", {})  # this stand-in's options are not 336 bytes
+    with MirrorServer(tmp_path / "mirror") as server:
+        monkeypatch.setenv("ELMOKIT_MIRROR", server.url)
+        # a fingerprint that no model has: refused before anything is fetched
+        config_path.write_text(json.dumps(saved | {"bilm": {"name": "original", "fingerprint": "not-hex"}}))
+        with pytest.raises(BiLMMismatchError, match="fingerprint must be 16 hex digits"):
+            elmokit.tasks.load(tmp_path / "run")
+        assert server.requests == []
+        # the record names original (1024-dim vectors) for a task model that reads the tiny model's
+        config_path.write_text(json.dumps(saved | {"bilm": {"name": "original",
+                                                            "fingerprint": saved["bilm"]["fingerprint"]}}))
+        with pytest.raises(BiLMMismatchError, match="'original' its record names cannot be.*weights were not downloaded"):
+            elmokit.tasks.load(tmp_path / "run")
+        assert [path for path, _, _ in server.requests] == [urlsplit(PUBLISHED["original"].options_url).path]

@@ -17,12 +17,18 @@ the biLM found must have that fingerprint: a different model is an error, never 
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
+from elmokit.download import OPTIONS_MAX_BYTES
 from elmokit.model.bilm import BiLM
 from elmokit.model.builtin import BUILTIN_MODEL, builtin_model_dir
+from elmokit.model.config import read_options
+from elmokit.model.loading import load_model, resolve_file
 from elmokit.model.published import published_model
-from elmokit.model.loading import load_model
 from elmokit.model.weights import model_fingerprint
 
 FINGERPRINT_DIGITS = 16
@@ -84,9 +90,21 @@ def _candidates(record: dict, run_dir: Path) -> list[Path]:
     return list(dict.fromkeys(places))
 
 
-def find_bilm(record: dict, run_dir: Path, bilm: str | Path | BiLM | None = None) -> BiLM:
+def find_bilm(record: dict, run_dir: Path, bilm: str | Path | BiLM | None = None,
+              fits: Callable[[BiLM], None] | None = None) -> BiLM:
     """The biLM of a run: `bilm` (a BiLM, or a name or directory) where it is given, else the one
-    its record names; checked against the record's fingerprint."""
+    its record names; checked against the record's fingerprint.
+
+    What can be checked before a download is checked first: the fingerprint's form, and, for a
+    published name, whether the task model can read vectors of its shape (`fits` raises if not; it
+    is given a weightless biLM built on the meta device from the options file, a few hundred
+    bytes), so that an edited record never downloads hundreds of MB only to be refused."""
+    expected = record.get("fingerprint")
+    if expected is not None and not re.fullmatch(f"[0-9a-f]{{{FINGERPRINT_DIGITS}}}", str(expected)):
+        raise BiLMMismatchError(f"{run_dir}: the bilm record's fingerprint must be {FINGERPRINT_DIGITS} hex digits, "
+                                f"got {str(expected)[:40]!r}; was task_config.json edited?")
+    if bilm is None and "name" in record and fits is not None:
+        _check_shape_first(record["name"], run_dir, fits)
     if isinstance(bilm, BiLM):
         found, where = bilm, "the biLM given"
     elif bilm is not None:
@@ -109,6 +127,22 @@ def find_bilm(record: dict, run_dir: Path, bilm: str | Path | BiLM | None = None
         found, where = load_model(existing[0]), str(existing[0].resolve())
     check_fingerprint(found, record.get("fingerprint"), where, run_dir)
     return found
+
+
+def _check_shape_first(name: str, run_dir: Path, fits: Callable[[BiLM], None]) -> None:
+    """Refuse a published name whose shape the task model cannot read, from its options file alone."""
+    published = published_model(name)
+    if published is None:
+        return
+    config = read_options(resolve_file(published.options_url, read_options, max_bytes=OPTIONS_MAX_BYTES))
+    with torch.device("meta"):  # the shape alone: no memory, no weights
+        shape = BiLM(config)
+    try:
+        fits(shape)
+    except (ValueError, OSError) as error:
+        raise BiLMMismatchError(f"{run_dir}: the biLM {name!r} its record names cannot be the one this run was "
+                                f"trained with (its shape does not fit the task model: {str(error)[:300]}); its weights "
+                                "were not downloaded; was task_config.json edited?") from None
 
 
 def check_fingerprint(bilm: BiLM, expected: str | None, where: str, run_dir: Path) -> None:

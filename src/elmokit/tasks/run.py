@@ -189,12 +189,14 @@ def load(run_dir: str | Path, device: str | torch.device | None = None,
     saved = _read_run_config(run_dir / RUN_CONFIG)
     config = _config_from_saved(run_dir / RUN_CONFIG, saved["config"])
     record = None
+    vocabularies = Vocabularies(saved["vocab"], saved["labels"], saved.get("chars"))
     if config.model is not None:
         record = saved.get("bilm") or {"path": config.model, "fingerprint": None}
-        bilm = find_bilm(record, run_dir, bilm)
+        # a published biLM's shape (from its options file) is checked against the task model's
+        # tensors before its weights are downloaded
+        bilm = find_bilm(record, run_dir, bilm, fits=lambda shape: _check_sizes(run_dir, config, vocabularies, shape))
     elif bilm is not None:
         raise ValueError(f"{run_dir}: this run was trained without ELMo; it reads no biLM (bilm= / --model)")
-    vocabularies = Vocabularies(saved["vocab"], saved["labels"], saved.get("chars"))
     _check_sizes(run_dir, config, vocabularies, bilm)  # before anything is allocated
     model = build_task_model(config, vocabularies, bilm)
     weights = read_safetensors(run_dir / RUN_WEIGHTS)  # float and finite, or an error naming the tensor
