@@ -5,8 +5,11 @@
     device   "cpu", "cuda", "cuda:N", "auto" (the GPU if torch sees one, else the CPU), a
              torch.device, or None (the CPU). Under torchrun, "cuda" and "auto" take the GPU of the
              process's LOCAL_RANK. AllenNLP's `cuda_device` (-1 = the CPU, N = cuda:N) is an alias.
-    dtype    "float32" (the default, exact) or "bfloat16": the weights and their products in
-             bfloat16, the activations, the LSTM state and the outputs in float32 (inference only).
+    dtype    "float32" (the default, exact), "bfloat16": the weights and their products in
+             bfloat16, the activations, the LSTM state and the outputs in float32 (inference only),
+             or "int8" (inference on a CPU with VNNI or AMX): the LSTM's products in int8, the
+             weights quantized per output channel once, the inputs per row at each product, sums
+             in int32, everything else in float32 (`elmokit.kernels.Int8Linear`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import torch
 
 DEVICE_HELP = "cpu, cuda, cuda:N or auto (the GPU if there is one; under torchrun, LOCAL_RANK's)"
 DEVICE_PATTERN = r"auto|cpu|cuda(:[0-9]+)?"  # the names a config file may hold
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.int8}
 
 
 def check_device_name(name: str) -> None:
@@ -62,7 +65,8 @@ def resolve_device(device: str | torch.device | None = None, cuda_device: int | 
 
 
 def resolve_dtype(dtype: str | torch.dtype | None = None) -> torch.dtype:
-    """torch.float32 (None, "float32") or torch.bfloat16 ("bfloat16"); anything else is an error."""
+    """torch.float32 (None, "float32"), torch.bfloat16 ("bfloat16") or torch.int8 ("int8": int8
+    products, see the module's docstring); anything else is an error."""
     if dtype is None:
         return torch.float32
     if isinstance(dtype, str):
@@ -70,7 +74,7 @@ def resolve_dtype(dtype: str | torch.dtype | None = None) -> torch.dtype:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         return DTYPES[dtype]
     if dtype not in DTYPES.values():
-        raise ValueError(f"dtype must be torch.float32 or torch.bfloat16, got {dtype}")
+        raise ValueError(f"dtype must be torch.float32, torch.bfloat16 or torch.int8, got {dtype}")
     return dtype
 
 

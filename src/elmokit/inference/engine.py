@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from elmokit.inference import cuda_graphs
-from elmokit.kernels import PackedLinear
+from elmokit.kernels import Int8Linear, PackedLinear, is_int8, stream_linear
 from elmokit.model import cell as lstm_cell
 from elmokit.model.bilm import BiLM, BiLMOutput
 from elmokit.model.lstm import BiLstm, BiLstmLayer, LstmState
@@ -107,7 +107,7 @@ def stream_layer(layer: BiLstmLayer, inputs: torch.Tensor, layout: StreamLayout,
     are widened to the inputs' dtype for the cell: the cell state, the recurrent state and the
     outputs stay in the inputs' dtype."""
     _, n_steps, rows, dim = inputs.shape
-    batched = inputs.device.type != "cpu" if batched is None else batched
+    batched = (inputs.device.type != "cpu" if batched is None else batched) and not is_int8(layer)  # int8: the CPU's
     products = layer_products(layer, rows, batched)
     keep = (~layout.starts).to(device=inputs.device, dtype=inputs.dtype).unsqueeze(-1)  # (U, R, 1)
     bias = (layer.gate_bias().to(inputs.dtype) * candidate_doubled(layer).to(inputs.dtype)
@@ -177,10 +177,10 @@ class DirectionStreamProducts(NamedTuple):
     """The CPU's products: each direction's through oneDNN with its weights reordered once
     (`packed_products`)."""
 
-    inputs: list[PackedLinear]
-    recurrent: list[PackedLinear]
-    projections: list[PackedLinear]
-    dtype: torch.dtype
+    inputs: list[PackedLinear | Int8Linear]
+    recurrent: list[PackedLinear | Int8Linear]
+    projections: list[PackedLinear | Int8Linear]
+    dtype: torch.dtype  # of the products' inputs (float32 for int8 products, which quantize them)
 
     def gate_inputs(self, block_inputs: torch.Tensor, bias: torch.Tensor) -> list[torch.Tensor]:
         """(D, k, R, P) -> D x (k, R, 4C): x W_in^T + b, a direction at a time."""
@@ -239,7 +239,7 @@ def layer_products(layer: BiLstmLayer, rows: int, batched: bool
     their CUDA graphs, serve every row count)."""
     weights = (layer.input_weight, layer.recurrent_weight, layer.projection, layer.bias)  # a graph reads the bias
     key = (batched, None if batched else rows,  # the batched copies serve every row count (oneDNN's are tuned)
-           *((weight.data_ptr(), weight._version, weight.dtype) for weight in weights))
+           is_int8(layer), *((weight.data_ptr(), weight._version, weight.dtype) for weight in weights))
     cache = layer.__dict__.get(PACKED_KEY)
     if cache is None or cache[0] != key:
         doubled = candidate_doubled(layer)[:, None]  # (4C, 1)
@@ -284,11 +284,14 @@ def candidate_doubled(layer: BiLstmLayer) -> torch.Tensor:
 def packed_products(layer: BiLstmLayer, rows: int) -> tuple[list[PackedLinear], ...]:
     """The input, recurrent and projection products of each direction, their weights
     reordered for oneDNN (the candidate's rows doubled, see `activate_doubled_gates_`), for about
-    `rows` rows (`layer_products` keeps them until a weight changes)."""
+    `rows` rows, or quantized to int8 for a layer that `kernels.quantize_lstm` marked
+    (`layer_products` keeps them until a weight changes)."""
     weights = (layer.input_weight, layer.recurrent_weight, layer.projection)
     block_rows = max(rows, GATE_BUDGET // (2 * 4 * layer.cell_dim))  # input products: a block of steps
     doubled = candidate_doubled(layer)[:, None]  # (4C, 1)
-    return tuple([PackedLinear(weight[d], hint, row_scale=scale) for d in range(2)]
+    int8 = is_int8(layer)
+    return tuple([stream_linear(weight[d], hint, row_scale=scale, int8=int8, projection=weight is layer.projection)
+                  for d in range(2)]
                  for weight, scale, hint in zip(weights, (doubled, doubled, None), (block_rows, rows, rows)))
 
 
@@ -330,12 +333,12 @@ def forward_reduced(lstm: BiLstm, inputs: torch.Tensor, lengths: torch.Tensor, s
     """`BiLstm.forward` for inference, on right-padded inputs (B, S, P) with `lengths` (B,): the
     stream path (`forward_sentences`), one row per sentence, weights of any precision. No
     gradient and no carried state (an error names what to do instead)."""
-    dtype = lstm.layers[0].input_weight.dtype
+    dtype = "int8 products" if is_int8(lstm.layers[0]) else f"{lstm.layers[0].input_weight.dtype} weights"
     if state is not None:
-        raise ValueError(f"an LSTM with {dtype} weights runs from a zero state only (no carried state); "
+        raise ValueError(f"an LSTM with {dtype} runs from a zero state only (no carried state); "
                          "use float32 weights for stateful runs")
     if torch.is_grad_enabled() and (inputs.requires_grad or any(p.requires_grad for p in lstm.parameters())):
-        raise ValueError(f"an LSTM with {dtype} weights is for inference only; fine-tune in float32")
+        raise ValueError(f"an LSTM with {dtype} is for inference only; fine-tune in float32")
     batch_size, n_positions, dim = inputs.shape
     mask = torch.arange(n_positions, device=inputs.device) < lengths.to(inputs.device).unsqueeze(1)  # (B, S)
     layers = forward_sentences(lstm, inputs[mask], lengths.cpu().numpy(), batch_size)  # L x (N, 2P)
@@ -370,7 +373,8 @@ def _needs_step_loop(bilm: BiLM, state: LstmState | None, carry: bool, inputs: t
     if state is None and not carry and not (torch.is_grad_enabled() and (any(p.requires_grad for p in bilm.parameters())
                                                             or (inputs is not None and inputs.requires_grad))):
         return False
-    return bilm.lstm.layers[0].input_weight.dtype == torch.float32  # else forward_reduced says why not
+    first = bilm.lstm.layers[0]
+    return first.input_weight.dtype == torch.float32 and not is_int8(first)  # else forward_reduced says why not
 
 
 def bilm_forward(bilm: BiLM, char_ids: torch.Tensor, state: LstmState | None = None, carry: bool = False

@@ -1,0 +1,135 @@
+"""int8 inference (`dtype="int8"`): the quantization's definition, the error budget against
+float32 on the built-in model and on the `original` shape, and where int8 is refused."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from elmokit import BiLM, Elmo, ElmoConfig, ElmoEmbedder, batch_to_ids
+from elmokit import kernels
+from elmokit.cli import main
+from elmokit.kernels import Int8Linear, quantize_rows
+
+needs_int8 = pytest.mark.skipif(not kernels.int8_native(), reason="this CPU has neither VNNI nor AMX-INT8")
+DEMO = Path(__file__).resolve().parents[1] / "src" / "elmokit" / "demo" / "play.txt"
+
+
+def demo_sentences() -> list[list[str]]:
+    return [line.split() for line in DEMO.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def budget(reference: list[np.ndarray], quantized: list[np.ndarray]) -> tuple[float, float]:
+    """The largest error of any layer of any sentence, as a fraction of that layer's largest
+    float32 value, and the smallest of the layers' mean token cosines."""
+    worst_error, worst_cosine = 0.0, 1.0
+    for exact, approximate in zip(reference, quantized, strict=True):
+        for layer, layer_q in zip(exact, approximate, strict=True):  # (n, 2P)
+            worst_error = max(worst_error, float(np.abs(layer - layer_q).max() / np.abs(layer).max()))
+            cosines = (layer * layer_q).sum(-1) / np.linalg.norm(layer, axis=-1) / np.linalg.norm(layer_q, axis=-1)
+            worst_cosine = min(worst_cosine, float(cosines.mean()))
+    return worst_error, worst_cosine
+
+
+def test_quantize_rows_is_symmetric_per_row():
+    x = torch.tensor([[0.5, -1.0, 0.25, 0.0], [3.0, 1.5, -0.75, 0.01], [0.0, 0.0, 0.0, 0.0]])
+    quantized, scale = quantize_rows(x)
+    assert quantized.dtype == torch.int8 and scale.shape == (3, 1)
+    assert quantized[0].tolist() == [64, -127, 32, 0]  # 63.5 -> 64: round half to even
+    assert quantized[1].tolist() == [127, 64, -32, 0]
+    assert quantized[2].tolist() == [0, 0, 0, 0] and torch.isfinite(scale).all()
+    assert torch.allclose(scale[:2, 0], torch.tensor([1.0, 3.0]) / 127)
+
+
+def test_int8_linear_is_the_product_of_the_quantized_operands():
+    torch.manual_seed(0)
+    x, weight, bias, addend = torch.randn(5, 24), torch.randn(7, 24), torch.randn(7), torch.randn(5, 7)
+    row_scale = torch.rand(7, 1) + 0.5
+    product = Int8Linear(weight, 5, row_scale=row_scale)
+    # independently: the weight's rows (times row_scale) and x's rows to int8 by their own max, in float64
+    w = (weight * row_scale).double()
+    w_scale = w.abs().amax(1, keepdim=True) / 127
+    w_q = torch.round(w / w_scale)
+    x_scale = x.double().abs().amax(1, keepdim=True) / 127
+    x_q = torch.round(x.double() / x_scale)
+    expected = (x_q @ w_q.T) * x_scale * w_scale.T
+    assert torch.allclose(product(x).double(), expected, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(product(x, bias).double(), expected + bias.double(), rtol=1e-5, atol=1e-5)
+    assert torch.allclose(product.add(addend, x).double(), expected + addend.double(), rtol=1e-5, atol=1e-5)
+    assert product(x).dtype == torch.float32
+    # and close to the float product (the quantization's own error, not a bug's)
+    assert torch.allclose(product(x), x @ (weight * row_scale).T, atol=0.15)
+
+
+@needs_int8
+def test_builtin_model_within_budget():
+    sentences = demo_sentences()
+    reference = ElmoEmbedder().embed_many(sentences)
+    embedder = ElmoEmbedder(dtype="int8")
+    before = kernels.path_counts["int8"]
+    quantized = embedder.embed_many(sentences)
+    assert kernels.path_counts["int8"] > before  # the int8 products ran
+    error, cosine = budget(reference, quantized)
+    assert error <= 0.05 and cosine >= 0.999, (error, cosine)
+    # the same sentence alone gives the same int8 vectors (stateless, rows quantized one by one)
+    alone = embedder.embed_many(sentences[:1])[0]
+    assert np.allclose(alone, quantized[0], atol=1e-5)
+    # float32 asked for again: the same module's products back in float32, the exact numbers
+    again = ElmoEmbedder(module=embedder.bilm, dtype="float32").embed_many(sentences[:2])
+    assert all(np.allclose(x, y, atol=1e-5) for x, y in zip(again, reference[:2]))
+
+
+@needs_int8
+def test_original_shape_within_budget():
+    torch.manual_seed(0)
+    bilm = BiLM(ElmoConfig.from_name("original")).eval()
+    sentences = demo_sentences()[:6]
+    reference = ElmoEmbedder(module=bilm).embed_many(sentences)
+    quantized = ElmoEmbedder(module=copy.deepcopy(bilm), dtype="int8").embed_many(sentences)
+    error, cosine = budget(reference, quantized)
+    assert error <= 0.05 and cosine >= 0.999, (error, cosine)
+
+
+@needs_int8
+def test_elmo_and_embed_command_take_int8(tiny_model, model_dir, tmp_path):
+    sentences = [["The", "cat", "sat", "."], ["Dogs", "bark"]]
+    char_ids = batch_to_ids(sentences)
+    exact = Elmo(module=copy.deepcopy(tiny_model), num_output_representations=1, dropout=0.0)(char_ids)
+    low = Elmo(module=copy.deepcopy(tiny_model), num_output_representations=1, dropout=0.0, dtype="int8")(char_ids)
+    assert not torch.equal(exact["elmo_representations"][0], low["elmo_representations"][0])
+    assert torch.allclose(exact["elmo_representations"][0], low["elmo_representations"][0], atol=0.1)
+    (tmp_path / "in.txt").write_text("The cat sat .\nDogs bark\n", encoding="utf-8")
+    for dtype in ("float32", "int8"):
+        assert main(["embed", str(tmp_path / "in.txt"), str(tmp_path / f"{dtype}.npz"), "--model", str(model_dir),
+                     "--dtype", dtype]) == 0
+    with np.load(tmp_path / "float32.npz") as exact_file, np.load(tmp_path / "int8.npz") as low_file:
+        assert sorted(exact_file.files) == sorted(low_file.files)
+        vectors = [key for key in exact_file.files if exact_file[key].dtype == np.float32]
+        assert vectors
+        for key in vectors:
+            assert np.allclose(exact_file[key], low_file[key], atol=0.1)
+
+
+def test_int8_refused_without_vnni_or_amx(monkeypatch, tiny_model):
+    monkeypatch.setattr(kernels, "int8_native", lambda: False)
+    with pytest.raises(ValueError, match="needs a CPU with int8 dot products"):
+        ElmoEmbedder(module=tiny_model, dtype="int8")
+    assert not kernels.is_int8(tiny_model.lstm.layers[0])
+
+
+@needs_int8
+def test_int8_is_for_stateless_inference(tiny_model):
+    with pytest.raises(ValueError, match="int8 is for stateless inference"):
+        Elmo(module=copy.deepcopy(tiny_model), num_output_representations=1, requires_grad=True, dtype="int8")
+    with pytest.raises(ValueError, match="int8 is for stateless inference"):
+        ElmoEmbedder(module=copy.deepcopy(tiny_model), stateful=True, dtype="int8")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_int8_refused_on_cuda(tiny_model):
+    with pytest.raises(ValueError, match="int8 runs on the CPU only"):
+        ElmoEmbedder(module=tiny_model, device="cuda", dtype="int8")
