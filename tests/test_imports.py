@@ -11,11 +11,17 @@ import os
 import subprocess
 import sys
 
-# The dependencies are imported first: what they change on import (torch and numpy add warnings
-# filters) is theirs. Then every elmokit module is imported, and the state compared.
+# The dependencies are imported first, the integrations' libraries too where installed: what they
+# change on import (torch and numpy add warnings filters; transformers sets KMP_* variables) is
+# theirs. Then every elmokit module is imported, and the state compared.
 IMPORT_EVERYTHING = r"""
 import json, logging, os, pkgutil, signal, sys, warnings
 import h5py, numpy, safetensors, torch, tqdm
+for library in ("huggingface_hub", "sentence_transformers", "flair", "spacy", "langchain_core"):
+    try:  # the integrations' libraries (elmokit.integrations imports them): what they change is theirs too
+        __import__(library)
+    except ImportError:
+        pass
 
 def state():
     root = logging.getLogger()

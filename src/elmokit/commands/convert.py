@@ -8,8 +8,9 @@ import argparse
 import math
 from pathlib import Path
 
-from elmokit.commands.common import add_model_arguments, model_from_args
+from elmokit.commands.common import add_model_arguments, model_from_args, model_reference
 from elmokit.io import refuse_overwrite
+from elmokit.model.builtin import BUILTIN_MODEL
 from elmokit.model.manylangs import ManyLangsBiLM, VOCABULARY_NAME
 from elmokit.model.weights import CONFIG_NAME, WEIGHTS_NAME, refuse_same_file, save_original, save_pretrained
 
@@ -26,7 +27,9 @@ def register(subcommands: argparse._SubParsersAction) -> None:
                     "`elmo convert [MODEL options] --to-onnx FILE.onnx` (input char_ids int64 (batch, tokens, 50) "
                     "from batch_to_ids; outputs layers float32 (batch, layers, tokens, 2P) and mask bool (batch, "
                     "tokens); with --mix-weights a third output, the scalar mix; checked against elmokit in "
-                    "onnxruntime before it is written; needs the [onnx] extra; docs/deployment.md).")
+                    "onnxruntime before it is written; needs the [onnx] extra; docs/deployment.md). Any ELMo model -> "
+                    "a folder that sentence-transformers loads: `elmo convert [MODEL options] "
+                    "--to-sentence-transformers DIR` (docs/integrations.md).")
     add_model_arguments(parser, positional=True)
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--to-native", type=Path, metavar="DIR", help="write a native model directory")
@@ -35,6 +38,15 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     target.add_argument("--to-onnx", type=Path, metavar="FILE.onnx",
                         help="write the stateless biLM as one ONNX graph (any batch and length), checked in "
                              "onnxruntime against elmokit before it is renamed into place")
+    target.add_argument("--to-sentence-transformers", type=Path, metavar="DIR",
+                        help="write a folder that sentence-transformers loads (SentenceTransformer(DIR), no "
+                             "trust_remote_code): encode(texts) gives elmo serve's sentence vectors; with a model "
+                             "card for the Hugging Face Hub (needs the [sentence-transformers] extra; "
+                             "docs/integrations.md)")
+    parser.add_argument("--license", metavar="ID",
+                        help="with --to-sentence-transformers: the weights' license for the card's metadata, a Hub "
+                             "license id such as apache-2.0 (default: the model's record; apache-2.0 for the "
+                             "built-in model; else unknown)")
     parser.add_argument("--mix-weights", type=_floats, metavar="S0,S1,...",
                         help="with --to-onnx: add an output `mixed` (batch, tokens, 2P), the scalar mix "
                              "gamma * sum_k softmax(s)_k layer_k with these L+1 parameters s (before the softmax, "
@@ -70,8 +82,12 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--mix-weights adds an output to the ONNX graph: give it with --to-onnx")
     if args.mix_gamma != 1.0 and args.mix_weights is None:
         raise ValueError("--mix-gamma scales the mix that --mix-weights adds: give both, or neither")
+    if args.license is not None and not args.to_sentence_transformers:
+        raise ValueError("--license goes on the model card that --to-sentence-transformers writes: give both")
     if args.to_onnx:
         return _to_onnx(args)
+    if args.to_sentence_transformers:
+        return _to_sentence_transformers(args)
     if args.to_original:
         refuse_same_file(args.to_original)  # before loading: the options JSON would replace the weights
     model = model_from_args(args)
@@ -95,4 +111,21 @@ def _to_onnx(args: argparse.Namespace) -> int:
     report = export_onnx(model_from_args(args), args.to_onnx, mix_parameters=args.mix_weights, mix_gamma=args.mix_gamma)
     print(f"wrote {args.to_onnx} ({report['bytes'] / 1e6:.1f} MB; outputs {', '.join(report['outputs'])}): "
           f"onnxruntime matches elmokit within {report['max_abs_diff']:.2g} (checked to {TOLERANCE:g})")
+    return 0
+
+
+def _to_sentence_transformers(args: argparse.Namespace) -> int:
+    from elmokit.extras import require
+
+    require("sentence-transformers", "elmo convert --to-sentence-transformers")  # before the model is loaded
+    from elmokit.integrations.sentence_transformers import save_sentence_transformers
+
+    refuse_overwrite([args.to_sentence_transformers], args.overwrite)
+    model = model_from_args(args)
+    reference = model_reference(args) or (f"{args.options_file} + {args.weight_file}" if args.options_file
+                                          else BUILTIN_MODEL)
+    save_sentence_transformers(model, args.to_sentence_transformers, license=args.license, overwrite=args.overwrite,
+                               source=reference)
+    print(f"wrote {args.to_sentence_transformers}: SentenceTransformer({str(args.to_sentence_transformers)!r}) "
+          "loads it (modules.json, the biLM in elmokit's native layout, README.md for the Hub)")
     return 0

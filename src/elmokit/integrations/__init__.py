@@ -6,6 +6,10 @@ importing this package needs none of those libraries:
 
     elmokit.integrations.flair   `ELMoEmbeddings`, Flair's token embeddings    (pip install 'elmokit[flair]')
     elmokit.integrations.spacy   the `elmo` pipe of spaCy: nlp.add_pipe("elmo") (pip install 'elmokit[spacy]')
+    elmokit.integrations.sentence_transformers  `ELMoSentenceEncoder`, the module of `elmo convert
+                                 --to-sentence-transformers` folders (pip install 'elmokit[sentence-transformers]')
+    elmokit.integrations.huggingface  `HubBiLM`: save_pretrained / from_pretrained / push_to_hub of native
+                                 folders, and the Hub's model card (the same extra)
 
 docs/integrations.md shows each in use, what is exact and how it is tested.
 """

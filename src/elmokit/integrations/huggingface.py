@@ -1,0 +1,190 @@
+"""The Hugging Face Hub's conventions for elmokit's native model folders: `save_pretrained`,
+`from_pretrained` and `push_to_hub` (huggingface_hub's `ModelHubMixin`), and the model card with
+the Hub's metadata block that every folder written for the Hub carries.
+
+    from elmokit.integrations.huggingface import HubBiLM
+    bilm = HubBiLM.from_pretrained()                   # the built-in model; or "original", a folder, a URL...
+    bilm = HubBiLM.from_pretrained("user/elmo-repo")   # a Hub repository (downloaded into the HF cache)
+    bilm.save_pretrained("my-elmo")                    # config.json, model.safetensors, provenance.json, README.md
+    bilm.push_to_hub("user/my-elmo")                   # the same files, one commit (needs `hf auth login`)
+
+A `HubBiLM` is a `BiLM` (everything that takes one takes it: `ElmoEmbedder(module=bilm)`,
+`Elmo(module=...)`), and its folder is elmokit's native one, so `elmo embed --model my-elmo` and
+`elmokit.load_model("my-elmo")` read what `save_pretrained` wrote. The card (README.md) is
+elmokit's model card (`elmokit.training.model_card`) under a YAML block the Hub reads: library,
+tags, pipeline, license, and where the biLM came from (its source and fingerprint).
+
+Needs huggingface_hub (the `sentence-transformers` extra).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from elmokit.extras import require
+
+require("sentence-transformers", "elmokit.integrations.huggingface", ("huggingface_hub",))
+
+from huggingface_hub import ModelCard, ModelCardData, ModelHubMixin, snapshot_download  # noqa: E402
+
+from elmokit.download import is_url  # noqa: E402
+from elmokit.io import atomic_write_text  # noqa: E402
+from elmokit.model.bilm import BiLM  # noqa: E402
+from elmokit.model.builtin import BUILTIN_MODEL, builtin_model_dir  # noqa: E402
+from elmokit.model.loading import load_model  # noqa: E402
+from elmokit.model.published import published_model  # noqa: E402
+from elmokit.model.weights import CONFIG_NAME, WEIGHTS_NAME, load_pretrained, model_fingerprint, save_pretrained  # noqa: E402
+from elmokit.training.checkpoint import PROVENANCE_NAME  # noqa: E402
+from elmokit.training.model_card import CARD_NAME, bilm_card, markdown_table, software_versions  # noqa: E402
+
+__all__ = ["HubBiLM", "hub_card", "model_provenance"]
+
+REPO_URL = "https://github.com/elmokit/elmokit"
+HUB_FILES = (CONFIG_NAME, WEIGHTS_NAME, PROVENANCE_NAME, CARD_NAME)
+"""What a native folder on the Hub holds, and what `from_pretrained` downloads of a repository."""
+BUILTIN_LICENSE = "apache-2.0"  # the built-in model ships inside elmokit, under elmokit's license
+UNKNOWN_LICENSE = "unknown"  # the Hub's value for a license nobody recorded
+
+
+# ---------------------------------------------------------------------------------------------
+# Provenance and the card
+# ---------------------------------------------------------------------------------------------
+def model_provenance(reference: str | Path | None, bilm: BiLM, license: str | None = None) -> dict[str, Any]:
+    """Where a biLM loaded from `reference` (as `elmokit.load_model` takes it; None: the built-in
+    model) came from, for its card: the folder's provenance.json if it has one (training files,
+    tokens, perplexity), a published model's URLs, the reference itself, the license (`license`,
+    else Apache-2.0 for the built-in model, else "unknown") and `model_fingerprint` (the sha256
+    of its config and weights that task runs record)."""
+    name = BUILTIN_MODEL if reference is None else str(reference)
+    folder = builtin_model_dir() if name == BUILTIN_MODEL else Path(name)
+    recorded = {}
+    if not is_url(name) and (folder / PROVENANCE_NAME).is_file():
+        recorded = json.loads((folder / PROVENANCE_NAME).read_text(encoding="utf-8"))
+    published = None if folder.exists() else published_model(name)
+    source = {"source": name if is_url(name) or not folder.exists() else str(folder.resolve())}
+    if name == BUILTIN_MODEL:
+        source = {"source": f"{BUILTIN_MODEL} (the built-in model of elmokit)"}
+    if published is not None:
+        source.update(published=published.name, options_url=published.options_url,
+                      weight_url=published.weight_url, description=published.description)
+    given = license or recorded.get("license") or (BUILTIN_LICENSE if name == BUILTIN_MODEL else UNKNOWN_LICENSE)
+    return {**recorded, **source, "license": given, "elmokit_fingerprint": model_fingerprint(bilm)}
+
+
+def hub_card(bilm: BiLM, provenance: dict[str, Any], files: dict[str, str], *, library_name: str,
+             tags: list[str], pipeline_tag: str, usage: list[str]) -> str:
+    """README.md for the Hub: a YAML metadata block (library_name, tags, pipeline_tag, license,
+    and the biLM's source and fingerprint), elmokit's model card of `bilm`, `usage` (Markdown
+    lines: how to load the folder with `library_name`), and the provenance as a table."""
+    metadata = ModelCardData(library_name=library_name, tags=sorted(set(tags)), pipeline_tag=pipeline_tag,
+                             license=provenance.get("license", UNKNOWN_LICENSE),
+                             elmo_source=provenance.get("source"),
+                             elmo_fingerprint=provenance.get("elmokit_fingerprint"))
+    n_parameters = sum(parameter.numel() for parameter in bilm.parameters())
+    body = bilm_card(bilm.config, {**provenance, **software_versions()}, n_parameters, files)
+    scalars = [(key, value) for key, value in sorted(provenance.items())
+               if isinstance(value, (str, int, float, bool)) and key != "license"]
+    text = [body.rstrip("\n"), "", *usage, "", "## Provenance", "",
+            f"License of the weights: `{provenance.get('license', UNKNOWN_LICENSE)}`.", "",
+            markdown_table(("key", "value"), scalars) if scalars else "Not recorded."]
+    return str(ModelCard(f"---\n{metadata.to_yaml()}\n---\n" + "\n".join(text)))
+
+
+NATIVE_USAGE = [
+    "## From the Hugging Face Hub", "",
+    "```python",
+    "from elmokit.integrations.huggingface import HubBiLM  # pip install 'elmokit[sentence-transformers]'",
+    "from elmokit import ElmoEmbedder", "",
+    'bilm = HubBiLM.from_pretrained("REPO_ID")  # downloaded into the Hugging Face cache',
+    'layers = ElmoEmbedder(module=bilm).embed_sentence(["The", "cat", "sat"])  # (layers, tokens, dims)',
+    "```",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# The mixin
+# ---------------------------------------------------------------------------------------------
+class HubBiLM(BiLM, ModelHubMixin, library_name="elmokit", tags=["elmo", "elmokit", "feature-extraction"],
+              pipeline_tag="feature-extraction", repo_url=REPO_URL):
+    """A `BiLM` with huggingface_hub's `save_pretrained`, `from_pretrained` and `push_to_hub`.
+
+    The folder is elmokit's native layout (config.json, model.safetensors) with provenance.json
+    and a model card (`hub_card`). `provenance` (a dict) is what the card records of where the
+    weights came from; `from_pretrained` fills it.
+    """
+
+    provenance: dict[str, Any]
+
+    @classmethod
+    def from_bilm(cls, bilm: BiLM, provenance: dict[str, Any] | None = None) -> HubBiLM:
+        """The same weights (copied) as a HubBiLM, in eval mode on `bilm`'s device. An
+        ELMoForManyLangs biLM (its own vocabulary and class) is refused: TypeError."""
+        if type(bilm) is not BiLM and not isinstance(bilm, cls):
+            raise TypeError(f"HubBiLM holds an ELMo BiLM; got a {type(bilm).__name__} (an ELMoForManyLangs model "
+                            "keeps a vocabulary of its own: save it with elmokit.save_pretrained and upload that folder)")
+        device = next(bilm.parameters()).device
+        hub = cls(bilm.config).to(device)  # (a non-persistent buffer rules out building on "meta")
+        hub.load_state_dict(bilm.state_dict())
+        hub.provenance = dict(provenance) if provenance is not None else {"license": UNKNOWN_LICENSE}
+        return hub.eval()
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | Path | None = None, *,
+                        license: str | None = None, **hub_kwargs) -> HubBiLM:
+        """Load a biLM: any reference `elmokit.load_model` takes (None: the built-in model; a
+        published name, a TF-Hub handle, a local folder), else a Hugging Face Hub repository id
+        ("user/name"), downloaded by huggingface_hub (`revision=`, `cache_dir=`, `token=`,
+        `local_files_only=`, ... as `ModelHubMixin.from_pretrained` takes them). `license` is
+        recorded on the card when the source records none."""
+        reference = pretrained_model_name_or_path
+        if reference is None or _is_elmokit_reference(str(reference)):
+            if hub_kwargs:
+                raise TypeError(f"{sorted(hub_kwargs)} apply to a Hub repository; {reference!r} is loaded by elmokit")
+            bilm = load_model(None if reference is None else str(reference))
+            return cls.from_bilm(bilm, model_provenance(reference, bilm, license))
+        hub = super().from_pretrained(str(reference), **hub_kwargs)
+        if license is not None and hub.provenance.get("license", UNKNOWN_LICENSE) == UNKNOWN_LICENSE:
+            hub.provenance["license"] = license
+        return hub
+
+    def _save_pretrained(self, save_directory: Path) -> None:
+        """elmokit's native folder (config.json, model.safetensors), provenance.json and README.md."""
+        save_pretrained(self, save_directory)
+        provenance = {**getattr(self, "provenance", {}), "elmokit_fingerprint": model_fingerprint(self)}
+        provenance.setdefault("license", UNKNOWN_LICENSE)
+        atomic_write_text(save_directory / PROVENANCE_NAME, json.dumps(provenance, indent=2) + "\n")
+        files = {CONFIG_NAME: "the shapes (ElmoConfig)", WEIGHTS_NAME: "the weights of the biLM",
+                 PROVENANCE_NAME: "where the weights came from: source, training record, fingerprint"}
+        atomic_write_text(save_directory / CARD_NAME, hub_card(
+            self, provenance, files, library_name="elmokit", tags=list(self._hub_mixin_info.model_card_data.tags),
+            pipeline_tag="feature-extraction", usage=NATIVE_USAGE))
+
+    @classmethod
+    def _from_pretrained(cls, *, model_id: str, revision: str | None, cache_dir: str | Path | None,
+                         force_download: bool, proxies: dict | None, resume_download: bool | None,
+                         local_files_only: bool, token: str | bool | None, **model_kwargs) -> HubBiLM:
+        """(huggingface_hub's hook) The folder of `model_id` (a local folder, or the repository's
+        `HUB_FILES` downloaded with `snapshot_download`) read by elmokit's `load_pretrained`."""
+        if os.path.isdir(model_id):
+            directory = Path(model_id)
+        else:
+            directory = Path(snapshot_download(repo_id=model_id, revision=revision, cache_dir=cache_dir,
+                                               force_download=force_download, proxies=proxies, token=token,
+                                               local_files_only=local_files_only, allow_patterns=list(HUB_FILES)))
+        bilm = load_pretrained(directory)
+        recorded = directory / PROVENANCE_NAME
+        provenance = json.loads(recorded.read_text(encoding="utf-8")) if recorded.is_file() else {}
+        provenance.setdefault("license", UNKNOWN_LICENSE)
+        if not os.path.isdir(model_id):
+            provenance["hub_repository"] = model_id + (f"@{revision}" if revision else "")
+        return cls.from_bilm(bilm, provenance)
+
+
+def _is_elmokit_reference(reference: str) -> bool:
+    """True for what `elmokit.load_model` reads itself: the built-in name, a published name or
+    TF-Hub handle, a URL, an existing path; False for anything else (a Hub repository id)."""
+    return (reference == BUILTIN_MODEL or published_model(reference) is not None or is_url(reference)
+            or Path(reference).exists())
