@@ -11,6 +11,7 @@ import json
 import pickle
 import shutil
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,7 @@ from elmokit.model.manylangs_files import KNOWN_CONFIGS, read_dictionary, read_m
 from elmokit.model.loading import load_model
 from elmokit.model.weights import WeightFileError, load_pretrained
 from elmokit.training.corpus import prepare_corpus
-from tests.conftest import DATA, require_shared
+from tests.conftest import DATA, one_error_line, require_shared
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "manylangs"
 MODELS = ("words", "chars-only")  # with a word embedding (zip pickles); without (legacy pickles)
@@ -234,6 +235,95 @@ def test_a_pickle_with_objects_is_refused_unrun(tmp_path):
     torch.save({"weights": [1, 2]}, folder / "encoder.pkl")  # plain data, but not a state dict of tensors
     with pytest.raises(WeightFileError, match=r"encoder.pkl: expected a state dict"):
         load_manylangs(folder)
+
+
+def _embed_one_line(tmp_path, model: Path) -> int:
+    source = tmp_path / "in.txt"
+    source.write_text("a b\n", encoding="utf-8")
+    return main(["embed", str(source), str(tmp_path / "out.npz"), "--model", str(model), "--quiet"])
+
+
+def _folder_with(tmp_path, section: str, key: str, value) -> Path:
+    folder = tmp_path / "model"
+    shutil.copytree(FIXTURES / "words", folder)
+    config = json.loads((folder / "cnn_tiny.json").read_text())
+    config[section][key] = value
+    (folder / "cnn_tiny.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize("section, key, value", [
+    ("token_embedder", "max_characters_per_token", 10**5),  # no weight bounds W: a cap does (was: 1.5 GB at 2e8)
+    ("token_embedder", "n_highway", 10**6),  # counts: bounded by the tensors the pickles hold
+    ("encoder", "n_layers", 10**6),
+    ("token_embedder", "filters", [[1, 4]] * 10**4),
+    ("encoder", "dim", 10**12),  # sizes: bounded by the pickles' shapes
+    ("encoder", "projection_dim", 10**12),
+    ("token_embedder", "char_dim", 10**12),
+    ("token_embedder", "word_dim", 10**12),
+])
+def test_every_size_of_their_config_is_bounded_before_allocating(tmp_path, capsys, section, key, value):
+    """A size out of what the folder can hold is refused with exit 2 naming the key (or, for a
+    table's size, the tensor whose shape it contradicts), before anything of that size is made."""
+    folder = _folder_with(tmp_path, section, key, value)
+    assert _embed_one_line(tmp_path, folder) == 2
+    named = {"dim": "input_linearity.weight", "projection_dim": "projection.weight",
+             "char_dim": "char_emb_layer.embedding.weight", "word_dim": "projection.weight"}
+    one_error_line(capsys, named.get(key, f"{section}.{key}"))
+    assert not (tmp_path / "out.npz").exists()
+
+
+def test_a_native_folders_manylangs_sizes_are_bounded(tmp_path, capsys):
+    """The native format's `manylangs` section: W is capped as in their folder, before the
+    vocabulary's (W,) rows exist; table sizes are checked against model.safetensors' shapes."""
+    native = tmp_path / "native"
+    assert main(["convert", "--model", str(FIXTURES / "words"), "--to-native", str(native), "--quiet"]) == 0
+    saved = json.loads((native / "config.json").read_text())
+    for key, value, named in (("max_characters_per_token", 10**5, "manylangs.max_characters_per_token"),
+                              ("n_char_ids", 10**12, "char_embedding.weight"),
+                              ("n_word_ids", 10**12, "word_embedding.weight")):
+        (native / "config.json").write_text(json.dumps({**saved, "manylangs": {**saved["manylangs"], key: value}}))
+        assert _embed_one_line(tmp_path, native) == 2
+        one_error_line(capsys, named)
+
+
+def _refusal(folder: Path, capsys) -> str:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["embed", str(folder / "in.txt"), str(folder / "out.npz"), "--model", str(folder)]) == 2
+    assert not caught, [str(warning.message) for warning in caught]  # torch's own warnings are not shown
+    return one_error_line(capsys, "encoder.pkl")
+
+
+@pytest.mark.parametrize("how", ["pickle protocol 2", "pickle protocol 5", "torch.save", "torch.save legacy"])
+def test_the_pickle_refusal_is_one_line_of_ours(tmp_path, capsys, how):
+    """Refused as one line naming what the pickle holds, without torch's advice to load it with
+    weights_only=False, its terminal colours or its warning about the protocol."""
+    folder = tmp_path / "model"
+    shutil.copytree(FIXTURES / "words", folder)
+    (folder / "in.txt").write_text("a b\n", encoding="utf-8")
+    _Planted.marker = tmp_path / "ran"
+    state = {**torch.load(folder / "encoder.pkl", weights_only=True), "extra": _Planted()}
+    if how.startswith("pickle"):
+        with open(folder / "encoder.pkl", "wb") as handle:
+            pickle.dump(state, handle, protocol=int(how[-1]))
+    else:
+        torch.save(state, folder / "encoder.pkl", _use_new_zipfile_serialization=how == "torch.save")
+    message = _refusal(folder, capsys)
+    assert "refused: it holds something other than tensors" in message
+    assert "weights_only" not in message and "\x1b" not in message and "trust" not in message, message
+    if how.startswith("torch.save"):
+        assert "(it names posix.system)" in message or "(it names nt.system)" in message, message
+    assert not _Planted.marker.exists()
+
+
+def test_a_pickle_that_is_not_one_is_a_clear_error(tmp_path, capsys):
+    folder = tmp_path / "model"
+    shutil.copytree(FIXTURES / "words", folder)
+    (folder / "in.txt").write_text("a b\n", encoding="utf-8")
+    for content in (b"hello world", b""):  # torch's legacy reader raised KeyError '101' on the first
+        (folder / "encoder.pkl").write_bytes(content)
+        assert "not a readable torch state dict" in _refusal(folder, capsys)
 
 
 def test_convert_to_native_rebuilds_the_same_model(tmp_path):

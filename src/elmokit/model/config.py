@@ -21,6 +21,10 @@ MAX_CHARACTERS_PER_TOKEN = MAX_CHARS  # options key char_cnn.max_characters_per_
 # row for "no token"); bilm-tf's training wants 261. AllenNLP ignores the key.
 N_CHARACTERS_INFERENCE, N_CHARACTERS_TRAINING = N_CHAR_IDS, N_CHAR_IDS - 1
 MAX_ORIGINAL_LAYERS = 8  # bilm-tf maps the weights of LSTM cells Cell0..Cell7 only
+# An ELMoForManyLangs model's W (their max_characters_per_token; 50 in every published model): no
+# weight's shape depends on it, so no file bounds it; every token's ids and char CNN activations
+# are W wide. 1024 keeps tokens of 1022 code points and refuses a W that would allocate gigabytes.
+MAX_MANYLANGS_CHARACTERS = 1024
 
 RELEASED_FILTERS = ((1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024))
 
@@ -308,9 +312,12 @@ class ManyLangsConfig(ElmoConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("n_char_ids", "max_characters_per_token"):
-            value = getattr(self, name)
-            _require(_is_int(value) and value > 0, f"manylangs.{name} must be a positive int, got {value!r}")
+        _require(_is_int(self.n_char_ids) and self.n_char_ids > 0,
+                 f"manylangs.n_char_ids must be a positive int, got {self.n_char_ids!r}")
+        chars = self.max_characters_per_token
+        _require(_is_int(chars) and 3 <= chars <= MAX_MANYLANGS_CHARACTERS,
+                 f"manylangs.max_characters_per_token must be an int in 3..{MAX_MANYLANGS_CHARACTERS} (begin of "
+                 f"word, a character, end of word at least), got {chars!r}")
         for name in ("word_dim", "n_word_ids"):
             value = getattr(self, name)
             _require(_is_int(value) and value >= 0, f"manylangs.{name} must be an int >= 0, got {value!r}")

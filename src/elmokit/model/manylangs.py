@@ -54,7 +54,7 @@ from elmokit.io import atomic_write_text
 from elmokit.kernels import linear
 from elmokit.model.bilm import BiLM
 from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN
-from elmokit.model.config import ConfigError, ManyLangsConfig
+from elmokit.model.config import MAX_MANYLANGS_CHARACTERS, ConfigError, ManyLangsConfig
 from elmokit.model.encoder import CharCNN, Highway
 from elmokit.model.lstm import BiLstm
 from elmokit.model.manylangs_files import (
@@ -85,8 +85,8 @@ class ManyLangsVocabulary:
             raise ValueError(f"the character vocabulary lacks the special entries {missing}")
         if words is not None and OOV not in words:
             raise ValueError(f"the word vocabulary lacks the special entry {OOV!r}")
-        if max_chars < 3:
-            raise ValueError(f"max_characters_per_token must be at least 3, got {max_chars}")
+        if not 3 <= max_chars <= MAX_MANYLANGS_CHARACTERS:  # before any (W,) row is allocated
+            raise ValueError(f"max_characters_per_token must be in 3..{MAX_MANYLANGS_CHARACTERS}, got {max_chars}")
         self.chars, self.words, self.max_chars = chars, words, max_chars
         singles = {ord(entry): index for entry, index in chars.items() if len(entry) == 1}
         self._codes = np.array(sorted(singles), dtype=np.int64)  # code points in the vocabulary, sorted

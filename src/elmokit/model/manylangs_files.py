@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import itertools
 import pickle
+import re
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from elmokit.model.config import CharCNNConfig, ConfigError, LSTMConfig, ManyLangsConfig
+from elmokit.model.config import MAX_MANYLANGS_CHARACTERS, CharCNNConfig, ConfigError, LSTMConfig, ManyLangsConfig
 from elmokit.model.config import _read_json as read_json_object
 from elmokit.model.errors import WeightFileError, check_finite
 from elmokit.model.lstm import BiLstmLayer
@@ -91,14 +93,17 @@ def _check_model_config(config: dict[str, Any], source: Path | str) -> None:
                           "published one), not their plain-LSTM variants")
     for key in ("projection_dim", "dim", "n_layers"):
         _require_int(encoder, key, source, "encoder", 1)
-    for key, least in (("char_dim", 1), ("word_dim", 0), ("n_highway", 0), ("max_characters_per_token", 3)):
+    for key, least in (("char_dim", 1), ("word_dim", 0), ("n_highway", 0)):
         _require_int(tokens, key, source, "token_embedder", least)
+    # the one size no weight's shape bounds (ManyLangsConfig bounds it likewise in a native folder)
+    _require_int(tokens, "max_characters_per_token", source, "token_embedder", 3, MAX_MANYLANGS_CHARACTERS)
 
 
-def _require_int(section: dict, key: str, source, where: str, least: int) -> None:
+def _require_int(section: dict, key: str, source, where: str, least: int, most: int | None = None) -> None:
     value = section.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < least:
-        raise ConfigError(f"{source}: {where}.{key} must be an int >= {least}, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or value < least or (most is not None and value > most):
+        expected = f"an int >= {least}" if most is None else f"an int in {least}..{most}"
+        raise ConfigError(f"{source}: {where}.{key} must be {expected}, got {value!r}")
 
 
 def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
@@ -107,13 +112,16 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: not found (an ELMoForManyLangs model folder holds it)")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's warnings (a pickle protocol it did not write) are not ours
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise WeightFileError(f"{path}: refused: it holds something other than tensors, and elmokit unpickles "
-                              f"nothing else ({reason})") from None
-    except (RuntimeError, EOFError, OSError, ValueError) as error:
-        raise WeightFileError(f"{path}: not a readable torch state dict ({error})") from None
+        raise WeightFileError(f"{path}: refused: it holds something other than tensors{_refused_detail(error)}, "
+                              "and elmokit unpickles nothing else") from None
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as error:
+        reason = " ".join(_ANSI.sub("", str(error)).split())  # the legacy loader on text raises KeyError '101'
+        raise WeightFileError(f"{path}: not a readable torch state dict ({type(error).__name__}"
+                              f"{': ' if reason else ''}{reason:.200})") from None
     if not isinstance(state, dict) or not all(isinstance(key, str) and isinstance(value, torch.Tensor)
                                               for key, value in state.items()):
         raise WeightFileError(f"{path}: expected a state dict (names -> tensors), got {type(state).__name__}")
@@ -122,6 +130,20 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
             raise WeightFileError(f"{path}: tensor {name!r} has dtype {tensor.dtype}, expected floating point")
         check_finite(path, f"tensor {name!r}", tensor)
     return {name: tensor.float() for name, tensor in state.items()}
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _refused_detail(error: pickle.UnpicklingError) -> str:
+    """What torch's safe unpickler stopped at (\" (it names posix.system)\"), on one line, without
+    its advice to load the file unsafely (`weights_only=False`) or its terminal colour codes."""
+    text = _ANSI.sub("", str(error))
+    named = re.search(r"GLOBAL ([\w.]+)", text)
+    if named:
+        return f" (it names {named.group(1)})"
+    opcode = re.search(r"Unsupported operand (\d+)", text)
+    return f" (pickle opcode {opcode.group(1)}, which torch's tensor-only unpickler does not take)" if opcode else ""
 
 
 def config_from(model_config: dict, token_state: dict[str, torch.Tensor], directory: Path) -> ManyLangsConfig:
@@ -149,7 +171,8 @@ def config_from(model_config: dict, token_state: dict[str, torch.Tensor], direct
 
 def native_state(config: ManyLangsConfig, token_state: dict[str, torch.Tensor],
                   encoder_state: dict[str, torch.Tensor], directory: Path) -> dict[str, torch.Tensor]:
-    """Their two state dicts as `ManyLangsBiLM`'s, after checking every name and shape."""
+    """Their two state dicts as `ManyLangsBiLM`'s, after checking every count, name and shape."""
+    _check_counts(config, token_state, encoder_state, directory)
     cnn, n_filters = config.char_cnn, config.char_cnn.n_filters
     proj, cell = config.lstm.projection_dim, config.lstm.cell_dim
     expected_tokens = {"char_emb_layer.embedding.weight": (config.n_char_ids, cnn.embedding_dim),
@@ -194,6 +217,20 @@ def native_state(config: ManyLangsConfig, token_state: dict[str, torch.Tensor],
         state[f"{prefix}.bias"] = torch.stack([_native_bias(t["state_linearity.bias"], cell) for t in theirs]).unsqueeze(1)
         state[f"{prefix}.projection"] = torch.stack([t["state_projection.weight"] for t in theirs])
     return {name: tensor.contiguous() for name, tensor in state.items()}
+
+
+def _check_counts(config: ManyLangsConfig, token_state: dict[str, torch.Tensor],
+                  encoder_state: dict[str, torch.Tensor], directory: Path) -> None:
+    """Each filter bank and highway layer has 2 tensors in token_embedder.pkl, each LSTM layer 8 in
+    encoder.pkl: a model config asking for more than the pickles hold is refused before a name is
+    listed for each (the original format bounds its counts by the weight file's arrays likewise)."""
+    for key, count, per_item, name, state in (
+            ("token_embedder.filters", len(config.char_cnn.filters), 2, PICKLES[0], token_state),
+            ("token_embedder.n_highway", config.char_cnn.n_highway, 2, PICKLES[0], token_state),
+            ("encoder.n_layers", config.lstm.n_layers, 8, PICKLES[1], encoder_state)):
+        if count * per_item > len(state):
+            raise ConfigError(f"{directory}: the model config's {key} = {count:,} asks for {count * per_item:,} "
+                              f"tensors in {name}, which holds {len(state)}")
 
 
 def _check_shapes(path: Path, state: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]]) -> None:
