@@ -11,10 +11,12 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser = subcommands.add_parser(
         "export", help="write a trained model in the original (bilm-tf/AllenNLP) or native format",
         description="Export a trained model: SOURCE is a training run directory (its best/ model, or "
-                    "its last checkpoint with --last), a model directory, or a checkpoint.pt file. "
+                    "its last checkpoint with --last), a model directory, a checkpoint.pt file, or "
+                    "'gutenberg-en' (the built-in model). "
                     "The original format drops the softmax; the native directory keeps it with vocab.txt.")
     parser.add_argument("source", type=Path, metavar="SOURCE", nargs="?",
-                        help="run directory, model directory or checkpoint.pt (or --model)")
+                        help="run directory, model directory, checkpoint.pt or 'gutenberg-en' (the "
+                             "built-in model) (or --model)")
     parser.add_argument("--model", type=Path, metavar="SOURCE",
                         help="the same as SOURCE, spelled as every command that takes a model spells it")
     parser.add_argument("--last", action="store_true", help="from a run directory, export its last checkpoint "
@@ -42,10 +44,30 @@ def one_source(positional: Path | None, option: Path | None) -> Path:
     return positional if positional is not None else option
 
 
+def named_source(source: Path) -> Path:
+    """SOURCE as a path: 'gutenberg-en' (when no such file is here) is the built-in model's
+    directory, as in every command; another model name (published, a URL) is refused by name,
+    for `elmo export` converts an elmokit model with its softmax."""
+    from elmokit.model.builtin import BUILTIN_MODEL, builtin_model_dir
+    from elmokit.model.published import published_names
+
+    if source.exists():
+        return source
+    if str(source) == BUILTIN_MODEL:
+        return builtin_model_dir()
+    if str(source) in published_names() or str(source).startswith(("http:/", "https:/")):  # Path keeps one "/"
+        raise ValueError(f"{source}: elmo export converts a model trained by elmokit (a run directory, a model "
+                         f"directory, a checkpoint.pt or '{BUILTIN_MODEL}'); a published model is read as it is "
+                         "by every command (--model NAME), and `elmo download NAME` puts it in the cache")
+    return source
+
+
 def load_source(source: Path, last: bool = False):
-    """(LanguageModel, vocab path or None, provenance or None) from a run dir, a model dir or a
-    checkpoint file; a checkpoint's provenance is built from its progress and the run's
-    metrics.jsonl beside it (`checkpoint_provenance`), a model dir's is its provenance.json."""
+    """(LanguageModel, vocab path or None, provenance or None) from a run dir, a model dir, a
+    checkpoint file or the built-in model's name; a checkpoint's provenance is built from its
+    progress and the run's metrics.jsonl beside it (`checkpoint_provenance`), a model dir's is
+    its provenance.json."""
+    source = named_source(source)
     from elmokit.training.checkpoint import (CHECKPOINT_NAME, PROVENANCE_NAME, VOCAB_NAME, checkpoint_provenance,
                                              load_checkpoint, load_model_dir, model_from_checkpoint)
     from elmokit.training.loop import METRICS_NAME

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from elmokit.progress import format_count
+
 # The options (files.EmbedOptions) and the embedder (files.Embedder) are typed Any here: files.py
 # imports this module, and this one reads only a few of their fields.
 log = logging.getLogger("elmokit.inference.files")  # the run's messages come from one logger
@@ -88,12 +90,13 @@ class EmbedReport:
     output_bytes: int | None  # the output's size once written (rank 0), else None
 
     def summary(self) -> str:
-        """"300 sentences, 6,512 tokens in 41.2 s (158 tokens/s); 78.1 MB written (estimated 77.9 MB)"."""
-        rate = self.n_tokens / self.seconds if self.seconds > 0 else 0.0
+        """"300 sentences, 6,512 tokens in 41.2 s (158 tokens/s); 78.1 MB written (estimated 77.9 MB)";
+        a rate below 100 keeps two decimals ("0.43 tokens/s"), and a run without tokens has none."""
+        rate = (f" ({format_count(self.n_tokens / self.seconds)} tokens/s)"
+                if self.n_tokens and self.seconds > 0 else "")
         size = (f"; {format_bytes(self.output_bytes)} written (estimated {format_bytes(self.estimated_bytes)})"
                 if self.output_bytes is not None else "")
-        return (f"{self.n_sentences:,} sentences, {self.n_tokens:,} tokens in {self.seconds:,.1f} s "
-                f"({rate:,.0f} tokens/s){size}")
+        return f"{self.n_sentences:,} sentences, {self.n_tokens:,} tokens in {self.seconds:,.1f} s{rate}{size}"
 
 
 def check_output_size(embedder: Any, scan: InputScan, options: Any, input_path: Path,

@@ -97,10 +97,28 @@ def predict_split(model, data: TaskData, split: str, batch_size: int) -> list:
     return [data.labels[i] for i in predicted]
 
 
-def evaluate_split(model, data: TaskData, split: str, config: TaskConfig) -> dict:
-    """{'accuracy'} (%) for POS and classification; {'f1', 'precision', 'recall', 'per_type'} for NER."""
-    predicted = predict_split(model, data, split, 2 * config.batch_size)
+def evaluate_split(model, data: TaskData, split: str, config: TaskConfig, predicted: list | None = None) -> dict:
+    """{'accuracy'} (%) for POS and classification; {'f1', 'precision', 'recall', 'per_type'} for NER
+    (of `predicted`, `split`'s predicted labels, when given)."""
+    if predicted is None:
+        predicted = predict_split(model, data, split, 2 * config.batch_size)
     return score_predictions([gold_labels(e) for e in data.splits[split]], predicted, config.spec.metric)
+
+
+def single_class_warning(config: TaskConfig, data: TaskData, predicted: list, epochs: int,
+                         stopped_early: bool) -> str | None:
+    """A warning when the model predicts one class for every dev example (every token, or every
+    sentence) though dev has several: a run too short to learn the task, and what to raise."""
+    gold = [gold_labels(example) for example in data.splits["dev"]]
+    classes = (lambda rows: {label for row in rows for label in row}) if data.tagging else set
+    predicted_classes, gold_classes = classes(predicted), classes(gold)
+    if len(predicted_classes) != 1 or len(gold_classes) < 2:
+        return None
+    unit, kind = ("token", "tag") if data.tagging else ("sentence", "label")
+    patience = f"--patience (it stopped early after {config.patience} epochs without progress), " if stopped_early else ""
+    return (f"warning: the model predicts {next(iter(predicted_classes))!r} for every dev {unit}, though dev has "
+            f"{len(gold_classes)} {kind}s: it has not learnt the task yet. Raise --max-epochs (it ran {epochs}), "
+            f"{patience}the training sentences ({len(data.splits['train'])}) or --lr ({config.lr:g})")
 
 
 class EarlyStopping:
@@ -189,9 +207,13 @@ def train_task(config: TaskConfig, bilm: BiLM | None = None, data: TaskData | No
             report(epoch_line(config, epoch, train_loss, dev, loop.stopping, record["cpu_s"]))
     stopping = loop.stopping
     model.load_state_dict(loop.best_state)
+    dev_predicted = predict_split(model, data, "dev", 2 * config.batch_size)
+    if warning := single_class_warning(config, data, dev_predicted, loop.epoch, stopping.should_stop):
+        report(warning)
     results = {
         "task": config.task, "elmo": config.model is not None, "seed": config.seed, "metric": metric,
-        "best_epoch": stopping.best_epoch, "epochs": loop.epoch, "dev": evaluate_split(model, data, "dev", config),
+        "best_epoch": stopping.best_epoch, "epochs": loop.epoch,
+        "dev": evaluate_split(model, data, "dev", config, dev_predicted),
         "test": evaluate_split(model, data, "test", config) if "test" in data.splits else None,
         "layer_weights": model.encoder.layer_weights(),
         "cpu_seconds": round(time.process_time() - start_cpu, 1),
