@@ -234,3 +234,17 @@ def test_hub_default_before_training_is_the_embedders_sentence_vector(tiny_model
     vectors = ElmoEmbedder(module=tiny_model).sentence_vectors(SENTENCES)
     np.testing.assert_allclose(hub_default.detach().numpy(), vectors, atol=1e-5)
     assert not hub_default[SENTENCES.index([])].any()
+
+
+def test_hub_module_default_signature_is_the_sentence_vector(model_dir, tiny_model):
+    """`hub.Module(...)(strings)` (TF-Hub's `default` output) before training: the token mean of
+    the equal-weight layer average, each sentence's own (padding never counted)."""
+    from elmokit import hub
+
+    strings = ["the cat sat on the mat", "a", "colorless green ideas sleep"]
+    default = hub.Module(str(model_dir))(strings)  # (3, 12)
+    embedder = ElmoEmbedder(module=tiny_model)
+    for row, text in enumerate(strings):
+        layers = embedder.embed_sentence(text.split())  # (3, n, 12)
+        want = sum(layers[k, i] for k in range(3) for i in range(layers.shape[1])) / (3 * layers.shape[1])
+        np.testing.assert_allclose(default[row].detach().numpy(), want, atol=1e-5)
