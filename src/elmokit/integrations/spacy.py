@@ -1,0 +1,137 @@
+"""spaCy: the `elmo` pipe, found through the `spacy_factories` entry point once elmokit is installed.
+
+    nlp = spacy.blank("en")
+    nlp.add_pipe("elmo", config={"model": "gutenberg-en", "layers": "average"})
+    doc = nlp("The cat sat on the mat.")
+    doc._.elmo            # (L+1, n, 2P) float32: every layer of the doc's n tokens (spaCy's own tokens)
+    doc[1].vector         # (2P,): the equal-weight layer average ("average"), the top layer ("top"), or layer k (k)
+    doc.vector            # (2P,): the mean of the token vectors; span.vector the same over the span
+    doc.similarity(other) # the cosine of the two vectors (tokens and spans too)
+    doc.tensor            # (n, 2P): the token vectors, where spaCy keeps a pipe's per-token features
+
+The vectors are those of `elmokit.ElmoEmbedder` for the same tokens (stateless: a doc's vectors do
+not depend on the other docs of the batch); `nlp.pipe(texts, batch_size=...)` runs that many docs
+through the biLM at once. `nlp.to_disk` keeps the pipe's config (the model by its reference: a
+name, URL or path), and `spacy.load` loads the model again from there. The vector, similarity and
+norm are user hooks of the doc, objects of this module, so a pickled doc keeps them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+
+from elmokit.extras import require
+
+require("spacy", "the elmo pipe of spaCy")
+
+from spacy.language import Language  # noqa: E402
+from spacy.tokens import Doc, Span, Token  # noqa: E402
+from spacy.util import minibatch  # noqa: E402
+
+from elmokit.inference.embedder import ElmoEmbedder  # noqa: E402
+from elmokit.inference.layers import select_layers, token_mean  # noqa: E402
+from elmokit.model.builtin import BUILTIN_MODEL  # noqa: E402
+
+__all__ = ["ElmoComponent", "make_elmo"]
+
+LAYER_CHOICES = ("average", "top")
+"""What `layers` may name besides a layer index: the equal-weight average of the L+1 layers, the top layer."""
+
+if not Doc.has_extension("elmo"):
+    Doc.set_extension("elmo", default=None)
+
+
+class ElmoVectors:
+    """The doc's user hooks: vectors from `doc._.elmo`, the layer selection `layers`
+    ("average", "top" or a layer index), and their cosine. A plain object, so docs pickle."""
+
+    def __init__(self, layers: str | int):
+        self.layers = layers
+
+    def tokens(self, doc: Doc, start: int = 0, end: int | None = None) -> np.ndarray:
+        """(m, 2P): the selected vectors of the doc's tokens start..end."""
+        layers = doc._.elmo[:, start:end]  # (L+1, m, 2P)
+        if isinstance(self.layers, int):
+            return layers[self.layers]
+        return select_layers(layers, self.layers)
+
+    def vector(self, item: Doc | Span | Token) -> np.ndarray:
+        """(2P,): a token's selected vector; a doc's or span's token mean (zeros for no token)."""
+        if isinstance(item, Token):
+            return self.tokens(item.doc, item.i, item.i + 1)[0]
+        if isinstance(item, Span):
+            return token_mean(self.tokens(item.doc, item.start, item.end))
+        return token_mean(self.tokens(item))
+
+    def has_vector(self, item: Doc | Span | Token) -> bool:
+        return True
+
+    def vector_norm(self, item: Doc | Span | Token) -> float:
+        return float(np.linalg.norm(self.vector(item)))
+
+    def similarity(self, item: Doc | Span | Token, other) -> float:
+        """The cosine of the two vectors; 0.0 where either is zero (an empty doc)."""
+        first, second = self.vector(item), np.asarray(other.vector, dtype=np.float32)
+        norms = float(np.linalg.norm(first)) * float(np.linalg.norm(second))
+        return float(np.dot(first, second) / norms) if norms > 0 else 0.0
+
+    def install(self, doc: Doc) -> None:
+        for hooks in (doc.user_hooks, doc.user_span_hooks, doc.user_token_hooks):
+            hooks.update(vector=self.vector, has_vector=self.has_vector, vector_norm=self.vector_norm,
+                         similarity=self.similarity)
+
+
+class ElmoComponent:
+    """The `elmo` pipe: sets `doc._.elmo` (L+1, n, 2P), `doc.tensor` (n, 2P) and the vector hooks.
+
+    Args:
+        nlp, name: spaCy's (the pipeline and the pipe's name).
+        model: anything `elmokit.load_model` takes: the built-in "gutenberg-en" (the default), a
+            published name, a TF-Hub handle, or a model folder (an absolute path travels best).
+        layers: what `token.vector` is: "average" (the equal-weight mean of the L+1 layers, the
+            default), "top", or a layer index 0..L (0: the context-free token layer).
+        batch_size: docs run through the biLM at once where the pipe is given no batch size
+            (`nlp.pipe(texts, batch_size=N)` gives its own N, spaCy's convention).
+        device: where the biLM runs ("cpu", "cuda", "cuda:N", "auto"); the arrays are numpy.
+    """
+
+    def __init__(self, nlp: Language, name: str = "elmo", *, model: str = BUILTIN_MODEL,
+                 layers: str | int = "average", batch_size: int = 64, device: str = "cpu"):
+        if batch_size < 1:
+            raise ValueError(f"elmo pipe: batch_size must be >= 1, got {batch_size}")
+        self.name = name
+        self.embedder = ElmoEmbedder(model, device=device)
+        n_layers = self.embedder.bilm.config.n_output_layers
+        if isinstance(layers, bool) or not (layers in LAYER_CHOICES or isinstance(layers, int)
+                                            and 0 <= layers < n_layers):
+            raise ValueError(f"elmo pipe: layers must be {', '.join(map(repr, LAYER_CHOICES))} or a layer index "
+                             f"0..{n_layers - 1} of {model!r}, got {layers!r}")
+        self.vectors = ElmoVectors(layers)
+        self.batch_size = batch_size
+
+    def __call__(self, doc: Doc) -> Doc:
+        return next(iter(self.pipe([doc])))
+
+    def pipe(self, docs: Iterable[Doc], batch_size: int | None = None) -> Iterator[Doc]:
+        """The docs in order, `batch_size` of them through the biLM at once."""
+        for batch in minibatch(docs, size=batch_size or self.batch_size):
+            texts = [[token.text for token in doc] for doc in batch]
+            for doc, layers in zip(batch, self.embedder.embed_many(texts, rows=len(batch)), strict=True):
+                self.set_annotations(doc, layers)
+                yield doc
+
+    def set_annotations(self, doc: Doc, layers: np.ndarray) -> None:
+        """`layers` (L+1, n, 2P) of the doc's n tokens into `doc._.elmo`, `doc.tensor` and the hooks."""
+        doc._.elmo = layers
+        doc.tensor = np.ascontiguousarray(self.vectors.tokens(doc))  # (n, 2P)
+        self.vectors.install(doc)
+
+
+@Language.factory("elmo", default_config={"model": BUILTIN_MODEL, "layers": "average", "batch_size": 64,
+                                          "device": "cpu"})
+def make_elmo(nlp: Language, name: str, model: str, layers: str | int, batch_size: int, device: str
+              ) -> ElmoComponent:
+    """spaCy's factory of the `elmo` pipe (the `spacy_factories` entry point names it)."""
+    return ElmoComponent(nlp, name, model=model, layers=layers, batch_size=batch_size, device=device)

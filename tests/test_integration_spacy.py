@@ -1,0 +1,153 @@
+"""The `elmo` pipe through the real spaCy: found by the entry point right after installation, its
+`doc._.elmo` equal to ElmoEmbedder's for spaCy's tokens, the vectors, similarities and `doc.tensor`
+(read by spaCy's own Tok2VecListener), batching through `nlp.pipe`, and `to_disk` / `spacy.load`."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+spacy = pytest.importorskip("spacy", reason="the spacy extra: pip install 'elmokit[spacy]'")
+
+from elmokit import ElmoEmbedder  # noqa: E402
+
+TEXTS = ["The cat sat on the mat.", "Colorless green  ideas sleep furiously!", "naïve café in 東京", "", "a"]
+
+
+@pytest.fixture
+def nlp_with(model_dir):
+    def build(**config):
+        nlp = spacy.blank("en")
+        nlp.add_pipe("elmo", config={"model": str(model_dir), **config})
+        return nlp
+    return build
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def test_doc_elmo_is_the_embedders_layers_of_spacys_tokens(nlp_with, model_dir, tiny_model):
+    nlp = nlp_with()
+    reference = ElmoEmbedder(str(model_dir))
+    for text in TEXTS:
+        doc = nlp(text)
+        tokens = [token.text for token in doc]
+        assert doc._.elmo.shape == (tiny_model.config.n_output_layers, len(doc), tiny_model.output_dim)
+        np.testing.assert_allclose(doc._.elmo, reference.embed_sentence(tokens), rtol=1e-5, atol=1e-6)
+    assert [token.text for token in nlp(TEXTS[1])][2] == " "  # spaCy's tokens as they are: the extra space too
+
+
+@pytest.mark.parametrize("layers", ["average", "top", 0, 2])
+def test_vectors_similarity_and_tensor(nlp_with, layers):
+    nlp = nlp_with(layers=layers)
+    doc, other = nlp(TEXTS[0]), nlp(TEXTS[1])
+    elmo = doc._.elmo.astype(np.float64)  # (L+1, n, 2P)
+    expected = {"average": elmo.mean(axis=0), "top": elmo[-1]}.get(layers) if isinstance(layers, str) else elmo[layers]
+    for token in doc:
+        np.testing.assert_allclose(token.vector, expected[token.i], rtol=1e-5, atol=1e-6)
+        assert token.has_vector and token.vector_norm == pytest.approx(np.linalg.norm(expected[token.i]), rel=1e-5)
+    np.testing.assert_allclose(doc.tensor, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(doc.vector, expected.mean(axis=0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(doc[1:4].vector, expected[1:4].mean(axis=0), rtol=1e-5, atol=1e-6)
+    assert doc.similarity(other) == pytest.approx(cosine(doc.vector, other.vector), rel=1e-5)
+    assert doc[1:4].similarity(other[0:2]) == pytest.approx(cosine(expected[1:4].mean(0), other[0:2].vector), rel=1e-5)
+    assert doc[1].similarity(other[3]) == pytest.approx(cosine(expected[1], other[3].vector), rel=1e-5)
+    assert doc.similarity(doc) == pytest.approx(1.0, rel=1e-6)
+
+
+def test_the_built_in_model_is_the_default():
+    nlp = spacy.blank("en")
+    pipe = nlp.add_pipe("elmo")
+    assert nlp.config["components"]["elmo"]["model"] == "gutenberg-en"
+    np.testing.assert_allclose(nlp("Hello world")._.elmo, ElmoEmbedder().embed_sentence(["Hello", "world"]),
+                               rtol=1e-5, atol=1e-6)
+    assert pipe.vectors.layers == "average"
+
+
+def test_an_empty_doc(nlp_with):
+    nlp = nlp_with()
+    empty, full = nlp(""), nlp("a b")
+    assert empty._.elmo.shape[1] == 0 and empty.tensor.shape == (0, full.tensor.shape[1])
+    assert not empty.vector.any() and empty.similarity(full) == 0.0
+
+
+def test_spacys_tok2vec_listener_reads_doc_tensor(nlp_with):
+    from spacy.pipeline.tok2vec import Tok2VecListener
+
+    nlp = nlp_with(layers="top")
+    docs = list(nlp.pipe(TEXTS[:2]))
+    listener = Tok2VecListener(upstream_name="elmo", width=docs[0].tensor.shape[1])
+    for output, doc in zip(listener.predict(docs), docs):  # what a tagger or parser listening to "elmo" gets
+        np.testing.assert_array_equal(output, doc._.elmo[-1])
+
+
+def test_nlp_pipe_batches_and_gives_each_docs_own_vectors(nlp_with):
+    nlp = nlp_with(batch_size=3)
+    pipe = nlp.get_pipe("elmo")
+    sizes = []
+    embed_many = pipe.embedder.embed_many
+    pipe.embedder.embed_many = lambda texts, rows: sizes.append(len(texts)) or embed_many(texts, rows)
+    docs = list(nlp.pipe(TEXTS, batch_size=2))
+    assert sizes == [2, 2, 1]
+    sizes.clear()
+    assert len(list(pipe.pipe(nlp.make_doc(text) for text in TEXTS))) == len(TEXTS)
+    assert sizes == [3, 2]  # called without a batch size, the pipe's own
+    for doc, text in zip(docs, TEXTS):
+        alone = nlp(text)
+        np.testing.assert_allclose(doc._.elmo, alone._.elmo, rtol=1e-5, atol=1e-6)
+
+
+def test_a_pickled_doc_keeps_its_vectors(nlp_with):
+    doc = nlp_with(layers="top")(TEXTS[0])
+    copy = pickle.loads(pickle.dumps(doc))
+    np.testing.assert_array_equal(copy.vector, doc.vector)
+    np.testing.assert_array_equal(copy[2].vector, doc._.elmo[-1, 2])
+
+
+def test_bad_config_says_what_is_expected(model_dir):
+    nlp = spacy.blank("en")
+    with pytest.raises(ValueError, match=r"layers must be 'average', 'top' or a layer index 0..2 .* got 'mean'"):
+        nlp.add_pipe("elmo", config={"model": str(model_dir), "layers": "mean"})
+    with pytest.raises(ValueError, match="layer index 0..2 .* got 3"):
+        nlp.add_pipe("elmo", config={"model": str(model_dir), "layers": 3})
+    with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
+        nlp.add_pipe("elmo", config={"model": str(model_dir), "batch_size": 0})
+    with pytest.raises(FileNotFoundError, match="model not found"):
+        nlp.add_pipe("elmo", config={"model": "no/such/model"})
+
+
+def test_the_entry_point_and_to_disk_in_a_fresh_process(model_dir, tmp_path):
+    """Right after installation: no import of elmokit, add_pipe finds the factory; the saved
+    pipeline holds the pipe's config (the model by reference), and spacy.load rebuilds it."""
+    script = textwrap.dedent(f"""
+        import json, sys
+        import spacy
+        nlp = spacy.blank("en")
+        nlp.add_pipe("elmo", config={{"model": {str(model_dir)!r}, "layers": 1}})
+        assert "elmokit.integrations.spacy" in sys.modules  # imported by spaCy through the entry point
+        doc = nlp("The cat sat.")
+        nlp.to_disk({str(tmp_path / "pipeline")!r})
+        loaded = spacy.load({str(tmp_path / "pipeline")!r})
+        again = loaded("The cat sat.")
+        print(json.dumps({{"pipes": loaded.pipe_names, "config": loaded.config["components"]["elmo"],
+                          "same": bool((again._.elmo == doc._.elmo).all()), "vector": doc[1].vector.tolist()}}))
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(result.stdout.strip().splitlines()[-1])
+    assert record["pipes"] == ["elmo"] and record["same"]
+    assert record["config"] == {"factory": "elmo", "model": str(model_dir), "layers": 1, "batch_size": 64,
+                                "device": "cpu"}
+    saved = {path.name for path in (tmp_path / "pipeline").iterdir()}
+    assert saved == {"config.cfg", "meta.json", "tokenizer", "vocab"}, saved  # spaCy's own files, no weights
+    expected = ElmoEmbedder(str(model_dir)).embed_sentence(["The", "cat", "sat", "."])[1, 1]
+    np.testing.assert_allclose(record["vector"], expected, rtol=1e-5, atol=1e-6)
