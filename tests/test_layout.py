@@ -19,7 +19,8 @@ FLOORS = [
     {"elmokit.inference", "elmokit.training", "elmokit.hub"},
     {"elmokit.tasks"},
     {"elmokit.commands", "elmokit.serve", "elmokit.cli", "elmokit.__main__", "elmokit",
-     "elmokit.integrations"},  # adapters to other libraries: nothing in elmokit imports them but `elmo convert`
+     "elmokit.integrations",  # adapters to other libraries: nothing in elmokit imports them but `elmo convert`
+     "elmokit.ray"},  # Ray Data: only `elmo embed --ray` imports it
 ]
 # A protocol rather than a repeated definition: every subcommand module has these two.
 PROTOCOL_NAMES = {"register", "run"}

@@ -60,6 +60,14 @@ discards it instead. One run writes an OUTPUT at a time (OUTPUT.lock). Several p
 `torchrun --nproc_per_node N -m elmokit embed ...` (each embeds every N-th line; rank 0 merges;
 on GPUs each process takes the one of its LOCAL_RANK).
 
+On a Ray cluster (pip install 'elmokit[ray]'; docs/scale.md): `elmo embed --ray ADDRESS --workers N
+INPUT... OUTPUT_DIR` embeds text files (or Parquet files with a --text-column) with N actors, each
+loading the model once (one GPU each with --device cuda), into Parquet files in OUTPUT_DIR: the rows
+above, plus every column of a Parquet input, and `file` with several inputs. ADDRESS: auto (the
+cluster this machine belongs to), ray://HOST:10001, or local (a Ray instance on this machine with N
+CPUs). Ray shows the progress; OUTPUT_DIR appears when every file is written (OUTPUT_DIR.partial
+until then; no --resume).
+
 Before writing, the output's size is estimated from the input's tokens and logged; a run
 estimated above --max-output-gb (default 10) stops there. After, it reports the sentences,
 tokens, time, tokens/s and the size written. Progress: a bar on a terminal, a line every 30 s
@@ -82,8 +90,9 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser = subcommands.add_parser(
         "embed", help="embed a file of sentences into HDF5 or .npz", description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("input", type=Path, help="text file (plain or .gz), one sentence per line")
-    parser.add_argument("output", type=Path, help="HDF5, .npz or .parquet file to write")
+    parser.add_argument("input", type=Path, nargs="+",
+                        help="text file (plain or .gz), one sentence per line (with --ray: one or more, or Parquet files)")
+    parser.add_argument("output", type=Path, help="HDF5, .npz or .parquet file to write (with --ray: a folder)")
     layers = parser.add_mutually_exclusive_group()
     layers.add_argument("--all", dest="output_format", action="store_const", const="all",
                         help="all layers (default)")
@@ -117,6 +126,12 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-output-gb", type=float, default=DEFAULT_MAX_OUTPUT_GB, metavar="GB",
                         help="refuse to start when the output is estimated above GB gigabytes "
                              f"(10^9 bytes; default: {DEFAULT_MAX_OUTPUT_GB:g}); raise it to write more")
+    on_ray = parser.add_argument_group("on a Ray cluster (docs/scale.md)")
+    on_ray.add_argument("--ray", metavar="ADDRESS",
+                     help="embed on Ray: auto, ray://HOST:PORT, or local (a Ray instance on this machine)")
+    on_ray.add_argument("--workers", type=int, default=1, help="Ray actors, each with the model (default: 1)")
+    on_ray.add_argument("--text-column", default="text",
+                     help="the column of sentences of Parquet inputs (default: text)")
     add_progress_argument(parser)
     add_model_arguments(parser)
     add_device_arguments(parser, dtype=True, cuda_device=True)
@@ -124,6 +139,11 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.ray is not None:
+        return run_on_ray(args)
+    if len(args.input) > 1:
+        raise ValueError(f"several INPUT files ({len(args.input)}) need --ray; without it, embed one file at a time")
+    args.input = args.input[0]
     options = EmbedOptions(
         output_format=args.output_format, file_format=args.file_format or format_for_path(args.output),
         sentence_vectors=args.sentence_vectors, use_sentence_keys=args.use_sentence_keys,
@@ -160,6 +180,29 @@ def run(args: argparse.Namespace) -> int:
     if rank == 0:
         shared = f" (this process; {world_size} processes)" if world_size > 1 else ""
         log.info(f"wrote {args.output}: {report.summary()}{shared}")
+    return 0
+
+
+def run_on_ray(args: argparse.Namespace) -> int:
+    """`elmo embed --ray`: `elmokit.ray.embed_files` with the model loaded here (and sent to each actor)."""
+    from elmokit.ray import embed_files
+
+    not_on_ray = [flag for flag, given in (("--resume", args.resume), ("--use-sentence-keys", args.use_sentence_keys),
+                                           ("--format " + str(args.file_format), args.file_format not in (None, "parquet")))
+                  if given]
+    if not_on_ray:
+        raise ValueError(f"--ray writes a folder of Parquet files; {', '.join(not_on_ray)} does not apply to it")
+    if args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    gpus = 1 if (args.device or "").startswith("cuda") or (args.cuda_device is not None and args.cuda_device >= 0) else 0
+    summary = embed_files(args.input, args.output, address=args.ray, workers=args.workers,
+                          text_column=args.text_column, forget_sentences=args.forget_sentences,
+                          overwrite=args.overwrite, progress=not args.no_progress, model=model_from_args(args),
+                          tokenize=args.tokenize, lang=args.lang, layers=args.output_format,
+                          sentence_vectors=args.sentence_vectors, batch_size=4 * args.batch_size, num_gpus=gpus,
+                          dtype=None if args.dtype == "float32" else args.dtype)
+    log.info(f"wrote {args.output}: {summary['rows']:,} rows, {summary['tokens']:,} tokens in {summary['files']} "
+             f"Parquet files, {summary['seconds']:.1f} s ({summary['tokens'] / summary['seconds']:,.0f} tokens/s)")
     return 0
 
 

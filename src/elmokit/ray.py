@@ -1,0 +1,275 @@
+"""Embed a corpus on Ray Data (the `ray` extra): `embed_dataset` adds ELMo's tokens and vectors
+to a `ray.data.Dataset`, and `embed_files` is `elmo embed --ray`: text or Parquet files in, a
+folder of Parquet files out.
+
+    >>> import ray, elmokit.ray
+    >>> ds = ray.data.read_parquet("s3://bucket/corpus/")              # a `text` column
+    >>> ds = elmokit.ray.embed_dataset(ds, model="small", layers="average", concurrency=8)
+    >>> ds.write_parquet("s3://bucket/vectors/")
+
+Each of `concurrency` actors (`map_batches` with the callable class `SentenceEmbedder`) loads the
+model once, on a GPU of its own with `num_gpus=1`, and embeds batches of rows into two new
+columns, every other column kept:
+
+    tokens     list<string>   the tokens embedded (whitespace-split, or Moses with tokenize=True)
+    embedding  float32 nested lists: what `elmo embed` writes for a sentence (`layers.shape_output`:
+               (L+1, T, D) "all", (T, D) "top"/"average", (L+1, D) or (D,) with sentence_vectors),
+               the column type of `elmo embed OUTPUT.parquet` (`elmokit.inference.parquet`)
+
+The vectors are stateless: a row's embedding depends on its own sentence only, never on the rows
+it is batched with, so any partitioning, batch size or number of actors gives the same numbers
+(to float32 rounding: products of other shapes round differently, within 1e-6). An actor that
+dies (a lost node, the OOM killer) is restarted up to `ACTOR_RESTARTS` times and its batch
+retried; Ray Data keeps each batch's output once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import shutil
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from elmokit.extras import require
+from elmokit.inference.embedder import ElmoEmbedder
+from elmokit.inference.files import embed_sentences, make_tokenizer
+from elmokit.inference.layers import check_output_format, shape_output
+from elmokit.inference.parquet import embedding_array, embedding_type, is_parquet
+from elmokit.io import output_lock
+from elmokit.model.bilm import BiLM
+from elmokit.model.loading import load_model
+from elmokit.textfiles import read_lines
+
+log = logging.getLogger(__name__)
+
+ACTOR_RESTARTS = 3  # a dead actor is restarted, and its batch retried, this many times
+FORWARD_ROWS = 64  # sentences per forward pass inside an actor (elmo embed's --batch-size default)
+ROWS_PER_BLOCK = 4096  # input lines per block `embed_files` hands to Ray
+ADDED_COLUMNS = ("tokens", "embedding")
+
+
+def _ray() -> Any:
+    require("ray", "elmokit.ray (embedding on Ray Data)")
+    import ray
+
+    return ray
+
+
+class SentenceEmbedder:
+    """The callable class of `embed_dataset`'s `map_batches`: one model per actor, loaded once.
+
+    Args:
+        model: a `BiLM`, or what `elmokit.load_model` takes (a directory, a published name; None:
+            the built-in English model); a path must be readable on every node.
+        text_column: the column of sentences (str) to embed.
+        tokenize: Moses-tokenize each sentence (the `prepare` extra) instead of splitting on whitespace.
+        layers: "all", "top" or "average" (`layers.select_layers`).
+        sentence_vectors: one vector a row, the mean over its tokens, instead of one a token.
+        device: where the actor runs the model ("cpu", "cuda": the GPU Ray gave it).
+        dtype: None (float32, exact) or "bfloat16" (see `ElmoEmbedder`).
+        threads: torch's CPU threads in this actor (its share of the node's cores).
+    """
+
+    def __init__(self, model: BiLM | str | Path | None, text_column: str, tokenize: bool, lang: str, layers: str,
+                 sentence_vectors: bool, device: str, dtype: str | None, threads: int,
+                 max_length: int = 256, overlap: int = 32):
+        if device == "cpu":
+            torch.set_num_threads(threads)
+        module = model if isinstance(model, BiLM) else load_model(model)
+        self.embedder = ElmoEmbedder(module=module, device=device, dtype=dtype)
+        self.tokenize = make_tokenizer(tokenize, lang)
+        self.text_column, self.layers, self.sentence_vectors = text_column, layers, sentence_vectors
+        self.max_length, self.overlap = max_length, overlap
+        config = self.embedder.bilm.config
+        empty = shape_output(np.zeros((config.n_output_layers, 0, self.embedder.output_dim), np.float32),
+                             layers, sentence_vectors)  # a sentence without tokens: its number of axes
+        self.embedding_type = embedding_type(empty.ndim, self.embedder.output_dim)
+
+    def __call__(self, batch: Any) -> Any:
+        """A pyarrow Table of rows -> the same rows with `tokens` and `embedding` appended."""
+        import pyarrow as pa
+
+        for name in ADDED_COLUMNS:
+            if name in batch.column_names:
+                raise ValueError(f"the dataset already has a column {name!r}, which embed_dataset adds: "
+                                 "rename or drop it first")
+        if self.text_column not in batch.column_names:
+            raise KeyError(f"no column {self.text_column!r} to embed (text_column); the dataset has "
+                           f"{', '.join(batch.column_names)}")
+        texts = batch.column(self.text_column).to_pylist()
+        for row, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise TypeError(f"column {self.text_column!r} must hold strings; a row holds {text!r}")
+        token_lists = [self.tokenize(text) for text in texts]
+        arrays = [shape_output(layers, self.layers, self.sentence_vectors)
+                  for layers in embed_sentences(self.embedder, token_lists, FORWARD_ROWS, self.max_length,
+                                                self.overlap)]
+        embedding = embedding_array(arrays) if arrays else pa.array([], type=self.embedding_type)
+        return (batch.append_column("tokens", pa.array(token_lists, type=pa.list_(pa.string())))
+                .append_column("embedding", embedding))
+
+
+def embed_dataset(ds: Any, *, model: BiLM | str | Path | None = None, text_column: str = "text",
+                  tokenize: bool = False, lang: str = "en", layers: str = "all", sentence_vectors: bool = False,
+                  batch_size: int = 256, concurrency: int = 1, num_gpus: float = 0, num_cpus: float = 1,
+                  dtype: str | None = None) -> Any:
+    """`ds` with the columns `tokens` and `embedding` added to every row (see the module docstring).
+
+    Args:
+        ds: a `ray.data.Dataset` with a column `text_column` of sentences (str).
+        model, text_column, tokenize, lang, layers, sentence_vectors, dtype: see `SentenceEmbedder`.
+        batch_size: rows an actor embeds in one call (Ray's batch; the forward passes within it run
+            `FORWARD_ROWS` sentences at a time).
+        concurrency: actors, each with its own copy of the model.
+        num_gpus: GPUs per actor (1: each actor runs its model on a GPU of its own; 0: the CPU).
+        num_cpus: CPU cores per actor (torch's threads in it).
+
+    Returns:
+        A lazy `ray.data.Dataset`: nothing runs until it is written or iterated.
+    """
+    _ray()
+    check_output_format(layers)
+    for name, value in (("batch_size", batch_size), ("concurrency", concurrency)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if num_gpus < 0 or num_cpus <= 0:
+        raise ValueError(f"num_gpus must be >= 0 and num_cpus > 0, got {num_gpus} and {num_cpus}")
+    if tokenize:  # on the driver, before any actor starts
+        require("prepare", "Moses tokenization (tokenize=True)", ("sacremoses",))
+    arguments = dict(model=model, text_column=text_column, tokenize=tokenize, lang=lang, layers=layers,
+                     sentence_vectors=sentence_vectors, device="cuda" if num_gpus > 0 else "cpu", dtype=dtype,
+                     threads=max(1, int(num_cpus)))
+    return ds.map_batches(SentenceEmbedder, fn_constructor_kwargs=arguments, batch_size=batch_size,
+                          batch_format="pyarrow", concurrency=concurrency, num_gpus=num_gpus, num_cpus=num_cpus,
+                          ray_remote_args_fn=actor_fault_tolerance)
+
+
+def actor_fault_tolerance() -> dict:
+    """The actors' options (Ray's `max_restarts` and `max_task_retries`): a dead actor is restarted
+    and the batch it held retried, `ACTOR_RESTARTS` times, then the run fails (Ray Data's own
+    default, forever, would loop on an actor that dies at every start, e.g. out of memory)."""
+    return {"max_restarts": ACTOR_RESTARTS, "max_task_retries": ACTOR_RESTARTS}
+
+
+# ---------------------------------------------------------------------------------------------
+# elmo embed --ray: files in, a folder of Parquet files out
+# ---------------------------------------------------------------------------------------------
+def _text_blocks(paths: Sequence[Path], with_file: bool) -> Iterator[Any]:
+    """pyarrow Tables of `ROWS_PER_BLOCK` lines: line (0-based in its file), sentence, and with
+    `with_file` the file's path; a bad byte is an error naming the file and line (`read_lines`)."""
+    import pyarrow as pa
+
+    for path in paths:
+        lines = enumerate(read_lines(path))
+        while chunk := list(itertools.islice(lines, ROWS_PER_BLOCK)):
+            numbers, sentences = zip(*chunk)
+            columns = {"file": pa.array([str(path)] * len(chunk))} if with_file else {}
+            yield pa.table({**columns, "line": pa.array(numbers, type=pa.int64()),
+                            "sentence": pa.array(sentences, type=pa.string())})
+
+
+def _parquet_blocks(paths: Sequence[Path], with_file: bool) -> Iterator[Any]:
+    """The row groups of Parquet inputs, each with `line` (its row number in the file) unless the
+    file has that column, and with `with_file` the file's path."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for path in paths:
+        source, first = pq.ParquetFile(path), 0
+        for batch in source.iter_batches(batch_size=ROWS_PER_BLOCK):
+            table = pa.Table.from_batches([batch])
+            if "line" not in table.column_names:
+                table = table.append_column("line", pa.array(np.arange(first, first + len(table)), pa.int64()))
+            if with_file:
+                table = table.append_column("file", pa.array([str(path)] * len(table)))
+            first += len(table)
+            yield table
+
+
+def read_files(paths: Sequence[str | Path]) -> tuple[Any, str]:
+    """A Ray dataset of every line (text files) or row (Parquet files) of `paths`, read by the
+    driver one block at a time into Ray's object store, and the name of its sentence column for
+    text ("sentence"; None for Parquet, whose column the caller names). A mix is refused."""
+    ray = _ray()
+    paths = [Path(path) for path in paths]
+    for path in paths:
+        if not path.is_file():
+            raise FileNotFoundError(f"input file not found: {path}")
+    kinds = {is_parquet(path) for path in paths}
+    if len(kinds) > 1:
+        raise ValueError("give text files or Parquet files, not both: " + ", ".join(map(str, paths)))
+    parquet = kinds.pop()
+    blocks = (_parquet_blocks if parquet else _text_blocks)(paths, with_file=len(paths) > 1)
+    refs = [ray.put(block) for block in blocks]
+    if not refs:
+        raise ValueError(f"no rows in {', '.join(map(str, paths))}")
+    return ray.data.from_arrow_refs(refs), None if parquet else "sentence"
+
+
+def connect(address: str, workers: int) -> None:
+    """Join the Ray cluster at `address` ("auto": the one this machine belongs to), or start a
+    local one ("local") with `workers` CPUs; an instance already started here is used as it is."""
+    ray = _ray()
+    if ray.is_initialized():
+        return
+    if address == "local":
+        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+    else:
+        ray.init(address=address, log_to_driver=False)
+
+
+def embed_files(inputs: Sequence[str | Path], output_dir: str | Path, *, address: str = "local", workers: int = 1,
+                text_column: str = "text", forget_sentences: bool = False, overwrite: bool = False,
+                progress: bool = True, **embed_arguments: Any) -> dict:
+    """`elmo embed --ray`: embed every line of `inputs` (text, one sentence a line; or Parquet with
+    a `text_column`) with `workers` actors into Parquet files in `output_dir`, each row with its
+    `line` (0-based in its input; `file` too when there are several inputs) and every input column.
+
+    The files are written into OUTPUT_DIR.partial/ and renamed into place when all are written;
+    an existing non-empty `output_dir` (or a partial one) is replaced only with `overwrite`.
+    `embed_arguments` go to `embed_dataset`. Returns {"rows", "tokens", "seconds", "files"}.
+    """
+    ray = _ray()
+    output_dir = Path(output_dir)
+    partial = output_dir.with_name(output_dir.name + ".partial")
+    if output_dir.exists() and not output_dir.is_dir():
+        raise NotADirectoryError(f"output must be a folder for Parquet files, and {output_dir} is a file")
+    with output_lock(output_dir.with_name(output_dir.name + ".lock"), str(output_dir)):
+        for path in (output_dir, partial):
+            if path.is_dir() and any(path.iterdir()) and not overwrite:
+                raise FileExistsError(f"{path} exists and is not empty: pass --overwrite to replace it")
+        started = time.perf_counter()
+        connect(address, workers)
+        from ray.data import DataContext
+
+        DataContext.get_current().enable_progress_bars = progress
+        ds, sentence_column = read_files(inputs)
+        ds = embed_dataset(ds, text_column=sentence_column or text_column, concurrency=workers, **embed_arguments)
+        if forget_sentences and sentence_column:
+            ds = ds.drop_columns([sentence_column])
+        shutil.rmtree(partial, ignore_errors=True)
+        ds.write_parquet(str(partial))
+        summary = summarize(partial)
+        if output_dir.exists():
+            shutil.rmtree(output_dir)
+        partial.rename(output_dir)
+    return {**summary, "seconds": time.perf_counter() - started}
+
+
+def summarize(folder: Path) -> dict:
+    """Rows, tokens and files of the Parquet files in `folder` (their footers and `tokens` column)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    rows = tokens = files = 0
+    for path in sorted(folder.glob("*.parquet")):
+        table = pq.read_table(path, columns=["tokens"])
+        rows, files = rows + len(table), files + 1
+        tokens += int(pc.sum(pc.list_value_length(table["tokens"])).as_py() or 0)
+    return {"rows": rows, "tokens": tokens, "files": files}

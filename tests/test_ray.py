@@ -1,0 +1,130 @@
+"""elmokit.ray on a local Ray instance (2 CPUs): `embed_dataset` gives every row the vectors one
+process gives it, whatever the split and the number of actors; `elmo embed --ray local` writes a
+folder of Parquet files with every line exactly once, even when an actor is killed mid-run."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+ray = pytest.importorskip("ray")
+psutil = pytest.importorskip("psutil")
+
+import elmokit.ray as elmo_ray  # noqa: E402
+from elmokit import ElmoEmbedder  # noqa: E402
+from elmokit.cli import main  # noqa: E402
+from elmokit.inference.layers import shape_output  # noqa: E402
+from elmokit.inference.parquet import embedding_arrays  # noqa: E402
+
+
+def _corpus(n: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    words = [f"w{i}" for i in range(40)] + ["naïve", "東京", "😀"]
+    return [" ".join(rng.choice(words, rng.integers(0, 14))) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One Ray instance for the module (starting one takes seconds): 2 CPUs, no dashboard, a small
+    object store, usage statistics off; shut down at the end whatever happened."""
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200_000_000, log_to_driver=False,
+             configure_logging=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def _one_process(model, sentences: list[str], layers: str, sentence_vectors: bool) -> list[np.ndarray]:
+    embedder = ElmoEmbedder(module=model)
+    return [shape_output(embedder.embed_sentence(sentence.split()), layers, sentence_vectors)
+            for sentence in sentences]
+
+
+def test_embed_dataset_equals_one_process_whatever_the_split(local_ray, tiny_model):
+    """Blocks of uneven sizes, batches of 5 rows, 2 actors: every row as one process embeds it
+    sentence by sentence, and every other column kept."""
+    sentences = _corpus(45, seed=0)
+    items = [{"text": text, "id": i, "label": f"L{i % 3}"} for i, text in enumerate(sentences)]
+    ds = ray.data.from_items(items, override_num_blocks=7)
+    out = elmo_ray.embed_dataset(ds, model=tiny_model, layers="average", batch_size=5, concurrency=2)
+    rows = sorted(out.take_all(), key=lambda row: row["id"])
+    assert [row["id"] for row in rows] == list(range(len(sentences)))
+    want = _one_process(tiny_model, sentences, "average", False)
+    for row, item, expected in zip(rows, items, want):
+        assert row["text"] == item["text"] and row["label"] == item["label"]
+        assert row["tokens"] == item["text"].split()
+        got = np.asarray(row["embedding"], dtype=np.float32).reshape(expected.shape)
+        np.testing.assert_allclose(got, expected, atol=1e-6, err_msg=f"row {row['id']}")
+
+
+def _kill_first_actor_once(done: threading.Event, partial, killed: list[int]) -> None:
+    """SIGKILL the embedding actor's process once the first output file is written (mid-run)."""
+    while not done.is_set():
+        if partial.is_dir() and any(partial.glob("*.parquet")):
+            for process in psutil.process_iter(["pid", "name"]):
+                if "MapBatches(SentenceEmbedder)" in (process.info["name"] or ""):
+                    process.kill()
+                    killed.append(process.info["pid"])
+                    return
+        time.sleep(0.01)
+
+
+def test_cli_on_ray_writes_every_line_once_after_a_killed_actor(local_ray, model_dir, tiny_model, tmp_path,
+                                                                 monkeypatch, capsys):
+    first, second = _corpus(30, seed=1), _corpus(25, seed=2)
+    inputs = [tmp_path / "a.txt", tmp_path / "b.txt"]
+    for path, lines in zip(inputs, (first, second)):
+        path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    output = tmp_path / "vectors"
+    output.mkdir()
+    (output / "old.parquet").write_bytes(b"x")
+    command = ["embed", "--ray", "local", "--workers", "1", *map(str, inputs), str(output), "--model",
+               str(model_dir), "--top", "--batch-size", "2", "--no-progress"]
+    assert main(command) == 2  # a non-empty output is replaced only with --overwrite
+    assert "not empty" in capsys.readouterr().err and (output / "old.parquet").exists()
+    monkeypatch.setattr(elmo_ray, "ROWS_PER_BLOCK", 5)  # 12 blocks: the kill lands mid-run
+    done, killed = threading.Event(), []
+    killer = threading.Thread(target=_kill_first_actor_once, args=(done, tmp_path / "vectors.partial", killed))
+    killer.start()
+    try:
+        assert main([*command, "--overwrite"]) == 0
+    finally:
+        done.set()
+        killer.join()
+    assert killed, "no actor was killed: the run ended before its first file was written"
+    assert not (tmp_path / "vectors.partial").exists() and not (output / "old.parquet").exists()
+    table = pa.concat_tables(pq.read_table(path) for path in sorted(output.glob("*.parquet")))
+    keys = sorted(zip(table["file"].to_pylist(), table["line"].to_pylist()))
+    assert keys == [(str(path), i) for path, n in zip(inputs, (30, 25)) for i in range(n)]  # each once
+    table = table.sort_by([("file", "ascending"), ("line", "ascending")])
+    sentences = first + second
+    assert table["sentence"].to_pylist() == sentences
+    want = _one_process(tiny_model, sentences, "top", False)
+    for i, (got, expected) in enumerate(zip(embedding_arrays(table["embedding"]), want)):
+        np.testing.assert_allclose(got, expected, atol=1e-6, err_msg=f"row {i}")
+
+
+def test_actor_errors_name_the_column(tiny_model):
+    """The actor's callable, run here without Ray: missing or non-text columns, a clash, no rows."""
+    actor = elmo_ray.SentenceEmbedder(tiny_model, "text", False, "en", "all", True, "cpu", None, 1)
+    empty = actor(pa.table({"text": pa.array([], pa.string())}))
+    assert len(empty) == 0 and empty.schema.field("embedding").type == pa.list_(pa.list_(pa.float32(), 12))
+    out = actor(pa.table({"text": ["a b", ""]}))
+    assert [np.asarray(row).shape for row in out["embedding"].to_pylist()] == [(3, 12), (3, 12)]
+    with pytest.raises(KeyError, match="no column 'text'.*has sentence"):
+        actor(pa.table({"sentence": ["a"]}))
+    with pytest.raises(TypeError, match="column 'text' must hold strings"):
+        actor(pa.table({"text": pa.array([None, "a"], pa.string())}))
+    with pytest.raises(ValueError, match="already has a column 'tokens'"):
+        actor(pa.table({"text": ["a"], "tokens": [["a"]]}))
+    with pytest.raises(ValueError, match="output format must be one of"):
+        elmo_ray.embed_dataset(None, layers="middle")
