@@ -1,0 +1,103 @@
+"""The Hugging Face Hub's conventions for native model folders (`HubBiLM`: huggingface_hub's
+ModelHubMixin): save_pretrained / from_pretrained round trips, the card's metadata, and push_to_hub
+up to the upload, checked against a local stand-in of the Hub's HTTP API (tests/hub_server.py):
+what the real client sends is what save_pretrained writes, and what it downloads loads again."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+huggingface_hub = pytest.importorskip("huggingface_hub", reason="needs the sentence-transformers extra")
+
+from huggingface_hub import ModelCard  # noqa: E402
+
+from elmokit import BiLM, ElmoEmbedder, load_model  # noqa: E402
+from elmokit.integrations.huggingface import HubBiLM  # noqa: E402
+from elmokit.model.builtin import builtin_model_dir  # noqa: E402
+from elmokit.model.weights import model_fingerprint  # noqa: E402
+from tests.hub_server import HubServer  # noqa: E402
+
+NATIVE_FILES = {"config.json", "model.safetensors", "provenance.json", "README.md"}
+
+
+def same_weights(a: BiLM, b: BiLM) -> bool:
+    return a.state_dict().keys() == b.state_dict().keys() and all(
+        torch.equal(x, b.state_dict()[name]) for name, x in a.state_dict().items())
+
+
+def test_save_pretrained_and_from_pretrained_round_trip(model_dir, tmp_path):
+    bilm = HubBiLM.from_pretrained(str(model_dir))
+    assert isinstance(bilm, BiLM) and not bilm.training and same_weights(bilm, load_model(str(model_dir)))
+    bilm.save_pretrained(tmp_path / "hub")
+    assert {p.name for p in (tmp_path / "hub").iterdir()} == NATIVE_FILES
+    again = HubBiLM.from_pretrained(tmp_path / "hub")
+    assert same_weights(again, bilm)
+    native = load_model(str(tmp_path / "hub"))  # elmokit reads the folder as its own native one
+    sentence = ["The", "cat", "sat", "."]
+    np.testing.assert_array_equal(ElmoEmbedder(module=native).embed_sentence(sentence),
+                                  ElmoEmbedder(options_file=str(model_dir)).embed_sentence(sentence))
+    card = ModelCard.load(tmp_path / "hub" / "README.md")
+    assert card.data.library_name == "elmokit" and card.data.license == "unknown"
+    assert {"elmo", "elmokit", "feature-extraction", "model_hub_mixin"} <= set(card.data.tags)
+    assert card.data.to_dict()["elmo_fingerprint"] == model_fingerprint(bilm)
+    assert card.data.to_dict()["elmo_source"] == str(model_dir.resolve())
+    with pytest.raises(TypeError, match="apply to a Hub repository"):
+        HubBiLM.from_pretrained(str(model_dir), revision="main")
+
+
+def test_the_builtin_model_by_default():
+    bilm = HubBiLM.from_pretrained()
+    assert same_weights(bilm, load_model())
+    recorded = json.loads((builtin_model_dir() / "provenance.json").read_text())
+    assert bilm.provenance["tokens"] == recorded["tokens"] and bilm.provenance["license"] == "apache-2.0"
+    assert bilm.provenance["elmokit_fingerprint"].startswith(recorded["fingerprint"])
+
+
+def test_push_to_hub_sends_what_save_pretrained_writes(model_dir, tmp_path, monkeypatch):
+    with HubServer() as hub:
+        hub.point_huggingface_hub_here(monkeypatch)
+        bilm = HubBiLM.from_pretrained(str(model_dir), license="mit")
+        commit = bilm.push_to_hub("someone/tiny-elmo", token="hf_not_a_real_token")
+        assert commit.commit_url.startswith(hub.url + "/someone/tiny-elmo/commit/")
+        posts = [path for method, path in hub.requests if method == "POST" and path != "/api/validate-yaml"]
+        assert posts == ["/api/repos/create", "/api/models/someone/tiny-elmo/preupload/main",
+                         "/api/models/someone/tiny-elmo/commit/main"]  # one commit
+        bilm.save_pretrained(tmp_path / "local")
+        sent = hub.repos["someone/tiny-elmo"]
+        assert sent == {p.name: p.read_bytes() for p in (tmp_path / "local").iterdir()}  # byte for byte
+        assert set(sent) == NATIVE_FILES and set(hub.validated) == {sent["README.md"].decode()}
+        assert ModelCard(hub.validated[0]).data.license == "mit"  # the block the Hub would validate, parsed here
+        # and back: from_pretrained of the repository id downloads it through huggingface_hub
+        downloaded = HubBiLM.from_pretrained("someone/tiny-elmo", cache_dir=tmp_path / "cache")
+        assert same_weights(downloaded, bilm)
+        assert downloaded.provenance["hub_repository"] == "someone/tiny-elmo"
+        assert downloaded.provenance["license"] == "mit"
+
+
+def test_a_sentence_transformers_folder_from_the_hub(model_dir, tmp_path, monkeypatch):
+    """A converted folder uploaded with huggingface_hub loads by its repository id; sentence-transformers
+    5.7 warns (FutureWarning) that from version 6 a module class from outside its package, loaded from
+    the Hub, will need trust_remote_code=True; from a local folder it does not."""
+    pytest.importorskip("sentence_transformers")
+    from sentence_transformers import SentenceTransformer
+
+    from elmokit.integrations.sentence_transformers import save_sentence_transformers
+
+    save_sentence_transformers(str(model_dir), tmp_path / "st")
+    with HubServer() as hub:
+        hub.point_huggingface_hub_here(monkeypatch)
+        api = huggingface_hub.HfApi(endpoint=hub.url, token="hf_not_a_real_token")
+        api.create_repo("someone/tiny-elmo-st")
+        api.upload_folder(repo_id="someone/tiny-elmo-st", folder_path=tmp_path / "st")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model = SentenceTransformer("someone/tiny-elmo-st", cache_folder=str(tmp_path / "cache"), device="cpu")
+        assert any("trust_remote_code" in str(w.message) for w in caught if w.category is FutureWarning)
+        local = SentenceTransformer(str(tmp_path / "st"), device="cpu")
+        texts = ["Hello, world!", "It's 3.5 km."]
+        np.testing.assert_array_equal(model.encode(texts), local.encode(texts))
