@@ -333,3 +333,24 @@ def test_an_edited_bilm_record_is_refused_before_the_weights_are_downloaded(cach
         with pytest.raises(BiLMMismatchError, match="'original' its record names cannot be.*weights were not downloaded"):
             elmokit.tasks.load(tmp_path / "run")
         assert [path for path, _, _ in server.requests] == [urlsplit(PUBLISHED["original"].options_url).path]
+
+
+def test_a_weight_file_is_capped_by_the_size_its_options_imply(cache, tmp_path, monkeypatch):
+    """`small` has no published size: its weights are capped at 4 bytes a parameter its options imply
+    (+1 MB), so a mirror's gzip bomb stops there, far below ELMOKIT_MAX_DOWNLOAD_GB."""
+    from elmokit.model.config import read_options
+    from elmokit.model.loading import weight_file_cap
+
+    publish(tmp_path / "mirror", "small")
+    options = mirror_path(tmp_path / "mirror", PUBLISHED["small"].options_url)
+    cap = weight_file_cap(read_options(options))
+    bomb = gzip.compress(bytes(cap + 1_000_000), compresslevel=9)
+    routes = {urlsplit(PUBLISHED["small"].weight_url).path: (200, {"Content-Encoding": "gzip"}, bomb)}
+    with MirrorServer(tmp_path / "mirror", routes=routes) as server:
+        monkeypatch.setenv("ELMOKIT_MIRROR", server.url)
+        with pytest.raises(DownloadError, match=f"more than the {cap:,} bytes allowed"):
+            load_model("small")
+    # the real `original`: its options imply 374,403,456 bytes of values, its file has 374,434,792
+    options = tmp_path / "original_options.json"
+    options.write_text(__import__("json").dumps(ORIGINAL_OPTIONS))
+    assert 374_434_792 <= weight_file_cap(read_options(options)) < 374_434_792 + 1_000_000

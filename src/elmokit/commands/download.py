@@ -12,7 +12,7 @@ from elmokit.download import (ENV_CACHE, ENV_MAX_GB, ENV_MIRROR, ENV_OFFLINE, EN
                               OPTIONS_MAX_BYTES, cache_dir, cache_entries, is_url, partial_leftovers, remove_entry,
                               remove_leftover)
 from elmokit.model.config import read_options
-from elmokit.model.loading import load_model, resolve_file
+from elmokit.model.loading import load_model, resolve_file, weight_file_cap
 from elmokit.model.published import PUBLISHED, published_model
 from elmokit.model.weights import check_weight_file
 
@@ -74,7 +74,8 @@ def run_download(args: argparse.Namespace) -> int:
             continue
         options_path = resolve_file(options_url, read_options, max_bytes=OPTIONS_MAX_BYTES, repair=True)
         config = read_options(options_path)
-        resolve_file(weights_url, lambda path: check_weight_file(path, config, options_url), repair=True)
+        resolve_file(weights_url, lambda path: check_weight_file(path, config, options_url),
+                     max_bytes=weight_file_cap(config), repair=True)
         model = load_model(options_url, weights_url)  # both cached and sound now: loads once
         print(f"{options_url}\n{weights_url}\n  -> {resolve_file(weights_url).parent} "
               f"({sum(p.numel() for p in model.parameters()):,} parameters, loads)")

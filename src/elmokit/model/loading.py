@@ -10,7 +10,7 @@ from pathlib import Path
 
 from elmokit.download import OPTIONS_MAX_BYTES, fetch, is_url
 from elmokit.model.bilm import BiLM
-from elmokit.model.config import ConfigError, read_options
+from elmokit.model.config import ConfigError, ElmoConfig, read_options
 from elmokit.model.published import expected_file, published_model, published_names
 from elmokit.model.weights import WEIGHTS_NAME, check_weight_file, load_original, load_pretrained
 
@@ -32,7 +32,8 @@ def load_model(model: str | Path | None = None, weight_file: str | Path | None =
             raise ValueError("a weight file needs its options file: give both")
         options_path = resolve_file(model, read_options, max_bytes=OPTIONS_MAX_BYTES)
         config = read_options(options_path)
-        weights_path = resolve_file(weight_file, lambda path: check_weight_file(path, config, str(model)))
+        weights_path = resolve_file(weight_file, lambda path: check_weight_file(path, config, str(model)),
+                                    max_bytes=weight_file_cap(config))
         return load_original(options_path, weights_path)
     if model is None or str(model) == BUILTIN_MODEL:
         return load_pretrained(builtin_model_dir())
@@ -55,6 +56,17 @@ def load_model(model: str | Path | None = None, weight_file: str | Path | None =
                                 f"HDF5 weight file, {BUILTIN_MODEL!r}, or a published name: "
                                 f"{', '.join(published_names())})")
     raise ConfigError(f"{path}: an options file needs its weight file; give both, or a model directory")
+
+
+def weight_file_cap(config: ElmoConfig) -> int:
+    """The most bytes an original HDF5 weight file of `config` needs, the cap on its download: its
+    parameters as float32 (counted on the meta device, nothing allocated) and 1 MB for HDF5's own
+    structures (`original`: 374,403,456 bytes of values in a 374,434,792-byte file)."""
+    import torch
+
+    with torch.device("meta"):
+        skeleton = BiLM(config)
+    return 4 * sum(parameter.numel() for parameter in skeleton.parameters()) + 1_000_000
 
 
 def resolve_file(reference: str | Path, check: Callable[[Path], object] | None = None,
