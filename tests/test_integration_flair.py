@@ -64,9 +64,11 @@ def test_token_vectors_equal_the_embedders(model_dir, tiny_model, mode, cpu_devi
         np.testing.assert_allclose(got, expected_vectors(layers, mode), rtol=1e-5, atol=1e-6)
 
 
-def test_flairs_names_and_arguments(model_dir):
+def test_flairs_names_and_arguments(model_dir, monkeypatch):
     embeddings = ELMoEmbeddings(str(model_dir), embedding_mode="top")
     assert embeddings.name == f"elmo-{model_dir}-top" and embeddings.static_embeddings
+    monkeypatch.chdir(model_dir.parent)
+    assert ELMoEmbeddings(model_dir.name).model == str(model_dir.resolve())  # a saved tagger loads from anywhere
     with pytest.raises(ValueError, match="embedding_mode must be one of all, top, average, got 'mean'"):
         ELMoEmbeddings(str(model_dir), embedding_mode="mean")
     with pytest.raises(ValueError, match="options_file and weight_file go together"):

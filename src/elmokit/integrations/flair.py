@@ -53,7 +53,7 @@ def model_reference(reference: str | Path | None) -> str | None:
     if reference is None:
         return None
     text = str(reference)
-    if is_url(text) or not Path(text).exists():
+    if text == BUILTIN_MODEL or is_url(text) or not Path(text).exists():  # as load_model reads them
         return text
     return str(Path(text).resolve())
 
