@@ -17,6 +17,7 @@ import pytest
 spacy = pytest.importorskip("spacy", reason="the spacy extra: pip install 'elmokit[spacy]'")
 
 from elmokit import ElmoEmbedder  # noqa: E402
+from elmokit.inference.layers import sentence_vector  # noqa: E402
 
 TEXTS = ["The cat sat on the mat.", "Colorless green  ideas sleep furiously!", "naïve café in 東京", "", "a"]
 
@@ -56,6 +57,8 @@ def test_vectors_similarity_and_tensor(nlp_with, layers):
         assert token.has_vector and token.vector_norm == pytest.approx(np.linalg.norm(expected[token.i]), rel=1e-5)
     np.testing.assert_allclose(doc.tensor, expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(doc.vector, expected.mean(axis=0), rtol=1e-5, atol=1e-6)
+    if layers == "average":  # elmo embed --sentence-vectors' vector of the same tokens
+        np.testing.assert_allclose(doc.vector, sentence_vector(doc._.elmo), rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(doc[1:4].vector, expected[1:4].mean(axis=0), rtol=1e-5, atol=1e-6)
     assert doc.similarity(other) == pytest.approx(cosine(doc.vector, other.vector), rel=1e-5)
     assert doc[1:4].similarity(other[0:2]) == pytest.approx(cosine(expected[1:4].mean(0), other[0:2].vector), rel=1e-5)
