@@ -21,7 +21,7 @@ from elmokit.cli import main
 from elmokit.model import cell as lstm_cell
 from elmokit.model.builtin import builtin_model_dir
 from elmokit.model.loading import load_model
-from tests.conftest import FIXTURE, SENTENCES, one_error_line, require_shared
+from tests.conftest import SENTENCES, one_error_line
 
 MISSING = [name for name in ("onnx", "onnxruntime", "onnxscript") if importlib.util.find_spec(name) is None]
 needs_onnx = pytest.mark.skipif(bool(MISSING), reason=f"needs the [onnx] extra ({', '.join(MISSING)} missing): "
@@ -99,10 +99,10 @@ def test_batch_invariance_and_edge_shapes(builtin_export):
 
 
 @pytest.fixture(scope="module")
-def fixture_export(tmp_path_factory):
+def fixture_export(tmp_path_factory, fixture_dir):
     """The fixture model of the original format (options JSON + HDF5, clips of 3 that bind),
     through `elmo convert --options-file --weight-file --to-onnx --mix-weights` (a third output)."""
-    fixture = require_shared(FIXTURE)
+    fixture = fixture_dir
     options, weights = str(fixture / "options.json"), str(fixture / "lm_weights.hdf5")
     path = tmp_path_factory.mktemp("fixture") / "fixture.onnx"
     assert main(["convert", "--options-file", options, "--weight-file", weights, "--to-onnx", str(path),
@@ -111,7 +111,7 @@ def fixture_export(tmp_path_factory):
 
 
 @needs_onnx
-def test_original_format_fixture_matches_elmokit(fixture_export, capsys):
+def test_original_format_fixture_matches_elmokit(fixture_export, fixture_dir, capsys):
     path, bilm = fixture_export
     embedder = ElmoEmbedder(module=bilm)
     for size in (1, 7, 32):
@@ -122,9 +122,8 @@ def test_original_format_fixture_matches_elmokit(fixture_export, capsys):
         assert float(np.abs(layers - expected.numpy()).max()) <= TOLERANCE, size
         weights = torch.softmax(torch.tensor([0.5, -1.0, 2.0]), 0).numpy()
         np.testing.assert_allclose(mixed, 1.5 * np.einsum("k,bktd->btd", weights, layers), atol=1e-5, rtol=0)
-    fixture = require_shared(FIXTURE)
-    assert main(["convert", "--options-file", str(fixture / "options.json"), "--weight-file",
-                 str(fixture / "lm_weights.hdf5"), "--to-onnx", str(path)]) == 2
+    assert main(["convert", "--options-file", str(fixture_dir / "options.json"), "--weight-file",
+                 str(fixture_dir / "lm_weights.hdf5"), "--to-onnx", str(path)]) == 2
     one_error_line(capsys, "output exists", "--overwrite")
 
 
