@@ -25,8 +25,10 @@ FLOORS = [
 # A protocol rather than a repeated definition: every subcommand module has these two.
 PROTOCOL_NAMES = {"register", "run"}
 # Names that other libraries' users call, each in its own namespace, and each a different thing:
-# `hub.load` is TF-Hub's (a module from a handle), `tasks.load` Flair's habit (a trained task run).
-FOREIGN_API_NAMES = {"load": {"elmokit.hub", "elmokit.tasks.run"}}
+# `hub.load` is TF-Hub's (a module from a handle), `tasks.load` Flair's habit (a trained task run);
+# `ELMoEmbeddings` is the name Flair's users and LangChain's users each know (token vs sentence vectors).
+FOREIGN_API_NAMES = {"load": {"elmokit.hub", "elmokit.tasks.run"},
+                     "ELMoEmbeddings": {"elmokit.integrations.flair", "elmokit.integrations.langchain"}}
 
 
 def _modules() -> dict[str, Path]:

@@ -10,6 +10,8 @@ importing this package needs none of those libraries:
                                  --to-sentence-transformers` folders (pip install 'elmokit[sentence-transformers]')
     elmokit.integrations.huggingface  `HubBiLM`: save_pretrained / from_pretrained / push_to_hub of native
                                  folders, and the Hub's model card (the same extra)
+    elmokit.integrations.langchain  `ELMoEmbeddings`, LangChain's Embeddings of elmo serve's sentence
+                                 vectors, in-process or from a running server (pip install 'elmokit[langchain]')
 
 docs/integrations.md shows each in use, what is exact and how it is tested.
 """

@@ -1,0 +1,112 @@
+"""LangChain, through the real packages: `ELMoEmbeddings` passes langchain_tests' standard
+EmbeddingsUnitTests (and its EmbeddingsIntegrationTests, run here against the built-in model and a
+real `elmo serve` on 127.0.0.1), and gives the vectors `elmo serve` answers for the same texts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("langchain_core", reason="needs the langchain extra")
+pytest.importorskip("langchain_tests", reason="LangChain's standard tests come with the test extra")
+
+from langchain_core.embeddings import Embeddings  # noqa: E402
+from langchain_tests.integration_tests import EmbeddingsIntegrationTests  # noqa: E402
+from langchain_tests.unit_tests import EmbeddingsUnitTests  # noqa: E402
+
+from elmokit import ElmoEmbedder, tokenize  # noqa: E402
+from elmokit.integrations.langchain import ELMoEmbeddings  # noqa: E402
+from tests.serving import Server, save_tiny_model  # noqa: E402
+
+
+def async_tests(cls: type) -> type:
+    """The standard tests' async pair runs under pytest-asyncio (strict mode: marked tests only); the
+    class-wide mark also reaches their sync tests, where it does nothing but warn."""
+    return pytest.mark.asyncio(pytest.mark.filterwarnings("ignore:The test <Function test_:pytest.PytestWarning")(cls))
+
+
+TEXTS = ["I like to eat apple.", "I like apple products, don't you?", "They play football on Sundays."]
+KEY = "langchain-test-key"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("langchain"))
+
+
+@pytest.fixture(scope="module")
+def server(tiny):
+    served = Server(tiny, api_key=KEY)
+    yield served
+    assert served.stop() == 0
+
+
+class TestELMoEmbeddingsStandard(EmbeddingsUnitTests):
+    """LangChain's unit tests: construction from parameters and from the environment."""
+
+    @property
+    def embeddings_class(self) -> type[ELMoEmbeddings]:
+        return ELMoEmbeddings
+
+    @property
+    def init_from_env_params(self) -> tuple[dict, dict, dict]:
+        return {"ELMOKIT_API_KEY": "from-the-environment"}, {"base_url": "http://127.0.0.1:1"}, {
+            "api_key": "from-the-environment"}
+
+
+@async_tests
+class TestELMoEmbeddingsInProcess(EmbeddingsIntegrationTests):
+    """LangChain's embedding tests (the sync and async pairs) on the built-in model, in this process."""
+
+    @property
+    def embeddings_class(self) -> type[ELMoEmbeddings]:
+        return ELMoEmbeddings
+
+
+@async_tests
+class TestELMoEmbeddingsServed(EmbeddingsIntegrationTests):
+    """The same tests, the vectors coming from a real `elmo serve` (with an API key)."""
+
+    @property
+    def embeddings_class(self) -> type[ELMoEmbeddings]:
+        return ELMoEmbeddings
+
+    @pytest.fixture
+    def model(self, server) -> Embeddings:
+        return ELMoEmbeddings(base_url=server.url, api_key=KEY)
+
+
+def test_the_served_vectors_in_process_and_through_the_server(tiny, server):
+    status, answer, _ = server.call("POST", "/v1/embeddings", {"input": TEXTS})  # the server, asked directly
+    assert status == 200
+    served = np.array([item["embedding"] for item in answer["data"]], np.float32)
+    local = ELMoEmbeddings(model=str(tiny), batch_size=2)
+    remote = ELMoEmbeddings(base_url=server.url + "/", api_key=KEY, batch_size=2)  # two requests
+    np.testing.assert_allclose(local.embed_documents(TEXTS), served, atol=1e-6, rtol=1e-5)
+    np.testing.assert_allclose(remote.embed_documents(TEXTS), served, atol=1e-6, rtol=1e-5)
+    np.testing.assert_allclose(local.embed_query(TEXTS[1]), served[1], atol=1e-6, rtol=1e-5)
+    # independent of both: the embedder's layers of elmokit.tokenize's tokens, averaged by hand
+    layers = ElmoEmbedder(options_file=str(tiny)).embed_sentence(tokenize(TEXTS[1]))  # (L+1, n, 2P)
+    np.testing.assert_allclose(local.embed_query(TEXTS[1]), layers.mean(axis=0).mean(axis=0), atol=1e-6)
+    assert local.embed_documents([]) == [] and not any(local.embed_query(""))
+
+
+@pytest.mark.asyncio
+async def test_the_async_pair_gives_the_same_numbers(tiny, server):
+    local = ELMoEmbeddings(model=str(tiny))
+    remote = ELMoEmbeddings(base_url=server.url, api_key=KEY)
+    assert await local.aembed_documents(TEXTS) == local.embed_documents(TEXTS)
+    assert await remote.aembed_query(TEXTS[0]) == remote.embed_query(TEXTS[0])
+
+
+def test_what_the_server_refuses_is_said(tiny, server):
+    with pytest.raises(RuntimeError, match="answered 401"):
+        ELMoEmbeddings(base_url=server.url, api_key="wrong-key").embed_query("hello")
+    with pytest.raises(RuntimeError, match=r"answered 404: the model 'other' is not served here"):
+        ELMoEmbeddings(base_url=server.url, api_key=KEY, model="other").embed_query("hello")
+    with pytest.raises(ConnectionError, match="cannot reach elmo serve at http://127.0.0.1:1"):
+        ELMoEmbeddings(base_url="http://127.0.0.1:1").embed_query("hello")
+    with pytest.raises(ValueError, match="base_url must be the http"):
+        ELMoEmbeddings(base_url="127.0.0.1:8000")
+    with pytest.raises(TypeError, match=r"texts\[1\] is a int"):
+        ELMoEmbeddings(model=str(tiny)).embed_documents(["fine", 3])
