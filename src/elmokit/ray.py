@@ -29,6 +29,7 @@ import itertools
 import logging
 import shutil
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,8 @@ log = logging.getLogger(__name__)
 
 ACTOR_RESTARTS = 3  # a dead actor is restarted, and its batch retried, this many times
 FORWARD_ROWS = 64  # sentences per forward pass inside an actor (elmo embed's --batch-size default)
-ROWS_PER_BLOCK = 4096  # input lines per block `embed_files` hands to Ray
+ROWS_PER_BLOCK = 256  # input lines per block `embed_files` hands to Ray: seconds of one actor's work,
+# so that a small input still gives every actor blocks (a block goes to one actor)
 ADDED_COLUMNS = ("tokens", "embedding")
 
 
@@ -133,7 +135,7 @@ def embed_dataset(ds: Any, *, model: BiLM | str | Path | None = None, text_colum
     Returns:
         A lazy `ray.data.Dataset`: nothing runs until it is written or iterated.
     """
-    _ray()
+    ray = _ray()
     check_output_format(layers)
     for name, value in (("batch_size", batch_size), ("concurrency", concurrency)):
         if not isinstance(value, int) or value < 1:
@@ -145,9 +147,12 @@ def embed_dataset(ds: Any, *, model: BiLM | str | Path | None = None, text_colum
     arguments = dict(model=model, text_column=text_column, tokenize=tokenize, lang=lang, layers=layers,
                      sentence_vectors=sentence_vectors, device="cuda" if num_gpus > 0 else "cpu", dtype=dtype,
                      threads=max(1, int(num_cpus)))
-    return ds.map_batches(SentenceEmbedder, fn_constructor_kwargs=arguments, batch_size=batch_size,
-                          batch_format="pyarrow", concurrency=concurrency, num_gpus=num_gpus, num_cpus=num_cpus,
-                          ray_remote_args_fn=actor_fault_tolerance)
+    with warnings.catch_warnings():  # Ray 2.60 marks ray_remote_args_fn deprecated (for 2.64) and names
+        # no successor for an actor's max_restarts; where it is gone, Ray Data's default (forever) applies
+        warnings.filterwarnings("ignore", message=".*ray_remote_args_fn.* is deprecated")
+        return ds.map_batches(SentenceEmbedder, fn_constructor_kwargs=arguments, batch_size=batch_size,
+                              batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=concurrency),
+                              num_gpus=num_gpus, num_cpus=num_cpus, ray_remote_args_fn=actor_fault_tolerance)
 
 
 def actor_fault_tolerance() -> dict:
