@@ -354,3 +354,13 @@ def test_a_weight_file_is_capped_by_the_size_its_options_imply(cache, tmp_path, 
     options = tmp_path / "original_options.json"
     options.write_text(__import__("json").dumps(ORIGINAL_OPTIONS))
     assert 374_434_792 <= weight_file_cap(read_options(options)) < 374_434_792 + 1_000_000
+
+
+@pytest.mark.parametrize("name, value", [("ELMOKIT_STALL_SECONDS", "0"), ("ELMOKIT_STALL_BYTES", "-1"),
+                                         ("ELMOKIT_MAX_DOWNLOAD_GB", "lots"), ("ELMOKIT_STALL_SECONDS", "inf")])
+def test_a_bad_setting_is_named(cache, tmp_path, monkeypatch, capsys, name, value):
+    (tmp_path / "x.txt").write_text("{}")
+    monkeypatch.setenv(name, value)
+    with MirrorServer(tmp_path) as server:
+        assert main(["-q", "download", f"{server.url}/x.txt"]) == 2
+    one_error_line(capsys, f"{name}={value!r}", "a positive number")
