@@ -252,6 +252,11 @@ def test_http_errors_name_the_status_code(cache, tmp_path, capsys):
             assert main(["-q", "download", server.url + path]) == 2
             one_error_line(capsys, status, server.url + path)
         assert len(server.requests) == 2  # a 4xx is not retried
+    routes = {"/busy.json": (503, {}, b"")}
+    with MirrorServer(tmp_path, routes=routes) as server:
+        assert main(["-q", "download", server.url + "/busy.json"]) == 2
+        one_error_line(capsys, "HTTP 503 Service Unavailable", "3 tries")
+        assert len(server.requests) == 3  # a 5xx is retried twice
 
 
 def test_a_cache_that_is_a_file_names_elmokit_cache(tmp_path, monkeypatch, capsys):
