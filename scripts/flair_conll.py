@@ -152,7 +152,8 @@ def report(work: Path, out: Path) -> None:
     ]
     if best:
         test = final["test_f1"] if final else best["test_f1"]
-        lines.append(f"| {setup['model']} | {setup['embedding_mode']} | {len(rows)} | {best['dev_f1']:.4f} "
+        epochs = f"{len(rows)} (finished)" if final else f"{len(rows)} of {setup['epochs']} (partial)"
+        lines.append(f"| {setup['model']} | {setup['embedding_mode']} | {epochs} | {best['dev_f1']:.4f} "
                      f"(epoch {best['epoch']}) | {test:.4f} |")
     lines += ["", "Every epoch (Flair's loss.tsv; test scored after each epoch with `monitor_test`):", "",
               "| epoch | learning rate | train loss | dev F1 | test F1 |", "|---:|---:|---:|---:|---:|"]
