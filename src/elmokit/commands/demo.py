@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import argparse
 import time
-from importlib.resources import files
-from pathlib import Path
 
 import numpy as np
 
 from elmokit.commands.common import add_model_arguments, model_from_args
 from elmokit.commands.similar import print_result
 from elmokit.inference.embedder import ElmoEmbedder
+from elmokit.inference.samples import QUERY, SAMPLES
 from elmokit.inference.similar import find_similar, query_position
-
-SAMPLES = Path(str(files("elmokit") / "demo" / "play.txt"))
-QUERY = "They play football on Sundays ."
 
 DESCRIPTION = f"""\
 Embed {SAMPLES.name}, 24 sentences with "play" in its senses of sport, theatre and music (and a

@@ -11,19 +11,18 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from elmokit.commands.demo import QUERY, SAMPLES
+from elmokit.inference.samples import QUERY, SAMPLES, WORD
 from elmokit.inference.similar import LayerNeighbours, highlight, kmeans, pca_2d, query_position
 from elmokit.serve.inputs import BadRequest
 from elmokit.textfiles import read_lines
 
-EXAMPLE_WORD = "play"
 TOP_K = 5
 
 
 def examples() -> dict:
     """The page's starting text: the demo's query and its sentences (`elmo demo`)."""
     sentences = [line for line in read_lines(SAMPLES) if line]
-    return {"query": QUERY, "word": EXAMPLE_WORD, "sentences": sentences}
+    return {"query": QUERY, "word": WORD, "sentences": sentences}
 
 
 def explore(query: list[str], word: str, sentences: list[list[str]], vectors: list[np.ndarray],
