@@ -95,8 +95,10 @@ def test_typed_sentences_show_nearest_occurrences_and_a_picture(server, browser,
         "no point of the first cluster's colour was drawn"
 
 
-def test_a_bad_word_shows_the_servers_message(server, browser):
+def test_a_bad_word_shows_the_servers_message_and_no_stale_results(server, browser):
     open_page(server, browser)
+    browser.find_element(By.ID, "go").click()
+    WebDriverWait(browser, 60).until(results_shown)  # the results of a good question...
     word = browser.find_element(By.ID, "word")
     word.clear()
     word.send_keys("zebra")
@@ -104,3 +106,25 @@ def test_a_bad_word_shows_the_servers_message(server, browser):
     status = browser.find_element(By.ID, "status")
     WebDriverWait(browser, 30).until(lambda d: "error" in status.get_attribute("class"))
     assert "'zebra' is not a token of the query sentence" in status.text
+    assert not browser.find_elements(By.CSS_SELECTOR, "section.layer")  # ...are not left under the error
+    assert browser.find_element(By.ID, "go").is_enabled()
+
+
+def test_the_page_shows_progress_while_it_waits(server, browser):
+    """The server's answer held back (the page's fetch stubbed until released): a bar and a
+    clock show, the button is off and the last results are gone; the answer puts them back."""
+    open_page(server, browser)
+    go, progress, status = (browser.find_element(By.ID, name) for name in ("go", "progress", "status"))
+    go.click()
+    WebDriverWait(browser, 60).until(results_shown)
+    assert not progress.is_displayed()
+    browser.execute_script("const real = window.fetch; window.fetch = (...args) => new Promise("
+                           "(resolve) => { window.release = () => resolve(real(...args)); });")
+    go.click()
+    WebDriverWait(browser, 10).until(lambda d: status.text.endswith(" 1 s"))  # the clock runs
+    assert status.text == "embedding 24 sentences... 1 s"
+    assert progress.is_displayed() and not go.is_enabled()
+    assert not browser.find_elements(By.CSS_SELECTOR, "section.layer")
+    browser.execute_script("window.release()")
+    WebDriverWait(browser, 60).until(results_shown)
+    assert not progress.is_displayed() and go.is_enabled() and status.text.startswith("query: ")

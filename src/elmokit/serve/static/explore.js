@@ -83,19 +83,39 @@ function show(result) {
   $("status").textContent = `query: ${result.query}`;
 }
 
+// While a request is out: the last results are gone (they answered another question), the
+// button is off, and a bar and a clock say the server is working.
+function waiting(n) {
+  $("results").replaceChildren();
+  $("go").disabled = true;
+  $("progress").hidden = false;
+  $("status").className = "busy";
+  const started = performance.now();
+  const tick = () => {
+    const seconds = Math.floor((performance.now() - started) / 1000);
+    $("status").textContent = `embedding ${n} sentence${n === 1 ? "" : "s"}... ${seconds} s`;
+  };
+  tick();
+  const clock = setInterval(tick, 250);
+  return () => { clearInterval(clock); $("go").disabled = false; $("progress").hidden = true; };
+}
+
 async function explore(event) {
   if (event) event.preventDefault();
   const body = {
     query: $("query").value, word: $("word").value.trim(),
     sentences: $("sentences").value.split("\n").map((s) => s.trim()).filter((s) => s),
   };
-  $("status").className = ""; $("status").textContent = "embedding...";
+  const done = waiting(body.sentences.length);
   try {
     const response = await fetch("/explore", { method: "POST", headers: headers(), body: JSON.stringify(body) });
-    const answer = await response.json();
-    if (!response.ok) throw new Error(answer.error ? answer.error.message : response.statusText);
+    const answer = await response.json().catch(() => ({}));
+    if (!response.ok) throw new Error(answer.error ? answer.error.message : `${response.status} ${response.statusText}`);
+    done();
     show(answer);
   } catch (error) {
+    done();
+    $("results").replaceChildren();
     $("status").className = "error";
     $("status").textContent = "error: " + error.message;
   }
