@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from elmokit import BiLM, Elmo, ElmoConfig, ElmoEmbedder, batch_to_ids
-from elmokit import kernels
+from elmokit import int8, kernels
 from elmokit.cli import main
-from elmokit.kernels import Int8Linear, quantize_rows
+from elmokit.int8 import Int8Linear, quantize_rows
 
-needs_int8 = pytest.mark.skipif(not kernels.int8_native(), reason="this CPU has neither VNNI nor AMX-INT8")
+needs_int8 = pytest.mark.skipif(not int8.int8_native(), reason="this CPU has neither VNNI nor AMX-INT8")
 DEMO = Path(__file__).resolve().parents[1] / "src" / "elmokit" / "demo" / "play.txt"
 
 
@@ -115,10 +115,10 @@ def test_elmo_and_embed_command_take_int8(tiny_model, model_dir, tmp_path):
 
 
 def test_int8_refused_without_vnni_or_amx(monkeypatch, tiny_model):
-    monkeypatch.setattr(kernels, "int8_native", lambda: False)
+    monkeypatch.setattr(int8, "int8_native", lambda: False)
     with pytest.raises(ValueError, match="needs a CPU with int8 dot products"):
         ElmoEmbedder(module=tiny_model, dtype="int8")
-    assert not kernels.is_int8(tiny_model.lstm.layers[0])
+    assert not int8.is_int8(tiny_model.lstm.layers[0])
 
 
 @needs_int8
@@ -133,3 +133,23 @@ def test_int8_is_for_stateless_inference(tiny_model):
 def test_int8_refused_on_cuda(tiny_model):
     with pytest.raises(ValueError, match="int8 runs on the CPU only"):
         ElmoEmbedder(module=tiny_model, device="cuda", dtype="int8")
+
+
+@needs_int8
+def test_served_recurrence_takes_int8():
+    """`elmo serve --dtype int8`: the server's own recurrence (one product of [x | h] a step) runs
+    the int8 products too, within the same budget of the float32 engine."""
+    from elmokit.serve.recurrence import Recurrence, token_layer
+
+    sentences = demo_sentences()[:8]
+    reference = ElmoEmbedder().embed_many(sentences)
+    embedder = ElmoEmbedder(dtype="int8")
+    recurrence = Recurrence(embedder.bilm, rows=4, max_positions=64)
+    assert isinstance(recurrence.gate_products[0][0], Int8Linear)
+    rows = recurrence.admit(token_layer(embedder, sentences[:4]), [len(s) + 2 for s in sentences[:4]])
+    got = {}
+    while recurrence.busy:
+        ended = recurrence.step()
+        got.update(zip(ended, recurrence.take(ended) if ended else []))
+    error, cosine = budget(reference[:4], [got[row] for row in rows])
+    assert error <= 0.05 and cosine >= 0.999, (error, cosine)

@@ -14,7 +14,7 @@ PACKAGE = SRC / "elmokit"
 # The floors, lowest first: a module may import from its own floor or a lower one.
 FLOORS = [
     {"elmokit.io", "elmokit.textfiles", "elmokit.jsonfiles", "elmokit.devices", "elmokit.extras", "elmokit.kernels",
-     "elmokit.download", "elmokit.progress", "elmokit.tokenizer"},  # leaf utilities
+     "elmokit.download", "elmokit.progress", "elmokit.tokenizer", "elmokit.int8"},  # leaf utilities
     {"elmokit.model"},
     {"elmokit.inference", "elmokit.training", "elmokit.hub"},
     {"elmokit.tasks"},

@@ -30,7 +30,7 @@ from torch import nn
 
 from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN, token_mask
 from elmokit.devices import dtype_name, resolve_device, resolve_dtype
-from elmokit.kernels import quantize_lstm, unquantize_lstm
+from elmokit.int8 import quantize_lstm, unquantize_lstm
 from elmokit.model.bilm import BiLM, BiLMOutput, LstmState
 from elmokit.model.mix import ScalarMix
 from elmokit.inference.engine import bilm_contextualize, bilm_forward

@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 from elmokit.inference import cuda_graphs
-from elmokit.kernels import Int8Linear, PackedLinear, is_int8, stream_linear
+from elmokit.int8 import Int8Linear, is_int8, stream_linear
+from elmokit.kernels import PackedLinear
 from elmokit.model import cell as lstm_cell
 from elmokit.model.bilm import BiLM, BiLMOutput
 from elmokit.model.lstm import BiLstm, BiLstmLayer, LstmState
@@ -289,9 +290,7 @@ def packed_products(layer: BiLstmLayer, rows: int) -> tuple[list[PackedLinear], 
     weights = (layer.input_weight, layer.recurrent_weight, layer.projection)
     block_rows = max(rows, GATE_BUDGET // (2 * 4 * layer.cell_dim))  # input products: a block of steps
     doubled = candidate_doubled(layer)[:, None]  # (4C, 1)
-    int8 = is_int8(layer)
-    return tuple([stream_linear(weight[d], hint, row_scale=scale, int8=int8, projection=weight is layer.projection)
-                  for d in range(2)]
+    return tuple([stream_linear(weight[d], hint, scale, is_int8(layer), weight is layer.projection) for d in range(2)]
                  for weight, scale, hint in zip(weights, (doubled, doubled, None), (block_rows, rows, rows)))
 
 
@@ -373,8 +372,7 @@ def _needs_step_loop(bilm: BiLM, state: LstmState | None, carry: bool, inputs: t
     if state is None and not carry and not (torch.is_grad_enabled() and (any(p.requires_grad for p in bilm.parameters())
                                                             or (inputs is not None and inputs.requires_grad))):
         return False
-    first = bilm.lstm.layers[0]
-    return first.input_weight.dtype == torch.float32 and not is_int8(first)  # else forward_reduced says why not
+    return bilm.lstm.layers[0].input_weight.dtype == torch.float32 and not is_int8(bilm.lstm.layers[0])  # else forward_reduced says why not
 
 
 def bilm_forward(bilm: BiLM, char_ids: torch.Tensor, state: LstmState | None = None, carry: bool = False
