@@ -12,6 +12,10 @@ importing this package needs none of those libraries:
                                  folders, and the Hub's model card (the same extra)
     elmokit.integrations.langchain  `ELMoEmbeddings`, LangChain's Embeddings of elmo serve's sentence
                                  vectors, in-process or from a running server (pip install 'elmokit[langchain]')
+    elmokit.integrations.llama_index  `ELMoEmbedding`, LlamaIndex's BaseEmbedding of the same vectors
+                                 (pip install llama-index-core)
+    elmokit.integrations.texts   the backend of those two: texts -> elmo serve's sentence vectors,
+                                 here or from a server (no third-party import)
 
 docs/integrations.md shows each in use, what is exact and how it is tested.
 """

@@ -11,24 +11,15 @@ Each text's vector is the one `elmo serve` answers on `/v1/embeddings` for it: t
 Moses-tokenized (`elmokit.tokenize`), and its vector is the mean over the tokens of the
 equal-weight average of the biLM's layers (`ElmoEmbedder.sentence_vectors`, defined once in
 `elmokit.inference.layers`); zeros for a text without tokens. In-process, the model is loaded on
-first use; with `base_url` nothing is loaded here: the texts go to the server (`batch_size` a
-request, float32 sent as base64, so the numbers arrive bit for bit), with `api_key` (default: the
-ELMOKIT_API_KEY variable `elmo serve` itself reads) as a bearer token. `aembed_documents` and
+first use; with `base_url` nothing is loaded here: the texts go to the server, with `api_key`
+(default: the ELMOKIT_API_KEY variable `elmo serve` itself reads) as a bearer token
+(`elmokit.integrations.texts`, shared with the LlamaIndex class). `aembed_documents` and
 `aembed_query` are LangChain's, which run these in a worker thread (ElmoEmbedder is thread-safe).
 
 Needs langchain-core (the `langchain` extra).
 """
 
 from __future__ import annotations
-
-import base64
-import json
-import os
-import urllib.error
-import urllib.request
-from typing import Any
-
-import numpy as np
 
 from elmokit.extras import require
 
@@ -37,16 +28,13 @@ require("langchain", "elmokit.integrations.langchain")
 from langchain_core.embeddings import Embeddings  # noqa: E402
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator  # noqa: E402
 
-from elmokit.inference.embedder import ElmoEmbedder  # noqa: E402
-from elmokit.tokenizer import tokenize  # noqa: E402
+from elmokit.integrations.texts import SentenceVectors, api_key_from_environment, check_base_url, check_texts  # noqa: E402
 
 __all__ = ["ELMoEmbeddings"]
 
-API_KEY_VARIABLE = "ELMOKIT_API_KEY"  # the variable `elmo serve` reads its key from
-
 
 def _api_key_from_environment() -> SecretStr | None:
-    key = os.environ.get(API_KEY_VARIABLE)
+    key = api_key_from_environment()
     return SecretStr(key) if key else None
 
 
@@ -73,68 +61,23 @@ class ELMoEmbeddings(BaseModel, Embeddings):
     lang: str = "en"
     batch_size: int = Field(default=64, ge=1)
     timeout: float = Field(default=60.0, gt=0)
-    _embedder: ElmoEmbedder | None = PrivateAttr(default=None)
+    _vectors: SentenceVectors | None = PrivateAttr(default=None)
 
     @field_validator("base_url")
     @classmethod
     def _check_base_url(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must be the http(s) address of an `elmo serve`, got {value!r}")
-        return None if value is None else value.rstrip("/")
+        return check_base_url(value)
 
-    # -----------------------------------------------------------------------------------------
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
         """One vector (2P floats) per text, in order."""
         texts = list(texts)
-        for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise TypeError(f"ELMoEmbeddings embeds texts: texts[{i}] is a {type(text).__name__}")
-        if not texts:
-            return []
-        vectors = self._served(texts) if self.base_url is not None else self._computed(texts)  # (N, 2P)
-        return vectors.tolist()
+        check_texts(texts, "ELMoEmbeddings")
+        if self._vectors is None:
+            key = None if self.api_key is None else self.api_key.get_secret_value()
+            self._vectors = SentenceVectors(self.model, self.base_url, key, self.device, self.lang,
+                                            self.batch_size, self.timeout)
+        return self._vectors(texts).tolist() if texts else []
 
     def embed_query(self, text: str) -> list[float]:
         """The vector of one text (the same as a document's: ELMo has no query form)."""
         return self.embed_documents([text])[0]
-
-    # -----------------------------------------------------------------------------------------
-    def _computed(self, texts: list[str]) -> np.ndarray:
-        """(N, 2P) float32 in this process."""
-        if self._embedder is None:
-            self._embedder = ElmoEmbedder(options_file=self.model, device=self.device)
-        sentences = [tokenize(text, self.lang) for text in texts]
-        return self._embedder.sentence_vectors(sentences, batch_size=self.batch_size)
-
-    def _served(self, texts: list[str]) -> np.ndarray:
-        """(N, 2P) float32 from the server's /v1/embeddings, `batch_size` texts a request."""
-        parts = [self._request(texts[start:start + self.batch_size]) for start in range(0, len(texts), self.batch_size)]
-        return np.concatenate(parts)
-
-    def _request(self, texts: list[str]) -> np.ndarray:
-        body: dict[str, Any] = {"input": texts, "encoding_format": "base64"}
-        if self.model is not None:
-            body["model"] = self.model
-        headers = {"Content-Type": "application/json"}
-        if self.api_key is not None:
-            headers["Authorization"] = f"Bearer {self.api_key.get_secret_value()}"
-        url = f"{self.base_url}/v1/embeddings"
-        request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                answer = json.loads(response.read())
-        except urllib.error.HTTPError as error:
-            raise RuntimeError(f"{url} answered {error.code}: {_error_message(error)}") from None
-        except urllib.error.URLError as error:
-            raise ConnectionError(f"cannot reach elmo serve at {self.base_url}: {error.reason}") from None
-        items = sorted(answer["data"], key=lambda item: item["index"])
-        return np.stack([np.frombuffer(base64.b64decode(item["embedding"]), "<f4") for item in items])
-
-
-def _error_message(error: urllib.error.HTTPError) -> str:
-    """The server's own message (OpenAI's {"error": {"message": ...}}), else the body as text."""
-    text = error.read().decode("utf-8", "replace")
-    try:
-        return json.loads(text)["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        return text[:500]

@@ -1,0 +1,99 @@
+"""Raw texts -> the sentence vectors `elmo serve` answers, computed in this process or asked of a
+running server: the one backend of the LangChain and LlamaIndex classes (no third-party import).
+
+In-process: each text's Moses tokens (`elmokit.tokenize`), then `ElmoEmbedder.sentence_vectors`
+(the mean over the tokens of the equal-weight layer average, `elmokit.inference.layers`), the
+model loaded on first use. With `base_url`: POST /v1/embeddings of a running `elmo serve`,
+`batch_size` texts a request, float32 as base64 (no decimal rounding on the way), the key as a
+bearer token; the server's refusals raise with its message.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from elmokit.inference.embedder import ElmoEmbedder
+from elmokit.tokenizer import tokenize
+
+API_KEY_VARIABLE = "ELMOKIT_API_KEY"  # the variable `elmo serve` reads its own key from
+
+
+def api_key_from_environment() -> str | None:
+    """$ELMOKIT_API_KEY, or None when unset or empty."""
+    return os.environ.get(API_KEY_VARIABLE) or None
+
+
+def check_base_url(base_url: str | None) -> str | None:
+    """The address of an `elmo serve` without its trailing slash; ValueError unless http(s)."""
+    if base_url is not None and not (isinstance(base_url, str) and base_url.startswith(("http://", "https://"))):
+        raise ValueError(f"base_url must be the http(s) address of an `elmo serve`, got {base_url!r}")
+    return None if base_url is None else base_url.rstrip("/")
+
+
+def check_texts(texts: list[str], who: str) -> None:
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"{who} embeds texts: texts[{i}] is a {type(text).__name__}")
+
+
+@dataclass
+class SentenceVectors:
+    """Texts -> (N, 2P) float32 sentence vectors, here (`model`, `device`, `lang`) or from the
+    `elmo serve` at `base_url` (`model` then the name sent, None: whatever it serves)."""
+
+    model: str | None = None
+    base_url: str | None = None
+    api_key: str | None = None
+    device: str | None = None
+    lang: str = "en"
+    batch_size: int = 64
+    timeout: float = 60.0
+    _embedder: ElmoEmbedder | None = field(default=None, repr=False)
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        """(N, 2P) float32, one row per text in order; (0, 0) for no text."""
+        if not texts:
+            return np.zeros((0, 0), np.float32)
+        if self.base_url is not None:
+            return np.concatenate([self._request(texts[start:start + self.batch_size])
+                                   for start in range(0, len(texts), self.batch_size)])
+        if self._embedder is None:
+            self._embedder = ElmoEmbedder(options_file=self.model, device=self.device)
+        sentences = [tokenize(text, self.lang) for text in texts]
+        return self._embedder.sentence_vectors(sentences, batch_size=self.batch_size)
+
+    def _request(self, texts: list[str]) -> np.ndarray:
+        body: dict[str, Any] = {"input": texts, "encoding_format": "base64"}
+        if self.model is not None:
+            body["model"] = self.model
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        url = f"{self.base_url}/v1/embeddings"
+        request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                answer = json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            raise RuntimeError(f"{url} answered {error.code}: {_error_message(error)}") from None
+        except urllib.error.URLError as error:
+            raise ConnectionError(f"cannot reach elmo serve at {self.base_url}: {error.reason}") from None
+        items = sorted(answer["data"], key=lambda item: item["index"])
+        return np.stack([np.frombuffer(base64.b64decode(item["embedding"]), "<f4") for item in items])
+
+
+def _error_message(error: urllib.error.HTTPError) -> str:
+    """The server's own message (OpenAI's {"error": {"message": ...}}), else the body as text."""
+    text = error.read().decode("utf-8", "replace")
+    try:
+        return json.loads(text)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return text[:500]
