@@ -32,6 +32,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -88,8 +89,10 @@ def recurrence_counts(host: str, port: int) -> tuple[float, float]:
 def start_server(model: str | None, threads: int, rows: int, extra: list[str]) -> tuple[subprocess.Popen, str, int]:
     argv = [sys.executable, "-m", "elmokit", "serve", "--port", "0", "--device", "cpu", "--threads", str(threads),
             "--rows", str(rows), "-q", *(["--model", model] if model else []), *extra]
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-    line = process.stdout.readline()
+    process = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)  # the address is a message: on stderr
+    while (line := process.stderr.readline()) and not line.startswith("listening on http://"):
+        sys.stderr.write(line)
+    threading.Thread(target=process.stderr.read, daemon=True).start()  # the rest, read so that the pipe never fills
     if not line.startswith("listening on http://"):
         sys.exit(f"elmo serve did not start: {line!r}")
     host, port = line.split()[2].removeprefix("http://").rsplit(":", 1)

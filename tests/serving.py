@@ -40,11 +40,13 @@ class Server:
         env = dict(os.environ, ELMOKIT_OFFLINE="1")
         env.pop("ELMOKIT_API_KEY", None)
         self.api_key = api_key
+        self.model_name = str(model)  # the name it serves (/v1/embeddings' "model")
         argv = [sys.executable, "-m", "elmokit", "serve", "--model", str(model), "--port", "0", "--device", "cpu",
                 "--threads", "1", *arguments, *(["--api-key", api_key] if api_key else [])]
         self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self.stderr: list[str] = []  # every line the server writes there, read as it comes (the pipe never fills)
         lines: queue.Queue = queue.Queue()
-        threading.Thread(target=lambda: lines.put(self.process.stdout.readline()), daemon=True).start()
+        threading.Thread(target=self._read_stderr, args=(lines,), daemon=True).start()
         try:
             first = lines.get(timeout=START_TIMEOUT)
         except queue.Empty:
@@ -52,7 +54,7 @@ class Server:
             raise RuntimeError(f"elmo serve printed no address in {START_TIMEOUT} s") from None
         if not first.startswith("listening on http://"):
             self.stop()
-            raise RuntimeError(f"elmo serve did not start: {first!r} {self.process.stderr.read()}")
+            raise RuntimeError(f"elmo serve did not start: {''.join(self.stderr)}")
         self.url = first.split()[2]
         self.host, port = self.url.removeprefix("http://").rsplit(":", 1)
         self.port = int(port)
@@ -61,6 +63,14 @@ class Server:
             if time.monotonic() > deadline:
                 raise RuntimeError("elmo serve never became healthy")
             time.sleep(0.05)
+
+    def _read_stderr(self, lines: queue.Queue) -> None:
+        """(A thread.) Keep the server's stderr; hand over its `listening on` line (or its last)."""
+        for line in self.process.stderr:
+            self.stderr.append(line)
+            if line.startswith("listening on http://"):
+                lines.put(line)
+        lines.put("")
 
     def call(self, method: str, path: str, body=None, *, raw: bytes | None = None, key: str | None = "default",
              headers: dict | None = None, chunked: bool = False, timeout: float = 60):
@@ -101,6 +111,6 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        self.stdout = self.process.stdout.read()  # what it wrote there (nothing: its messages go to stderr)
         self.process.stdout.close()
-        self.process.stderr.close()
         return self.process.returncode

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 
 import torch
 
@@ -18,13 +19,14 @@ API_KEY_VARIABLE = "ELMOKIT_API_KEY"
 
 DESCRIPTION = f"""\
 Serve the model's contextual vectors over HTTP, on --host:--port (127.0.0.1:8080 unless told
-otherwise), and print the address once it listens:
+otherwise), and print the address (on stderr) once it listens:
 
   POST /v1/embeddings  OpenAI-compatible: a vector per input text (the mean over its tokens of the
                        equal-weight average of all layers, as ElmoEmbedder gives it)
   POST /embed          TEI-compatible: the same vectors, unit length by default
   POST /embed_all      token-level vectors: all layers, one, or a weighted mix; JSON floats or
                        base64 float32; the tokens beside them
+  POST /explore        the page's nearest occurrences and pictures
   GET  /health, /info, /metrics (Prometheus), and / : a page to explore the vectors
 
 Texts are Moses-tokenized, as `elmo embed --tokenize` does; token lists are taken as they are.
@@ -32,9 +34,11 @@ The texts of the requests in flight run in the recurrence together (--rows), in 
 model's own: a text joins as soon as a row is free, and its answer leaves at its last step
 (--max-batch-tokens, --max-wait-ms). Every text starts from a zero state: its vector never
 depends on the others it ran with. Bad requests get a 4xx and a JSON error; a full queue
-(--max-queue-tokens) answers 429. With --api-key (or
+(--max-queue-tokens) answers 429; a body that takes longer than --body-timeout, 408. A request
+whose client hangs up is dropped, from the queue and the recurrence. With --api-key (or
 {API_KEY_VARIABLE}), every route but /health and the page needs 'Authorization: Bearer KEY'.
-SIGTERM (or Ctrl-C) stops accepting, finishes the requests already accepted, and exits 0.
+SIGTERM (or Ctrl-C) stops accepting, finishes the requests already accepted (for at most
+--shutdown-timeout seconds; those left get 503), and exits 0.
 Needs the serve extra: pip install 'elmokit[serve]'. docs/serve.md has examples."""
 
 
@@ -60,6 +64,11 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-input-tokens", type=int, default=512, help="tokens per input at most (default: 512)")
     parser.add_argument("--max-body-bytes", type=int, default=2_000_000,
                         help="size of a request body at most (default: 2000000)")
+    parser.add_argument("--body-timeout", type=float, default=20.0,
+                        help="seconds a client has to send a request's whole body; past it, 408 (default: 20)")
+    parser.add_argument("--shutdown-timeout", type=float, default=25.0,
+                        help="seconds SIGTERM waits for the requests in flight before it cancels them (503) "
+                             "and exits (default: 25, within the 30 s Kubernetes gives before SIGKILL)")
     parser.add_argument("--threads", type=int, help="torch threads for the model (default: torch's own)")
     add_model_arguments(parser)
     add_device_arguments(parser, dtype=True)
@@ -70,9 +79,12 @@ def run(args: argparse.Namespace) -> int:
     from elmokit.serve.inputs import Limits
 
     limits = Limits(args.max_body_bytes, args.max_inputs, args.max_input_tokens, args.max_batch_tokens,
-                    args.max_queue_tokens, args.max_wait_ms)  # bad limits fail before anything loads
+                    args.max_queue_tokens, args.max_wait_ms, args.body_timeout)  # bad limits fail before anything loads
     if not 1 <= args.rows <= 4096:
         raise ValueError(f"--rows must be from 1 to 4096, got {args.rows}")
+    if not 0 < args.shutdown_timeout <= 3600:
+        raise ValueError(f"--shutdown-timeout must be more than 0 and at most 3600 seconds, "
+                         f"got {args.shutdown_timeout}")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be between 0 and 65535, got {args.port}")
     if args.threads is not None and not 1 <= args.threads <= max_threads():  # as elmo embed's --threads
@@ -121,11 +133,12 @@ def _serve(args: argparse.Namespace, limits, listener: socket.socket) -> int:
                       model_name, limits, make_tokenizer(True), "moses", args.api_key, args.rows)  # no other reference:
     # the embedder leaves this process for the model's (elmokit.serve.worker) once that has loaded it
     config = uvicorn.Config(build_app(service), log_level="warning", access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=None)
+                            timeout_graceful_shutdown=args.shutdown_timeout)
     server = uvicorn.Server(config)
     host, port = listener.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    print(f"listening on http://{shown}:{port} (model {model_name}; SIGTERM or Ctrl-C to stop)", flush=True)
+    print(f"listening on http://{shown}:{port} (model {model_name}; SIGTERM or Ctrl-C to stop)", file=sys.stderr,
+          flush=True)  # a message, as every other: stdout is for what a command outputs
     # uvicorn re-raises the signal it caught once it has drained; no-op handlers make that an exit 0
     previous = {number: signal.signal(number, lambda *_: None) for number in (signal.SIGTERM, signal.SIGINT)}
     try:

@@ -10,7 +10,10 @@ Routes (docs/serve.md has examples):
     GET  /health, /info, /metrics, / (the page) and /static/...
 
 Every refusal is JSON {"error": {"message", "type", "code"}} with a 4xx status; with an API key,
-every route but /health and the page needs `Authorization: Bearer KEY`.
+every route but /health and the page needs `Authorization: Bearer KEY` (the scheme in any case).
+
+A request whose client hangs up before its answer is cancelled, in the model's process too (its
+sentences leave the queue and the recurrence); a body must arrive within `--body-timeout` (408).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import base64
 import contextlib
 import dataclasses
 import hmac
+import json
 import time
 from importlib.resources import files
 from pathlib import Path
@@ -63,9 +67,23 @@ class JSONResponse(Response):
         return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-def error_response(status: int, message: str, kind: str = "invalid_request_error", headers=None) -> JSONResponse:
-    """OpenAI's error shape, which TEI's clients also read: {"error": {"message", "type", "code"}}."""
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status, headers=headers)
+def error_response(status: int, message: str, kind: str = "invalid_request_error", headers=None,
+                   code: str | None = None) -> JSONResponse:
+    """OpenAI's error shape, which TEI's clients also read: {"error": {"message", "type", "code"}}
+    (`code` OpenAI's where it has one, such as "model_not_found"; else the status)."""
+    return JSONResponse({"error": {"message": message, "type": kind, "code": code or status}}, status,
+                        headers=headers)
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its answer: the work was dropped, nobody reads a reply."""
+
+
+async def client_gone(request: Request) -> None:
+    """Return once the client has closed the connection (the body has been read: what the server
+    receives next is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        await asyncio.sleep(0)
 
 
 class Service:
@@ -103,24 +121,61 @@ class Service:
             "api_key_required": self.api_key is not None}
 
     async def body(self, request: Request) -> dict:
-        """The JSON object of the body, read up to `max_body_bytes` (413 past it)."""
+        """The JSON object of the body, read up to `max_body_bytes` (413 past it) within
+        `body_timeout_s` (408 past it: a client that sends its body a byte at a time holds no
+        handler, and does not hold a stopping server either)."""
         limit = self.limits.max_body_bytes
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             raise BadRequest(413, f"the request body has {int(declared)} bytes, more than the limit of {limit} "
                                   f"(--max-body-bytes)")
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise BadRequest(413, f"the request body has more than {limit} bytes (--max-body-bytes)")
-            chunks.append(chunk)
+        try:
+            async with asyncio.timeout(self.limits.body_timeout_s):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        raise BadRequest(413, f"the request body has more than {limit} bytes (--max-body-bytes)")
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise BadRequest(408, f"the request body did not arrive within {self.limits.body_timeout_s:g} s "
+                                  f"({size} bytes came; --body-timeout)") from None
         return parse_json(b"".join(chunks))
 
-    async def embed(self, sentences: list[list[str]], sentence_vectors: bool = False) -> list[np.ndarray]:
-        """Each sentence's layers (L+1, n, 2P), or with `sentence_vectors` its vector (2P,)."""
+    def check_model(self, body: dict) -> None:
+        """OpenAI's "model" (optional here), and "dimensions": refused unless they fit this server."""
+        name = body.get("model", self.model_name)
+        if not isinstance(name, str):
+            raise BadRequest(422, "'model' must be a string")
+        if name != self.model_name:
+            raise BadRequest(404, f"the model {name[:200]!r} is not served here: this server holds "
+                                  f"{self.model_name!r} (send \"model\": {json.dumps(self.model_name)}, or leave it "
+                                  f"out)", code="model_not_found")
+        dim = self.info["shape"]["dim"]
+        if body.get("dimensions") not in (None, dim) or isinstance(body.get("dimensions"), bool):
+            raise BadRequest(400, f"'dimensions' {json.dumps(body['dimensions'])[:60]} is not available: this "
+                                  f"model's vectors have {dim} dimensions and cannot be shortened (leave "
+                                  f"'dimensions' out)")
+
+    async def embed(self, request: Request, sentences: list[list[str]],
+                    sentence_vectors: bool = False) -> list[np.ndarray]:
+        """Each sentence's layers (L+1, n, 2P), or with `sentence_vectors` its vector (2P,).
+        Should the client hang up first, the request is cancelled (in the model's process too)
+        and ClientGone raised."""
+        work = asyncio.ensure_future(self.batcher.submit(sentences, sentence_vectors))
+        gone = asyncio.ensure_future(client_gone(request))
         try:
-            return await self.batcher.submit(sentences, sentence_vectors)
+            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            abandoned = not work.done()  # the client has gone, or this handler is cancelled (shutdown's time up)
+            if abandoned:
+                work.cancel()  # `submit` tells the model's process
+        if abandoned:
+            self.metrics.abandoned.inc()
+            raise ClientGone()
+        try:
+            return work.result()
         except QueueFull as full:
             self.metrics.refused.labels("queue_full").inc()
             raise BadRequest(429, str(full), "overloaded") from None
@@ -150,9 +205,8 @@ async def openai_embeddings(request: Request) -> Response:
     body = await service.body(request)
     sentences = read_inputs(body, "input", service.limits, service.tokenize)
     encoding = read_choice(body, "encoding_format", ("float", "base64"))
-    if "model" in body and not isinstance(body["model"], str):
-        raise BadRequest(422, "'model' must be a string")
-    vectors = await service.embed(sentences, sentence_vectors=True)  # (2P,) each
+    service.check_model(body)
+    vectors = await service.embed(request, sentences, sentence_vectors=True)  # (2P,) each
     data = [{"object": "embedding", "index": i, "embedding": encode(v, encoding)}
             for i, v in enumerate(vectors)]
     return JSONResponse({"object": "list", "data": data, "model": service.model_name,
@@ -164,7 +218,7 @@ async def tei_embed(request: Request) -> Response:
     body = await service.body(request)
     sentences = read_inputs(body, "inputs", service.limits, service.tokenize)
     normalize = read_bool(body, "normalize", True)
-    vectors = await service.embed(sentences, sentence_vectors=True)  # (2P,) each
+    vectors = await service.embed(request, sentences, sentence_vectors=True)  # (2P,) each
     if normalize:
         vectors = [v / max(float(np.linalg.norm(v)), 1e-12) for v in vectors]
     return JSONResponse([encode(v, "float") for v in vectors])
@@ -177,11 +231,14 @@ async def embed_all(request: Request) -> Response:
     how, which = read_layers(body, service.n_layers)
     encoding = read_choice(body, "encoding", ("float", "base64"))
     data = []
-    for i, (tokens, layers) in enumerate(zip(sentences, await service.embed(sentences))):  # layers (L+1, n, 2P)
+    for i, (tokens, layers) in enumerate(zip(sentences, await service.embed(request, sentences))):  # (L+1, n, 2P)
         if how == "one":
             layers = layers[which]  # (n, 2P)
         elif how == "mix":
             layers = np.tensordot(np.asarray(which, np.float32), layers, axes=1)  # (n, 2P)
+            if not np.isfinite(layers).all():  # JSON has no inf or NaN: they would be written as null
+                raise BadRequest(422, f"'layers' weights {which} overflow float32 on inputs[{i}]: the weighted "
+                                      f"sum is not finite; use smaller weights")
         data.append({"index": i, "tokens": tokens, "shape": list(layers.shape), "embedding": encode(layers, encoding)})
     layers_asked = {"all": "all", "one": which, "mix": {"weights": which}}[how]  # as read, not as sent
     return JSONResponse({"model": service.model_name, "layers": layers_asked, "encoding": encoding,
@@ -198,7 +255,7 @@ async def explore_route(request: Request) -> Response:
     if not isinstance(word, str) or not word.strip():
         raise BadRequest(422, "'word' must be a non-empty string: the query word")
     sentences = read_inputs(body, "sentences", service.limits, service.tokenize, allow_tokens=False)
-    vectors = await service.embed(query + sentences)
+    vectors = await service.embed(request, query + sentences)
     return JSONResponse(explore(query[0], word.strip(), sentences, vectors))
 
 
@@ -231,8 +288,13 @@ async def page(request: Request) -> Response:
 # ---------------------------------------------------------------------------------------------
 async def bad_request(request: Request, error: BadRequest) -> Response:
     request.app.state.service.metrics.refused.labels(str(error.status)).inc()
-    headers = {"Retry-After": "1"} if error.status == 429 else None
-    return error_response(error.status, error.message, error.kind, headers)
+    headers = {"Retry-After": "1"} if error.status == 429 else {"Connection": "close"} if error.status == 408 else None
+    return error_response(error.status, error.message, error.kind, headers, error.code)
+
+
+async def client_left(request: Request, error: ClientGone) -> Response:
+    """Nobody reads it: the status (nginx's 499, "client closed request") is for /metrics."""
+    return error_response(499, "the client closed the connection before its answer: the request was dropped")
 
 
 async def http_error(request: Request, error: HTTPException) -> Response:
@@ -252,18 +314,18 @@ class KeyAndMetrics:
     def __init__(self, app, service: Service):
         self.app = app
         self.service = service
-        self.expected = None if service.api_key is None else f"Bearer {service.api_key}".encode()
+        self.expected = None if service.api_key is None else service.api_key.encode()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         started = time.perf_counter()
-        status = 500
+        status, responded = 500, False
 
         async def send_and_watch(message):
-            nonlocal status
+            nonlocal status, responded
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status, responded = message["status"], True
             await send(message)
 
         try:
@@ -273,6 +335,10 @@ class KeyAndMetrics:
                                           {"WWW-Authenticate": "Bearer"})
                 return await response(scope, receive, send_and_watch)
             await self.app(scope, receive, send_and_watch)
+        except asyncio.CancelledError:  # --shutdown-timeout passed before this request was answered
+            if not responded:  # say so, rather than let uvicorn log a traceback and answer a bare 500
+                await error_response(503, "the server stopped before this request was answered "
+                                          "(--shutdown-timeout)", "unavailable")(scope, receive, send_and_watch)
         finally:
             self.service.metrics.record_request(scope["path"], status, started)
 
@@ -282,8 +348,10 @@ class KeyAndMetrics:
         return path in ("/", "/health", "/explore/examples") or path.startswith("/static/")
 
     def _has_key(self, scope) -> bool:
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        return hmac.compare_digest(given, self.expected)
+        """`Authorization: Bearer KEY`, the scheme in any case and one or more spaces after it
+        (RFC 7235, section 2.1)."""
+        scheme, _, credentials = dict(scope["headers"]).get(b"authorization", b"").partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(credentials.lstrip(b" "), self.expected)
 
 
 API = [Route("/v1/embeddings", openai_embeddings, methods=["POST"]),
@@ -306,7 +374,7 @@ def build_app(service: Service) -> Starlette:
     routes = [*API, Mount("/static", StaticFiles(directory=STATIC), name="static")]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={BadRequest: bad_request, HTTPException: http_error,
-                                        ClientDisconnect: disconnected})
+                                        ClientDisconnect: disconnected, ClientGone: client_left})
     app.state.service = service
     app.add_middleware(KeyAndMetrics, service=service)
     return app

@@ -9,12 +9,15 @@ waiting for a batch to finish, so the rows stay as full as the requests in fligh
 sentence starts from a zero state, so its vectors never depend on the others.
 
 The queue is bounded: past `max_queue_tokens` tokens accepted and not yet answered, a new
-request is refused (`QueueFull`) rather than kept waiting.
+request is refused (`QueueFull`) rather than kept waiting. A request cancelled while it waits
+(its client has hung up) is cancelled in the model's process too: its sentences leave the queue
+and the recurrence, so abandoned work delays nobody.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import multiprocessing
 import time
@@ -28,6 +31,7 @@ from elmokit.inference.embedder import ElmoEmbedder
 from elmokit.serve.worker import serve_model
 
 START_TIMEOUT = 600  # seconds for the model's process to load the model (a large one, a loaded machine)
+STOP_TIMEOUT = 10  # seconds for it to finish once told to stop (nothing is left to answer by then), else killed
 
 
 class QueueFull(Exception):
@@ -108,7 +112,7 @@ class Batcher:
             self._jobs.send(("stop",))
         except OSError:  # it has gone already
             pass
-        await asyncio.to_thread(self._process.join, 60)
+        await asyncio.to_thread(self._process.join, STOP_TIMEOUT)
         if self._process.is_alive():
             self._process.kill()
         self._jobs.close()
@@ -136,6 +140,10 @@ class Batcher:
         self.queued_tokens += n_tokens
         try:
             return await future
+        except asyncio.CancelledError:  # its client has gone (or the shutdown's time is up): drop the work
+            with contextlib.suppress(OSError):
+                self._jobs.send(("cancel", job_id))
+            raise
         finally:
             self.queue.pop(job_id, None)
             self.queued_tokens -= n_tokens

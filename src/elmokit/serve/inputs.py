@@ -19,11 +19,12 @@ CHARS_PER_TOKEN = 64  # a text longer than this many characters per allowed toke
 class BadRequest(Exception):
     """A request the server refuses: `status` (4xx) and a message for the client."""
 
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error"):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
         self.kind = kind
+        self.code = code  # OpenAI's error code where it has one ("model_not_found"); else the status
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class Limits:
     max_batch_tokens: int = 16_384
     max_queue_tokens: int = 65_536
     max_wait_ms: float = 2.0
+    body_timeout_s: float = 20.0  # to receive a whole body (408 past it): a client that dribbles it holds nothing
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_inputs", "max_input_tokens", "max_batch_tokens", "max_queue_tokens"):
@@ -43,6 +45,8 @@ class Limits:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.max_wait_ms <= 60_000:
             raise ValueError(f"--max-wait-ms must be between 0 and 60000, got {self.max_wait_ms}")
+        if not 0 < self.body_timeout_s <= 3600:
+            raise ValueError(f"--body-timeout must be more than 0 and at most 3600 seconds, got {self.body_timeout_s}")
         if self.max_queue_tokens < self.max_input_tokens:
             raise ValueError(f"--max-queue-tokens ({self.max_queue_tokens}) must be at least --max-input-tokens "
                              f"({self.max_input_tokens}): else one text could never be queued")

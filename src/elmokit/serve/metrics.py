@@ -47,6 +47,8 @@ class ServeMetrics:
         self.inference_seconds = Histogram("elmo_inference_seconds", "time from a request's first sentence "
                                            "starting to its last ending", buckets=LATENCY_BUCKETS, registry=r)
         self.refused = Counter("elmo_refused", "requests refused, by reason", ["reason"], registry=r)
+        self.abandoned = Counter("elmo_abandoned", "requests whose client hung up before the answer (their work "
+                                 "dropped from the queue and the recurrence)", registry=r)
         self.queue_requests = Gauge("elmo_queue_requests", "requests waiting in the queue", registry=r)
         self.queue_tokens = Gauge("elmo_queue_tokens", "tokens waiting in the queue", registry=r)
         self.steps = Gauge("elmo_recurrence_steps", "steps the recurrence has run (a count)", registry=r)

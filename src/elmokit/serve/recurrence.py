@@ -20,8 +20,11 @@ so that one sigmoid covers the four gates). Weights in bfloat16 run their produc
 float32, as in the engine.
 
 A sentence of S positions (its tokens and the two boundaries) admitted at step t runs steps
-t .. t+S-1: its forward stream reads positions 0..S-1, its backward stream S-1..0, and the
-outputs of every step are kept in a ring of H >= S steps, read back when it leaves.
+t .. t+S-2: its forward stream reads positions 0..S-2, its backward stream S-1..1, and the
+outputs of every step are kept in a ring of H >= S steps, read back when it leaves. Steps t+1 ..
+t+S-2 give its n = S-2 tokens; step t (`<S>` forward, `</S>` backward) gives only the state they
+start from. A step t+S-1 would read `</S>` forward and `<S>` backward, whose outputs no route
+returns, so none is run: a sentence leaves after the last step that is read.
 
 Shape notation: R rows, H steps in the rings, S positions of a sentence (n tokens + 2),
 P projection dim, C cell dim, L LSTM layers, D = 2 directions.
@@ -39,6 +42,7 @@ import torch
 from elmokit.inference.elmo import boundary_rows
 from elmokit.inference.embedder import ElmoEmbedder
 from elmokit.inference.engine import candidate_doubled
+from elmokit.int8 import Int8Linear, is_int8, stream_linear
 from elmokit.kernels import PackedLinear
 from elmokit.model import cell as lstm_cell
 from elmokit.model.bilm import BiLM
@@ -58,15 +62,15 @@ def token_layer(embedder: ElmoEmbedder, sentences: Sequence[Sequence[str]]) -> t
     return table[torch.from_numpy(rows).to(table.device)]
 
 
-def gate_products(layer: BiLstmLayer, rows: int) -> list[PackedLinear]:
+def gate_products(layer: BiLstmLayer, rows: int) -> list[PackedLinear | Int8Linear]:
     """Each direction's input and recurrent products as one: [x | h] (R, 2P) times the two
     weights side by side (4C, 2P), the candidate's rows doubled as the engine's
     (`activate_doubled_gates_`). One oneDNN product a step instead of two: 5-8% less time a step
     with 16 to 64 rows (the engine adds the recurrent product to gate inputs it computed for a
     block of steps at once, which a step that takes new sentences cannot do)."""
     doubled = candidate_doubled(layer)[:, None]  # (4C, 1)
-    return [PackedLinear(torch.cat([layer.input_weight[d], layer.recurrent_weight[d]], dim=1).detach(), rows,
-                         row_scale=doubled) for d in range(2)]
+    return [stream_linear(torch.cat([layer.input_weight[d], layer.recurrent_weight[d]], dim=1).detach(), rows,
+                          row_scale=doubled, int8=is_int8(layer)) for d in range(2)]
 
 
 class Recurrence:
@@ -85,7 +89,8 @@ class Recurrence:
         device, dim, cell_dim, n_layers = weight.device, bilm.config.lstm.projection_dim, \
             bilm.config.lstm.cell_dim, len(self.layers)
         self.gate_products = [gate_products(layer, rows) for layer in self.layers]  # L x D
-        self.projections = [[PackedLinear(layer.projection[d].detach(), rows) for d in range(2)]
+        self.projections = [[stream_linear(layer.projection[d].detach(), rows, int8=is_int8(layer), projection=True)
+                             for d in range(2)]
                             for layer in self.layers]  # L x D
         self.bias = [(layer.gate_bias().to(dtype) * candidate_doubled(layer).to(dtype)).squeeze(1)
                      .to(self.compute_dtype) for layer in self.layers]  # L x (D, 4C): (i, f, o, 2j)
@@ -116,6 +121,7 @@ class Recurrence:
             raise ValueError(f"a sentence of {max(sizes)} positions does not fit the recurrence's {self.horizon}")
         rows = [heapq.heappop(self.free) for _ in sizes]
         first, device = self.step_number, self.inputs.device
+        # S-1 steps a sentence: forward positions 0..S-2 (no `</S>`), backward S-1..1 (no `<S>`)
         embeddings = token_embeddings.to(self.inputs.dtype)  # (N, P)
         host_tokens = embeddings.cpu().numpy()  # what `take` reads back (layer 0)
         inputs = self._host_inputs if self._host_inputs is not None else self.inputs  # numpy on the CPU: cheaper
@@ -123,14 +129,14 @@ class Recurrence:
         start = 0
         for row, size in zip(rows, sizes):  # a slice or two of the ring each
             done = 0
-            for slot, length in self._ring(first, size):
+            for slot, length in self._ring(first, size - 1):
                 forward = source[start + done:start + done + length]  # the forward stream reads positions in order,
                 backward = source[start + size - done - length:start + size - done]  # the backward from the end
                 inputs[slot:slot + length, 0, row] = forward
                 inputs[slot:slot + length, 1, row] = backward[::-1] if source is host_tokens else backward.flip(0)
                 done += length
             self.busy[row] = (first, host_tokens[start:start + size])
-            self.ends.setdefault(first + size - 1, []).append(row)
+            self.ends.setdefault(first + size - 2, []).append(row)  # its last token's step
             start += size
         started = torch.tensor(rows, device=device)
         self.layer_state[:, :, started, self.layer_state.shape[-1] // 2:] = 0  # a zero state: each as if alone
@@ -177,8 +183,10 @@ class Recurrence:
         """What the sentences that ended in `rows` gave (the rows are freed): each one's layers
         (L+1, n, 2P) float32, boundaries dropped (as `ElmoEmbedder.embed_many` gives them), or with
         `sentence_vectors` its vector (2P,): the mean over its tokens of the equal-weight average of
-        the layers (TF-Hub's `default`; zeros for no token). Read in numpy (a view of the CPU's
-        rings, a copy of a GPU's pieces): a few microseconds a sentence instead of a few torch calls."""
+        the layers (TF-Hub's `default`; zeros for no token): `elmokit.inference.layers.sentence_vector`,
+        summed here from the rings without building the layers (tests/test_serve_trust.py checks the two
+        agree). Read in numpy (a view of the CPU's rings, a copy of a GPU's pieces): a few
+        microseconds a sentence instead of a few torch calls."""
         results = []
         n_layers, dim = len(self.layers), self.outputs.shape[-1]
         for row in rows:
@@ -202,6 +210,18 @@ class Recurrence:
             results.append(layers)
         self.span = max(self.busy, default=-1) + 1
         return results
+
+    def drop(self, rows: Sequence[int]) -> None:
+        """Free `rows` at once, their sentences unfinished and unread (their requests' clients
+        have gone): the next step no longer computes them."""
+        for row in rows:
+            first, tokens = self.busy.pop(row)  # tokens (S, P)
+            end = first + len(tokens) - 2
+            self.ends[end].remove(row)
+            if not self.ends[end]:
+                del self.ends[end]
+            heapq.heappush(self.free, row)
+        self.span = max(self.busy, default=-1) + 1
 
     def _read(self, slot: int, length: int, row: int) -> np.ndarray:
         """The outputs of `row` at ring slots slot .. slot+length-1: (L, k, D, P) in numpy."""

@@ -9,8 +9,9 @@ thread: its one write a step to wake the event loop took 2.3 ms, half a step, wa
 lock). Here the model has a process, and a lock, of its own; the event loop only reads and
 writes pipes.
 
-Messages, server -> model (one pipe): ("job", id, sentences, enqueued, sentence_vectors) and
-("stop",). Model -> server (another pipe, written by a thread of its own): ("ready",) once
+Messages, server -> model (one pipe): ("job", id, sentences, enqueued, sentence_vectors),
+("cancel", id) (its client has gone: its sentences leave the queue and the recurrence unanswered)
+and ("stop",). Model -> server (another pipe, written by a thread of its own): ("ready",) once
 loaded, then ("answers", [(id, results or None, error or None), ...], stats). The results are
 one array per sentence: its layers (L+1, n, 2P), or with `sentence_vectors` its vector (2P,)
 (`Recurrence.take`; the 3n times smaller message that /v1/embeddings needs). The stats hold the
@@ -102,6 +103,7 @@ class ModelLoop:
         self.max_batch_tokens = max_batch_tokens
         self.max_wait_s = max_wait_s
         self.queue: collections.deque[Job] = collections.deque()  # jobs with sentences still to start
+        self.jobs: dict[int, Job] = {}  # every job not yet answered, by id
         self.queued_tokens = 0
         self.live_tokens = 0  # tokens in the recurrence
         self.rows: dict[int, tuple[Job, int]] = {}  # row -> (job, sentence index)
@@ -116,8 +118,8 @@ class ModelLoop:
             if not self.queue and not self.rows:
                 self._receive(None)  # idle: block until a message
                 continue
-            self._receive(0)  # whatever has arrived joins at this step
-            if not self.rows:
+            self._receive(0)  # whatever has arrived joins at this step (or has been cancelled)
+            if not self.rows and self.queue:
                 self._wait_for_more()
             starting = self._take_sentences()
             if starting:
@@ -132,18 +134,35 @@ class ModelLoop:
             message = self.connection.recv()
             if message[0] == "job":
                 _, job_id, sentences, enqueued, sentence_vectors = message
-                self.queue.append(Job(job_id, sentences, enqueued, sentence_vectors))
+                self.jobs[job_id] = job = Job(job_id, sentences, enqueued, sentence_vectors)
+                self.queue.append(job)
                 self.queued_tokens += sum(map(len, sentences))
+            elif message[0] == "cancel":
+                self._cancel(message[1])
             else:  # "stop": finish what is queued, then return
                 self.stopping = True
             timeout = 0
+
+    def _cancel(self, job_id: int) -> None:
+        """Drop a job whose client has gone: its sentences still queued, and those in the
+        recurrence, whose rows the next step no longer computes (nothing if it was answered)."""
+        job = self.jobs.pop(job_id, None)
+        if job is None:
+            return
+        if job in self.queue:
+            self.queue.remove(job)
+            self.queued_tokens -= sum(map(len, job.sentences[job.admitted:]))
+        rows = [row for row, (owner, _) in self.rows.items() if owner is job]
+        for row in rows:
+            self.live_tokens -= len(job.sentences[self.rows.pop(row)[1]])
+        self.recurrence.drop(rows)
 
     def _wait_for_more(self) -> None:
         """(The recurrence idle.) Until the queue holds `max_batch_tokens`, or no job has come
         for `max_wait_s`, or `MAX_WAITS` x `max_wait_s` have passed since the first: a burst of
         requests starts together, a lone request waits `max_wait_s` only."""
         deadline = self.queue[0].enqueued + MAX_WAITS * self.max_wait_s
-        while self.queued_tokens < self.max_batch_tokens and not self.stopping:
+        while self.queue and self.queued_tokens < self.max_batch_tokens and not self.stopping:
             remaining = min(self.queue[-1].enqueued + self.max_wait_s, deadline) - time.perf_counter()
             if remaining <= 0 or not self.connection.poll(remaining):
                 return
@@ -205,6 +224,7 @@ class ModelLoop:
                 job.results[index] = results[row]  # (2P,) or (L+1, n, 2P)
                 job.remaining -= 1
                 if job.remaining == 0:
+                    del self.jobs[job.id]
                     self.answer_seconds.append(time.perf_counter() - job.started)
                     self.answers.append((job.id, job.results, None))
         except Exception as error:  # noqa: BLE001 - handed to each request in the recurrence
@@ -217,6 +237,7 @@ class ModelLoop:
     def _fail(self, jobs: set[Job], error: Exception) -> None:
         """Answer `jobs` with `error`; the rest of their sentences do not start."""
         for job in jobs:
+            self.jobs.pop(job.id, None)
             if job in self.queue:
                 self.queue.remove(job)
                 self.queued_tokens -= sum(map(len, job.sentences[job.admitted:]))
