@@ -105,9 +105,9 @@ class SentenceEmbedder:
             raise KeyError(f"no column {self.text_column!r} to embed (text_column); the dataset has "
                            f"{', '.join(batch.column_names)}")
         texts = batch.column(self.text_column).to_pylist()
-        for row, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise TypeError(f"column {self.text_column!r} must hold strings; a row holds {text!r}")
+        wrong = next((text for text in texts if not isinstance(text, str)), "")
+        if not isinstance(wrong, str):
+            raise TypeError(f"column {self.text_column!r} must hold strings; a row holds {wrong!r}")
         token_lists = [self.tokenize(text) for text in texts]
         arrays = [shape_output(layers, self.layers, self.sentence_vectors)
                   for layers in embed_sentences(self.embedder, token_lists, FORWARD_ROWS, self.max_length,
