@@ -83,8 +83,9 @@ class TrainConfig:
     n_samples: int = _field(8192, "negatives of the sampled softmax (full softmax if >= the vocabulary)")
     bf16: bool = _field(False, "bfloat16 autocast of the token encoder's highway and projection (the char CNN, "
                                "the LSTM and the softmax stay float32)")
-    lstm_bf16: bool = _field(False, "the LSTM's products in bfloat16, its cell and recurrent state, gates and "
-                                    "sums in float32 (both directions in one batched product; for GPUs)")
+    lstm_bf16: bool = _field(False, "the LSTM's products in bfloat16 (oneDNN's kernels on a CPU with AVX512-BF16 "
+                                    "or AMX; one batched product on a GPU), its cell and recurrent state, gates, "
+                                    "sums and master weights in float32")
     tf32: bool = _field(False, "CUDA only: float32 products on TF32 tensor cores (torch.backends "
                                "allow_tf32; faster, ~1e-3 relative error a product); ignored on the CPU")
     cuda_graph: bool = _field(False, "CUDA only: replay each LSTM layer's forward and backward from CUDA graphs "

@@ -23,8 +23,8 @@ product: `DirectionProducts`), while each elementwise operation of a step covers
 (`PackedLinear`, G_t added in the same call); the other per-step products take their weights as
 they are (reordering a transposed weight costs several of the 20 steps' products it would speed
 up: the same page). Off the CPU both directions run in one batched product (`BatchedProducts`),
-optionally in bfloat16 (`lstm_bf16`), and on a CUDA GPU optionally replayed from CUDA graphs
-(`cuda_graph`, `elmokit.training.cuda_graphs`): `RecurrenceOptions`. The products are the only
+on a CUDA GPU optionally replayed from CUDA graphs (`cuda_graph`, `elmokit.training.cuda_graphs`);
+on every device the products' operands optionally in bfloat16 (`lstm_bf16`): `RecurrenceOptions`. The products are the only
 difference: the steps, the elementwise work and the gradients are one code for every device.
 The forward pass is `elmokit.model.cell`'s (gates in its order (i, f, o, j), the forget-gate
 offset already in `bias`, its `cell_step` and `clip_`, its `run_layers` for dropout and the
@@ -131,31 +131,55 @@ class LstmLayerFunction(torch.autograd.Function):
 class DirectionProducts:
     """The CPU's products: through `elmokit.kernels` (oneDNN), a direction at a time (oneDNN has no
     batched product); the forward pass's recurrent weight reordered once a pass (`PackedLinear`,
-    G_t added in the same call). Every product in float32."""
+    G_t added in the same call). Every product in float32, or with `dtype` bfloat16 (`elmo train
+    --lstm-bf16` on the CPU) every product's operands rounded to bfloat16 (the weights once a pass,
+    from their float32 master copy) and run by oneDNN's bfloat16 kernels (AVX512-BF16, AMX), its
+    result widened to float32 before anything is added to it: as `BatchedProducts`', the gates, the
+    cell and recurrent state and every sum over steps stay float32 (so G_t is added after the
+    recurrent product instead of inside it, which would round it to bfloat16)."""
+
+    def __init__(self, dtype: torch.dtype | None = None):
+        self.dtype = dtype  # None: float32, the inputs' own
+
+    def _operand(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor if self.dtype is None else tensor.to(self.dtype)
 
     def weights(self, *weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return weights
+        return tuple(map(self._operand, weights))
 
     def gate_inputs(self, flat_inputs: torch.Tensor, input_weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """(D, N, P) -> X W_in^T + b (D, N, 4C)."""
-        return _per_direction(len(flat_inputs), lambda d: linear(flat_inputs[d], input_weight[d], bias[d, 0]))
+        if self.dtype is None:
+            return _per_direction(len(flat_inputs), lambda d: linear(flat_inputs[d], input_weight[d], bias[d, 0]))
+        low = flat_inputs.to(self.dtype)
+        return _per_direction(len(low), lambda d: torch.add(bias[d, 0], linear(low[d], input_weight[d])))  # float32
 
     def recurrent(self, recurrent_weight: torch.Tensor, n_rows: int) -> Callable:
         """(G_t (D, B, 4C), h_{t-1} (D, B, P)) -> G_t + h_{t-1} W_rec^T, a list of D (B, 4C)."""
         packed = [PackedLinear(recurrent_weight[d], n_rows) for d in range(len(recurrent_weight))]
-        return lambda acts, hidden: [packed[d].add(acts[d], hidden[d]) for d in range(len(packed))]
+        if self.dtype is None:
+            return lambda acts, hidden: [packed[d].add(acts[d], hidden[d]) for d in range(len(packed))]
+
+        def widened(acts: torch.Tensor, hidden: torch.Tensor) -> list[torch.Tensor]:
+            low = hidden.to(self.dtype)
+            return [torch.add(acts[d], packed[d](low[d])) for d in range(len(packed))]  # float32 + bfloat16 product
+        return widened
 
     def project(self, cell_output: torch.Tensor, projection: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """m_t (D, B, C) -> m_t W_proj^T into out (D, B, P)."""
-        return torch.stack([linear(cell_output[d], projection[d]) for d in range(len(projection))], out=out)
+        low = self._operand(cell_output)
+        return torch.stack([linear(low[d], projection[d]) for d in range(len(projection))], out=out)
 
     def times(self, grad: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """grad (D, B, out) x weight (D, out, in) -> (D, B, in): a gradient through a product."""
-        return torch.stack([linear(grad[d], weight[d].mT) for d in range(len(weight))], out=out)
+        low = self._operand(grad)
+        products = [linear(low[d], weight[d].mT) for d in range(len(weight))]
+        return torch.stack(products, out=out) if out is not None else torch.stack(products).to(grad.dtype)
 
     def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """(D, m, k) x (D, k, n) -> (D, m, n): the weight gradients, over all steps at once."""
-        return _per_direction(len(a), lambda d: matmul(a[d], b[d]))
+        low_a, low_b = self._operand(a), self._operand(b)
+        return _per_direction(len(a), lambda d: matmul(low_a[d], low_b[d])).to(a.dtype)
 
 
 class BatchedProducts:
@@ -267,7 +291,8 @@ class RecurrenceOptions:
 
     batched: both directions in one product (`BatchedProducts`); None: off the CPU only (oneDNN's
         per-direction products are the faster ones there).
-    lstm_bf16: the recurrence's products in bfloat16 (batched), its state and sums in float32.
+    lstm_bf16: the recurrence's products' operands in bfloat16 (oneDNN's kernels a direction at a
+        time on the CPU, one batched product elsewhere), its state and sums in float32.
     cuda_graph: on a CUDA GPU, each layer's forward and backward replayed from CUDA graphs
         (`elmokit.training.cuda_graphs`): the same `LstmLayerFunction`, captured once a shape.
     """
@@ -277,10 +302,8 @@ class RecurrenceOptions:
     cuda_graph: bool = False
 
     def products(self, device: torch.device) -> DirectionProducts | BatchedProducts:
-        if self.lstm_bf16:
-            return BatchedProducts(torch.bfloat16)
         batched = device.type != "cpu" if self.batched is None else self.batched
-        return BatchedProducts() if batched else DirectionProducts()
+        return (BatchedProducts if batched else DirectionProducts)(torch.bfloat16 if self.lstm_bf16 else None)
 
 
 def lstm_layer(inputs: torch.Tensor, hidden: torch.Tensor, cell: torch.Tensor, input_weight: torch.Tensor,

@@ -1,0 +1,102 @@
+"""`elmo train --lstm-bf16` on the CPU: the recurrence's products in bfloat16 through oneDNN a
+direction at a time (`DirectionProducts(torch.bfloat16)`), the state, gates and sums float32, the
+weights' master copy float32; a few training steps track float32's losses, and the option is
+saved with the run and taken up again by `--resume`."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import torch
+
+from elmokit import kernels
+from elmokit.cli import main
+from elmokit.training.recurrence import BatchedProducts, DirectionProducts, RecurrenceOptions, forward_streams
+from tests.test_train import corpus, losses  # noqa: F401 - the tiny corpus fixture and its metrics reader
+
+
+def test_the_cpu_runs_bf16_products_a_direction_at_a_time_through_onednn():
+    options = RecurrenceOptions(lstm_bf16=True)
+    products = options.products(torch.device("cpu"))
+    assert isinstance(products, DirectionProducts) and products.dtype == torch.bfloat16
+    assert isinstance(options.products(torch.device("meta")), BatchedProducts)  # off the CPU: one batched product
+    assert RecurrenceOptions().products(torch.device("cpu")).dtype is None  # the default stays float32
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_bf16_products_keep_state_and_master_weights_float32_near_float32(batched):
+    """Both product paths with bfloat16 operands: outputs, final state and gradients float32 and
+    within a few bfloat16 roundings of float32's; the parameters stay float32; on the CPU path the
+    products ran through oneDNN in bfloat16 where this torch has its bfloat16 kernels."""
+    from tests.test_lm import make_model
+
+    torch.manual_seed(0)
+    lstm = make_model(clip=0.0).bilm.lstm
+    inputs = torch.randn(2, 4, 20, 6, requires_grad=True)
+    weights = [torch.randn(2, 4, 20, 6) for _ in lstm.layers]
+
+    def results(options):
+        layers, final = forward_streams(lstm, inputs, None, options)
+        loss = sum((layer * weight).sum() for layer, weight in zip(layers, weights)) + final.cell.sin().sum()
+        return layers, final, torch.autograd.grad(loss, [inputs, *lstm.parameters()])
+
+    reference = results(RecurrenceOptions(batched=batched))
+    kernels.reset()
+    low = results(RecurrenceOptions(batched=batched, lstm_bf16=True))
+    if not batched and torch.bfloat16 in kernels._ONEDNN_DTYPES:
+        assert (("linear", torch.bfloat16) in kernels._verified and ("packed", torch.bfloat16) in kernels._verified
+                and ("matmul", torch.bfloat16) in kernels._verified)
+    assert all(layer.dtype == torch.float32 for layer in low[0])
+    assert low[1].hidden.dtype == low[1].cell.dtype == torch.float32
+    assert all(parameter.dtype == torch.float32 for parameter in lstm.parameters())
+    assert all(grad.dtype == torch.float32 for grad in low[2])
+    for got, want in zip(low[0], reference[0]):
+        got, want = got.detach(), want.detach()
+        assert 0 < float((got - want).abs().max()) < 3e-2 * float(want.abs().max())  # bf16 ran, and stayed close
+    for got, want in zip(low[2], reference[2]):
+        assert float((got - want).norm()) < 3e-2 * float(want.norm())
+
+
+OPTIONS = ["--epochs", "1", "--max-tokens", "600", "--eval-every", "1000", "--checkpoint-every", "999"]  # 30 steps
+
+
+@pytest.fixture(scope="module")
+def reference_runs(corpus, tmp_path_factory):  # noqa: F811
+    """The same 30 steps (seed, windows, dropout, samples) in float32 and with --lstm-bf16."""
+    root = tmp_path_factory.mktemp("runs")
+    base = ["train", "--config", str(corpus["train_json"]), *OPTIONS]
+    assert main([*base, "--output-dir", str(root / "float32")]) == 0
+    assert main([*base, "--lstm-bf16", "--output-dir", str(root / "bf16")]) == 0
+    return root
+
+
+def test_training_steps_with_lstm_bf16_track_float32s_losses(reference_runs):
+    exact, low = losses(reference_runs / "float32"), losses(reference_runs / "bf16")
+    assert exact.keys() == low.keys() and len(exact) == 30
+    differences = [abs(low[step] - exact[step]) / exact[step] for step in exact]
+    assert max(differences) < 2e-3, max(differences)  # measured: 1.4e-4
+    assert max(differences) > 0  # the bfloat16 products ran
+    assert sum(list(low.values())[-5:]) < sum(list(low.values())[:5])  # and it learns
+
+
+def test_lstm_bf16_is_saved_with_the_run_and_resumed(corpus, reference_runs, tmp_path, monkeypatch):  # noqa: F811
+    """Stopped at step 5 and resumed without options: the run's train_config.json says
+    lstm_bf16, the resumed steps run bfloat16 products again, and their losses are the
+    uninterrupted --lstm-bf16 run's, step for step."""
+    from elmokit.training import processes
+
+    steps = itertools.count(1)
+    with monkeypatch.context() as patch:
+        patch.setattr(processes.StopSignals, "requested", lambda self, dist_: next(steps) == 5)
+        assert main(["train", "--config", str(corpus["train_json"]), *OPTIONS, "--lstm-bf16",
+                     "--output-dir", str(tmp_path / "stopped")]) == 130
+    assert json.loads((tmp_path / "stopped" / "train_config.json").read_text())["lstm_bf16"] is True
+    asked = []
+    products = RecurrenceOptions.products
+    monkeypatch.setattr(RecurrenceOptions, "products", lambda self, device: asked.append(self.lstm_bf16)
+                        or products(self, device))
+    assert main(["train", "--resume", "--output-dir", str(tmp_path / "stopped")]) == 0
+    assert asked and all(asked)
+    assert losses(tmp_path / "stopped") == losses(reference_runs / "bf16")
