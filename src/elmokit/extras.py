@@ -15,6 +15,7 @@ rest is imported only where it is used, after `require` has checked it is there:
 | `spacy` | spacy | the `elmo` pipe of spaCy (`nlp.add_pipe("elmo")`) |
 | `sentence-transformers` | sentence-transformers, huggingface_hub | `elmo convert --to-sentence-transformers`, the Hugging Face layout |
 | `langchain` | langchain-core | `elmokit.integrations.langchain.ELMoEmbeddings` |
+| `llama-index` | llama-index-core | `elmokit.integrations.llama_index.ELMoEmbedding` |
 | `parquet` | pyarrow | `elmo embed OUTPUT.parquet`, `elmokit.read_embeddings` of Parquet |
 | `ray` | ray[data], pyarrow | `elmokit.ray.embed_dataset`, `elmo embed --ray` |
 | `all` | all of the above | |
@@ -34,10 +35,11 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "spacy": ("spacy",),
     "sentence-transformers": ("sentence_transformers", "huggingface_hub"),
     "langchain": ("langchain_core",),
+    "llama-index": ("llama_index.core",),
     "parquet": ("pyarrow",),
     "ray": ("ray", "pyarrow"),
 }
-"""The packages of each optional extra (import names: their pip names with `-` written `_`)."""
+"""The packages of each optional extra, as imported (their pip names with `-` and `.` written `_`)."""
 
 
 class MissingExtraError(ImportError):
