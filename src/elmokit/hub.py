@@ -20,6 +20,7 @@ and 3 do; google/elmo/1 also trains the LSTM cells. Tensors are torch tensors.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -108,7 +109,16 @@ def _check_signature(signature: str) -> None:
 
 
 def _text(value) -> str:
-    return value.decode("utf-8") if isinstance(value, (bytes, np.bytes_)) else str(value)
+    """A token or sentence as TF-Hub's string tensors hold it: str, or UTF-8 bytes."""
+    return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
+def _check_strings(values, name: str) -> None:
+    """TypeError naming the first entry of `values` that is not a str or bytes (np.str_ and
+    np.bytes_ are): None, a number or a list would otherwise be read as its repr."""
+    if not all(map(isinstance, values, itertools.repeat((str, bytes)))):
+        index, bad = next((i, v) for i, v in enumerate(values) if not isinstance(v, (str, bytes)))
+        raise TypeError(f"{name}[{index}] is {bad!r} ({type(bad).__name__}): expected a string")
 
 
 def _sentences(inputs, signature: str) -> tuple[list[list[str]], int | None]:
@@ -118,6 +128,7 @@ def _sentences(inputs, signature: str) -> tuple[list[list[str]], int | None]:
     if signature == "default":
         if isinstance(inputs, (str, bytes)) or not isinstance(inputs, (Sequence, np.ndarray)):
             raise TypeError(f"signature 'default' takes a list of strings (B,), got {type(inputs).__name__}")
+        _check_strings(inputs, "inputs")
         return [[token for token in _text(text).split(" ") if token] for text in inputs], None
     if not isinstance(inputs, Mapping) or set(inputs) != {"tokens", "sequence_len"}:
         raise TypeError("signature 'tokens' takes inputs={'tokens': (B, T) strings, 'sequence_len': (B,) ints}, "
@@ -125,10 +136,14 @@ def _sentences(inputs, signature: str) -> tuple[list[list[str]], int | None]:
     tokens, lengths = inputs["tokens"], np.asarray(inputs["sequence_len"]).reshape(-1)
     if len(tokens) != len(lengths):
         raise ValueError(f"tokens has {len(tokens)} rows but sequence_len {len(lengths)}")
+    if len(lengths) and not np.issubdtype(lengths.dtype, np.integer):  # 2.0 or True is not a count
+        raise TypeError(f"sequence_len must hold integers (token counts), got {lengths.dtype} values "
+                        f"{lengths.tolist()[:5]}")
     width = max((len(row) for row in tokens), default=0)
     for index, (row, length) in enumerate(zip(tokens, lengths.tolist())):
         if not 0 <= length <= len(row):
             raise ValueError(f"sequence_len[{index}] = {length}, but tokens[{index}] has {len(row)} entries")
+        _check_strings(row[:length], f"tokens[{index}]")
     return [[_text(token) for token in row[:length]] for row, length in zip(tokens, lengths.tolist())], width
 
 
