@@ -2,7 +2,7 @@
 this machine, Ray's overhead, and the peak memory of each actor.
 
     .venv/bin/python bench/ray.py                     # -> bench/results/ray.md
-    .venv/bin/python bench/ray.py --tokens 10000 --model DIR
+    .venv/bin/python bench/ray.py --tokens 10000 --repeats 1 --model DIR
 
 Input: the first lines of the shared Gutenberg validation text holding `--tokens` tokens;
 model: the built-in English model (or `--model`); `--top`, float32, one torch thread per process
@@ -14,8 +14,10 @@ or actor (each actor asks Ray for 1 CPU). Timed, each from its start to its last
   started once before (its start is reported, not counted: a cluster is already up): the
   driver's read, each actor's start and model load, the embedding, the Parquet files.
 
-Overhead = Ray with 1 actor's seconds / one process's - 1. Peak memory: the largest resident
-set sampled every 0.2 s of each actor's process (and of the one process).
+The three run in turn `--repeats` times and the fastest of each is kept (on a shared machine the
+slower runs are the ones something else slowed down). Overhead = Ray with 1 actor's seconds / one
+process's - 1. Peak memory: the largest resident set sampled every 0.2 s of each actor's process
+(and of the one process), the largest over the repeats.
 """
 
 from __future__ import annotations
@@ -123,7 +125,8 @@ def on_ray(source: Path, out: Path, model, workers: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokens", type=int, default=30_000, help="input size (default: 30000 tokens)")
+    parser.add_argument("--tokens", type=int, default=60_000, help="input size (default: 60000 tokens)")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each, the fastest kept (default: 2)")
     parser.add_argument("--model", help="a model directory or name (default: the built-in model)")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -137,24 +140,29 @@ def main() -> None:
 
     torch.set_num_threads(1)
     model = load_model(args.model)  # sent to the actors, as elmo embed --ray does
-    rows = []
+    names = ["one process (`elmo embed OUT.parquet`)", "Ray Data, 1 actor (`elmo embed --ray`)",
+             "Ray Data, 2 actors (`elmo embed --ray`)"]
+    runs: dict[str, list[dict]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="bench-ray-") as folder:
         folder = Path(folder)
         lines, tokens = write_input(folder / "input.txt", args.tokens)
-        single = one_process(folder / "input.txt", folder / "one.parquet", args.model)
-        rows.append(("one process (`elmo embed OUT.parquet`)", single))
         started = time.perf_counter()
         ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200_000_000, log_to_driver=False)
         ray_start = time.perf_counter() - started
         try:
-            for workers in (1, 2):
-                result = on_ray(folder / "input.txt", folder / f"ray{workers}", model, workers)
-                if (result["rows"], result["tokens"]) != (lines, tokens):
-                    raise SystemExit(f"Ray with {workers} actors wrote {result['rows']} rows and {result['tokens']} "
-                                     f"tokens, expected {lines} and {tokens}")
-                rows.append((f"Ray Data, {workers} actor{'s' if workers > 1 else ''} (`elmo embed --ray`)", result))
+            for repeat in range(args.repeats):
+                runs[names[0]].append(one_process(folder / "input.txt", folder / f"one{repeat}.parquet", args.model))
+                for workers in (1, 2):
+                    result = on_ray(folder / "input.txt", folder / f"ray{workers}-{repeat}", model, workers)
+                    if (result["rows"], result["tokens"]) != (lines, tokens):
+                        raise SystemExit(f"Ray with {workers} actors wrote {result['rows']} rows and "
+                                         f"{result['tokens']} tokens, expected {lines} and {tokens}")
+                    runs[names[workers]].append(result)
         finally:
             ray.shutdown()
+    rows = [(name, {**min(results, key=lambda r: r["seconds"]), "all": [r["seconds"] for r in results],
+                    "peaks": max((r["peaks"] for r in results), key=lambda peaks: max(peaks, default=0))})
+            for name, results in runs.items()]
     after = bench.busy_processes()
     page = render(args, bench.machine("cpu", 1), before, after, lines, tokens, ray_start, rows)
     args.output.write_text(page, encoding="utf-8")
@@ -164,16 +172,19 @@ def main() -> None:
 def render(args, machine: str, before: str, after: str, lines: int, tokens: int, ray_start: float,
            rows: list[tuple[str, dict]]) -> str:
     base = rows[0][1]["seconds"]
-    table = ["| run | seconds | tokens/s | tokens/s per worker | vs one process | peak RSS per process (MB) |",
+    table = ["| run | seconds (each run) | tokens/s | tokens/s per worker | vs one process | peak RSS per process (MB) |",
              "|---|---:|---:|---:|---:|---:|"]
     for name, result in rows:
         workers = 2 if "2 actors" in name else 1
         rate = tokens / result["seconds"]
         change = "—" if result is rows[0][1] else f"{result['seconds'] / base - 1:+.0%} time"
         peaks = " / ".join(f"{peak:,.0f}" for peak in result["peaks"]) or "not sampled"
-        table.append(f"| {name} | {result['seconds']:.1f} | {rate:,.0f} | {rate / workers:,.0f} | {change} | {peaks} |")
+        each = ", ".join(f"{seconds:.1f}" for seconds in result["all"])
+        table.append(f"| {name} | {result['seconds']:.1f} ({each}) | {rate:,.0f} | {rate / workers:,.0f} | {change} | {peaks} |")
     overhead = rows[1][1]["seconds"] / base - 1
-    command = "`.venv/bin/python bench/ray.py" + (f" --tokens {args.tokens}" if args.tokens != 30_000 else "") + \
+    spread = max(max(result["all"]) / min(result["all"]) - 1 for _, result in rows)
+    command = "`.venv/bin/python bench/ray.py" + (f" --tokens {args.tokens}" if args.tokens != 60_000 else "") + \
+              (f" --repeats {args.repeats}" if args.repeats != 2 else "") + \
               (f" --model {args.model}" if args.model else "") + "`"
     return f"""# Embedding on Ray Data against one process (`bench/ray.py`)
 
@@ -183,11 +194,14 @@ Model: {args.model or "the built-in model (gutenberg-en)"}, `--top`, float32, on
 per process or actor. Input: the first {lines:,} lines ({tokens:,} tokens) of Gutenberg
 valid.txt.gz. Each time runs from the command's start to its last Parquet file (Python's and the
 actors' start and the model's load included); the local Ray instance's own start
-({ray_start:.1f} s) is not counted, as a cluster is up before a job.
+({ray_start:.1f} s) is not counted, as a cluster is up before a job. The three ran in turn
+{args.repeats} time(s); the fastest of each is the row, every run's seconds in brackets.
 
 {chr(10).join(table)}
 
 Ray's overhead with 1 actor: {overhead:+.1%} of the one process's time (target: at most +15 %).
+Between repeats, one configuration's time changed by up to {spread:.0%} (the machine's other jobs):
+differences smaller than that are noise here, not Ray's.
 
 Command: {command} (writes this page).
 """

@@ -49,21 +49,24 @@ def _one_process(model, sentences: list[str], layers: str, sentence_vectors: boo
             for sentence in sentences]
 
 
-def test_embed_dataset_equals_one_process_whatever_the_split(local_ray, tiny_model):
-    """Blocks of uneven sizes, batches of 5 rows, 2 actors: every row as one process embeds it
-    sentence by sentence, and every other column kept."""
+def test_embed_dataset_equals_one_process_whatever_the_split(local_ray, tiny_model, tmp_path, monkeypatch):
+    """A Parquet input read in blocks of 7 rows (the last of 3), batches of 5 rows, 2 actors: every
+    row as one process embeds it sentence by sentence, every other column kept, `line` added."""
     sentences = _corpus(45, seed=0)
-    items = [{"text": text, "id": i, "label": f"L{i % 3}"} for i, text in enumerate(sentences)]
-    ds = ray.data.from_items(items, override_num_blocks=7)
+    items = [{"text": text, "id": 100 + i, "label": f"L{i % 3}"} for i, text in enumerate(sentences)]
+    pq.write_table(pa.Table.from_pylist(items), tmp_path / "corpus.parquet")
+    monkeypatch.setattr(elmo_ray, "ROWS_PER_BLOCK", 7)
+    ds, sentence_column = elmo_ray.read_files([tmp_path / "corpus.parquet"])
+    assert sentence_column is None and ds.num_blocks() == 7
     out = elmo_ray.embed_dataset(ds, model=tiny_model, layers="average", batch_size=5, concurrency=2)
-    rows = sorted(out.take_all(), key=lambda row: row["id"])
-    assert [row["id"] for row in rows] == list(range(len(sentences)))
+    rows = sorted(out.take_all(), key=lambda row: row["line"])
+    assert [row["line"] for row in rows] == list(range(len(sentences)))
     want = _one_process(tiny_model, sentences, "average", False)
     for row, item, expected in zip(rows, items, want):
-        assert row["text"] == item["text"] and row["label"] == item["label"]
+        assert row["text"] == item["text"] and row["label"] == item["label"] and row["id"] == item["id"]
         assert row["tokens"] == item["text"].split()
         got = np.asarray(row["embedding"], dtype=np.float32).reshape(expected.shape)
-        np.testing.assert_allclose(got, expected, atol=1e-6, err_msg=f"row {row['id']}")
+        np.testing.assert_allclose(got, expected, atol=1e-6, err_msg=f"row {row['line']}")
 
 
 def _kill_first_actor_once(done: threading.Event, partial, killed: list[int]) -> None:
