@@ -38,6 +38,24 @@ def tiny_model() -> BiLM:
     return BiLM(tiny_config()).eval()
 
 
+def clipped_three_layer_model() -> BiLM:
+    """The tiny model's char CNN with 3 LSTM layers (the residual from layer 2 on matters) whose
+    cell clip (0.5) and projection clip (0.25) differ and both bind: the token projection is
+    scaled by 40, so that cell and projected states pass them (without either clip, or with the
+    two swapped, the layers move by 0.15 or more; float32 and float64 agree within 1e-6)."""
+    torch.manual_seed(0)
+    lstm = LSTMConfig(cell_dim=12, projection_dim=6, n_layers=3, cell_clip=0.5, proj_clip=0.25)
+    model = BiLM(ElmoConfig(char_cnn=tiny_config().char_cnn, lstm=lstm)).eval()
+    with torch.no_grad():
+        model.token_encoder.projection.weight.mul_(40.0)
+    return model
+
+
+@pytest.fixture
+def clipped_model() -> BiLM:
+    return clipped_three_layer_model()
+
+
 @pytest.fixture
 def model_dir(tiny_model, tmp_path) -> Path:
     """The tiny model saved as a native directory."""

@@ -3,7 +3,9 @@
 original-format fixture model at batch 1, 7 and 32 (mixed lengths, padding rows), the mask exactly;
 and the check can fail: the fixture model, whose clips bind, with its cell or projection clip changed
 in the written graph, or the tiny model with its gate order changed in what torch traces, no longer
-matches (the export refuses to write it). Four exports in all (about 10 s each on 2 cores)."""
+matches (the export refuses to write it); a 3-layer model whose two clips differ and bind exports
+(a swap of the clips would fail its check), the check refuses 1.5x its tolerance, ids outside
+0..261 and a batch of 0 are refused. Five exports in all (about 10 s each on 2 cores)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from elmokit.cli import main
 from elmokit.model import cell as lstm_cell
 from elmokit.model.builtin import builtin_model_dir
 from elmokit.model.loading import load_model
-from tests.conftest import SENTENCES, one_error_line
+from tests.conftest import SENTENCES, clipped_three_layer_model, one_error_line
 
 MISSING = [name for name in ("onnx", "onnxruntime", "onnxscript") if importlib.util.find_spec(name) is None]
 needs_onnx = pytest.mark.skipif(bool(MISSING), reason=f"needs the [onnx] extra ({', '.join(MISSING)} missing): "
@@ -192,6 +194,115 @@ def test_a_changed_gate_order_is_refused_and_nothing_is_written(tiny_model, tmp_
         onnx_export.export_onnx(tiny_model, path)
     assert str(caught.value).startswith(f"{path} (not written): ")
     assert path.read_bytes() == written and sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
+
+
+@pytest.fixture(scope="module")
+def clipped_export(tmp_path_factory):
+    """The 3-layer model whose cell clip (0.5) and projection clip (1.0) differ and bind
+    (tests/conftest.py), exported: its check on writing compares with elmokit."""
+    from elmokit.inference.onnx_export import export_onnx
+
+    path = tmp_path_factory.mktemp("clipped") / "clipped.onnx"
+    bilm = clipped_three_layer_model()
+    report = export_onnx(bilm, path)
+    return path, bilm, report
+
+
+@needs_onnx
+def test_differing_clips_and_three_layers_match_elmokit(clipped_export):
+    """The two clips bind and a swap of them changes the numbers by far more than the tolerance,
+    so the export (whose check on writing passed) holds each clip where elmokit does."""
+    path, bilm, report = clipped_export
+    batch = [*SENTENCES, *mixed_batch(8, seed=8)]
+    expected, _ = ElmoEmbedder(module=copy.deepcopy(bilm)).batch_to_embeddings(batch)
+    lstm = bilm.lstm
+    for cell_clip, proj_clip in ((0.0, lstm.proj_clip), (lstm.cell_clip, 0.0), (lstm.proj_clip, lstm.cell_clip)):
+        other = copy.deepcopy(bilm)
+        other.lstm.cell_clip, other.lstm.proj_clip = cell_clip, proj_clip
+        assert (ElmoEmbedder(module=other).batch_to_embeddings(batch)[0] - expected).abs().max() > 0.1
+    assert report["max_abs_diff"] <= TOLERANCE and bilm.config.lstm.n_layers == 3
+    layers, mask = onnx_outputs(path, batch)
+    assert np.abs(layers - expected.numpy()).max() <= TOLERANCE
+
+
+class _Shifted:
+    """An onnxruntime session whose `layers` are off by `delta` everywhere."""
+
+    def __init__(self, session, delta: float):
+        self.session, self.delta = session, delta
+
+    def run(self, names, feeds):
+        layers, *rest = self.session.run(names, feeds)
+        return [layers + np.float32(self.delta), *rest]
+
+
+@needs_onnx
+def test_the_check_rejects_a_difference_just_above_its_tolerance(clipped_export):
+    """1.5x the tolerance is refused, 0.5x accepted (what onnxruntime gives unshifted is about 1e-6
+    away): the check holds 1e-5, not a looser bound."""
+    from elmokit.inference.onnx_export import TOLERANCE as CHECKED, OnnxMismatchError, check_onnx, onnx_session
+
+    path, bilm, _ = clipped_export
+    assert CHECKED == TOLERANCE == 1e-5
+    session = onnx_session(path, threads=1)
+    assert check_onnx(path, bilm, session=session) < 0.2 * TOLERANCE
+    assert check_onnx(path, bilm, session=_Shifted(session, 0.5 * TOLERANCE)) <= TOLERANCE
+    with pytest.raises(OnnxMismatchError, match=r"'layers' differs from elmokit's by 1\.\d+e-05 \(> 1e-05\)"):
+        check_onnx(path, bilm, session=_Shifted(session, 1.5 * TOLERANCE))
+
+
+@needs_onnx
+def test_ids_outside_the_table_are_errors_not_rows(clipped_export):
+    """-1 was read as row 261 (ONNX's Gather counts a negative index from the end): the graph now
+    refuses it as it refuses 262; elmokit's helper says what the input must be."""
+    from elmokit import batch_to_ids
+    from elmokit.inference.onnx_export import onnx_session, run_onnx
+
+    path, _, _ = clipped_export
+    session = onnx_session(path, threads=1)
+    valid = batch_to_ids([["a", "bc"], ["d"]]).numpy()
+    assert run_onnx(session, valid)[0].shape == (2, 4, 2, 12)
+    for bad in (-1, -262, 262):
+        char_ids = valid.copy()
+        char_ids[0, 1, 3] = bad
+        with pytest.raises(Exception, match="out of data bounds"):  # onnxruntime's own error
+            session.run(None, {"char_ids": char_ids})
+        with pytest.raises(ValueError, match=rf"char_ids: ids must be in 0\.\.261 \(elmokit.batch_to_ids\), got \[{bad}\]"):
+            run_onnx(session, char_ids)
+
+
+@needs_onnx
+def test_a_batch_of_no_sentences_is_refused_clearly(clipped_export):
+    """The graph cannot run a batch of 0 (onnxruntime fails in a Reshape or GatherElements):
+    elmokit's helper refuses it by name; a batch of empty sentences runs."""
+    from elmokit.inference.onnx_export import check_onnx, onnx_session, run_onnx
+
+    path, bilm, _ = clipped_export
+    session = onnx_session(path, threads=1)
+    for shape in ((0, 3, 50), (0, 0, 50)):
+        with pytest.raises(ValueError, match="char_ids: a batch of 0 sentences; the graph takes 1 or more"):
+            run_onnx(session, np.zeros(shape, np.int64))
+    with pytest.raises(ValueError, match="a batch of 0 sentences"):
+        check_onnx(path, bilm, sentences=[], session=session)
+    layers, mask = run_onnx(session, np.zeros((2, 0, 50), np.int64))
+    assert layers.shape == (2, 4, 0, 12) and mask.shape == (2, 0)
+    with pytest.raises(ValueError, match=r"char_ids: expected shape \(batch, tokens, 50\)"):
+        run_onnx(session, np.zeros((2, 3), np.int64))
+    with pytest.raises(TypeError, match="char_ids: expected integer ids"):
+        run_onnx(session, np.zeros((1, 1, 50), np.float32))
+
+
+@needs_onnx
+def test_an_output_inside_a_file_is_refused_by_name(model_dir, tmp_path, capsys):
+    """`--to-onnx t.onnx/x.onnx` with t.onnx a file: said before the export ([Errno 17] came after it)."""
+    from elmokit.inference.onnx_export import export_onnx
+
+    (tmp_path / "t.onnx").write_bytes(b"a file")
+    assert main(["convert", "--model", str(model_dir), "--to-onnx", str(tmp_path / "t.onnx" / "x.onnx")]) == 2
+    one_error_line(capsys, f"{tmp_path / 't.onnx'} is a file, not a folder")
+    with pytest.raises(NotADirectoryError, match="t.onnx is a file, not a folder"):
+        export_onnx(BiLM(load_model(model_dir).config), tmp_path / "t.onnx" / "deeper" / "x.onnx")
+    assert (tmp_path / "t.onnx").read_bytes() == b"a file" and sorted(p.name for p in tmp_path.iterdir()) == ["model", "t.onnx"]
 
 
 def test_without_the_onnx_extra_the_command_says_which(monkeypatch, model_dir, tmp_path, capsys):

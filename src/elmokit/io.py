@@ -120,6 +120,7 @@ def check_replaceable(path: Path) -> None:
     with a file)."""
     if str(path) in ("", "."):
         raise IsADirectoryError("the output is an empty name: give a file name")
+    _check_folder_above(path)
     try:
         mode = path.stat().st_mode
     except OSError:  # nothing there (or a dangling link, which the rename replaces)
@@ -130,6 +131,21 @@ def check_replaceable(path: Path) -> None:
         raise FileExistsError(f"{path} is not a regular file (a device, a pipe or a socket): elmokit writes "
                               "files through a temporary file renamed into place, which would replace it; "
                               "give a file name")
+
+
+def _check_folder_above(path: Path) -> None:
+    """NotADirectoryError if the nearest existing path above `path` is not a folder (`t.onnx/x.onnx`
+    with t.onnx a file), named, where making the folders would fail with "[Errno 17] File exists"."""
+    for parent in path.parents:
+        try:
+            mode = parent.stat().st_mode
+        except (FileNotFoundError, NotADirectoryError):  # not there, or below a file: look further up
+            continue
+        except OSError:  # unreadable: the write says what is wrong
+            return
+        if not stat.S_ISDIR(mode):
+            raise NotADirectoryError(f"{path}: {parent} is a file, not a folder: the output cannot go inside it")
+        return
 
 
 def _umask() -> int:

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 from elmokit.commands.common import add_model_arguments, model_from_args, model_reference
-from elmokit.io import refuse_overwrite
+from elmokit.io import check_replaceable, refuse_overwrite
 from elmokit.model.builtin import BUILTIN_MODEL
 from elmokit.model.manylangs import ManyLangsBiLM, VOCABULARY_NAME
 from elmokit.model.weights import CONFIG_NAME, WEIGHTS_NAME, refuse_same_file, save_original, save_pretrained
@@ -108,6 +108,7 @@ def _to_onnx(args: argparse.Namespace) -> int:
 
     require_onnx("elmo convert --to-onnx")  # before the model is loaded
     refuse_overwrite([args.to_onnx], args.overwrite)
+    check_replaceable(args.to_onnx)  # a folder, or a file above it, said before the model loads
     report = export_onnx(model_from_args(args), args.to_onnx, mix_parameters=args.mix_weights, mix_gamma=args.mix_gamma)
     print(f"wrote {args.to_onnx} ({report['bytes'] / 1e6:.1f} MB; outputs {', '.join(report['outputs'])}): "
           f"onnxruntime matches elmokit within {report['max_abs_diff']:.2g} (checked to {TOLERANCE:g})")

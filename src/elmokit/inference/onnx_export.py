@@ -50,11 +50,11 @@ from torch import nn
 
 from elmokit.extras import EXTRAS, require
 from elmokit.inference.elmo import run_bilm, token_layers
-from elmokit.io import atomic_path
+from elmokit.io import atomic_path, check_replaceable
 from elmokit.kernels import KERNELS_VARIABLE, linear
 from elmokit.model import cell as lstm_cell
 from elmokit.model.bilm import BiLM
-from elmokit.model.chars import add_boundaries
+from elmokit.model.chars import MAX_CHARS, N_CHAR_IDS, add_boundaries
 from elmokit.model.lstm import BiLstmLayer
 from elmokit.model.manylangs import ManyLangsBiLM
 from elmokit.model.mix import ScalarMix
@@ -126,6 +126,9 @@ class ExportableBiLM(nn.Module):
         positions), activation, highway and projection (`TokenEncoder`'s modules)."""
         encoder = self.bilm.token_encoder
         cnn = encoder.char_cnn
+        # ONNX's Gather reads a negative index from the end (-1: the last row); one past the table
+        # is an error there (and in torch), so every id outside 0..V-1 is refused, not read
+        char_ids = torch.where(char_ids < 0, cnn.char_embedding.num_embeddings, char_ids)  # (N, W)
         chars = cnn.char_embedding(char_ids).transpose(1, 2)  # (N, E, W)
         pooled = torch.cat([conv(chars).amax(dim=-1) for conv in cnn.convolutions], dim=-1)  # (N, F)
         features = encoder.highway(cnn.activation(pooled))  # (N, F)
@@ -206,6 +209,7 @@ def export_onnx(bilm: BiLM, path: str | Path, *, mix_parameters: Sequence[float]
         raise ValueError("an ELMoForManyLangs model cannot be exported to ONNX: its char ids come from its own "
                          "character vocabulary, not from the byte scheme of batch_to_ids that the graph's input is")
     path = Path(path)
+    check_replaceable(path)  # before the export, which takes seconds: not a folder, no file above it
     if mix_parameters is not None and len(mix_parameters) != bilm.config.n_output_layers:
         raise ValueError(f"mix_parameters: the model has {bilm.config.n_output_layers} layers (token layer + "
                          f"{bilm.config.lstm.n_layers} LSTM layers), got {len(mix_parameters)} values: {list(mix_parameters)}")
@@ -236,7 +240,8 @@ def _metadata(bilm: BiLM, mix_parameters: Sequence[float] | None, mix_gamma: flo
     except PackageNotFoundError:  # a source tree that was not installed
         elmokit_version = "unknown"
     meta = {"producer": f"elmokit {elmokit_version}", "elmokit.config": json.dumps(bilm.config.to_dict()),
-            "elmokit.inputs": f"{INPUT_NAME}: int64 (batch, tokens, 50) from elmokit.batch_to_ids, zero rows = padding",
+            "elmokit.inputs": f"{INPUT_NAME}: int64 (batch >= 1, tokens, {MAX_CHARS}) from elmokit.batch_to_ids, ids "
+                              f"in 0..{N_CHAR_IDS - 1} (another is an error), zero rows = padding",
             "elmokit.outputs": "layers: float32 (batch, n_layers, tokens, 2P), zero at padding; mask: bool (batch, tokens)"}
     if mix_parameters is not None:
         meta["elmokit.mix"] = json.dumps({"scalar_parameters": list(map(float, mix_parameters)), "gamma": mix_gamma})
@@ -295,6 +300,33 @@ def onnx_session(path: str | Path, threads: int = 2, spinning: bool = False):
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
+def check_char_ids(char_ids: np.ndarray) -> np.ndarray:
+    """The graph's input contract, checked with a message (the graph itself can only fail, in
+    onnxruntime's words): int64 (B, T, 50) with B >= 1 (a batch of no sentences has nothing to
+    embed: the graph's shapes need a row) and every id in 0..261 (another one, -1 included, is an
+    error in the graph too). Returns the array as int64."""
+    char_ids = np.asarray(char_ids)
+    if char_ids.ndim != 3 or char_ids.shape[2] != MAX_CHARS:
+        raise ValueError(f"{INPUT_NAME}: expected shape (batch, tokens, {MAX_CHARS}) as batch_to_ids gives, "
+                         f"got {char_ids.shape}")
+    if not np.issubdtype(char_ids.dtype, np.integer):
+        raise TypeError(f"{INPUT_NAME}: expected integer ids (int64), got {char_ids.dtype}")
+    if char_ids.shape[0] == 0:
+        raise ValueError(f"{INPUT_NAME}: a batch of 0 sentences; the graph takes 1 or more (there is nothing "
+                         "to embed: skip the call)")
+    if char_ids.size and not 0 <= char_ids.min() <= char_ids.max() < N_CHAR_IDS:
+        bad = char_ids[(char_ids < 0) | (char_ids >= N_CHAR_IDS)]
+        raise ValueError(f"{INPUT_NAME}: ids must be in 0..{N_CHAR_IDS - 1} (elmokit.batch_to_ids), got "
+                         f"{sorted(set(bad.tolist()))[:5]}")
+    return char_ids.astype(np.int64, copy=False)
+
+
+def run_onnx(session: Any, char_ids: np.ndarray) -> list[np.ndarray]:
+    """Run an exported graph (an `onnx_session`) on char ids (B, T, 50), its contract checked
+    first (`check_char_ids`): [layers (B, L+1, T, 2P), mask (B, T)(, mixed (B, T, 2P))]."""
+    return session.run(None, {INPUT_NAME: check_char_ids(char_ids)})
+
+
 def check_onnx(path: str | Path, bilm: BiLM | ExportableBiLM, sentences: Sequence[Sequence[str]] = CHECK_SENTENCES,
                tolerance: float = TOLERANCE, session: Any = None, label: str | None = None) -> float:
     """Run the graph in onnxruntime on `sentences` (as one batch, and each alone) and compare with
@@ -309,8 +341,8 @@ def check_onnx(path: str | Path, bilm: BiLM | ExportableBiLM, sentences: Sequenc
     batches = [[list(s) for s in sentences], *([list(s)] for s in sentences)]
     worst = 0.0
     for batch in batches:
+        got = run_onnx(session, module.bilm.batch_ids(batch).numpy())  # its input checked first
         expected = elmokit_outputs(module, batch)
-        got = session.run(None, {INPUT_NAME: module.bilm.batch_ids(batch).numpy()})
         if len(got) != len(expected):
             raise OnnxMismatchError(f"{label}: the graph has {len(got)} outputs, elmokit's export {len(expected)}")
         for name, want, have in zip(OUTPUT_NAMES, expected, got):
