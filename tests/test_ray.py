@@ -131,3 +131,17 @@ def test_actor_errors_name_the_column(tiny_model):
         actor(pa.table({"text": ["a"], "tokens": [["a"]]}))
     with pytest.raises(ValueError, match="output format must be one of"):
         elmo_ray.embed_dataset(None, layers="middle")
+
+
+def test_cli_refusals_before_ray_starts(model_dir, tmp_path, capsys):
+    """What --ray cannot do, and several inputs without it, stop with one line before Ray starts."""
+    source = tmp_path / "in.txt"
+    source.write_text("a b\n", encoding="utf-8")
+    model = ["--model", str(model_dir)]
+    assert main(["embed", str(source), str(source), str(tmp_path / "o.h5"), *model]) == 2
+    assert "several INPUT files (2) need --ray" in capsys.readouterr().err
+    for extra, named in ((["--resume"], "--resume"), (["--format", "npz"], "--format npz"),
+                         (["--use-sentence-keys"], "--use-sentence-keys"), (["--workers", "0"], "--workers")):
+        assert main(["embed", "--ray", "local", str(source), str(tmp_path / "out"), *extra, *model]) == 2
+        assert named in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -31,6 +31,7 @@ from elmokit.inference.files import (
     fix_malloc_mmap_threshold,
 )
 from elmokit.inference.segments import FILE_FORMATS, format_for_path
+from elmokit.progress import quiet
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_OUTPUT_GB = 10.0
@@ -197,7 +198,8 @@ def run_on_ray(args: argparse.Namespace) -> int:
     gpus = 1 if (args.device or "").startswith("cuda") or (args.cuda_device is not None and args.cuda_device >= 0) else 0
     summary = embed_files(args.input, args.output, address=args.ray, workers=args.workers,
                           text_column=args.text_column, forget_sentences=args.forget_sentences,
-                          overwrite=args.overwrite, progress=not args.no_progress, model=model_from_args(args),
+                          overwrite=args.overwrite, progress=not (args.no_progress or quiet()),
+                          model=model_from_args(args),
                           tokenize=args.tokenize, lang=args.lang, layers=args.output_format,
                           sentence_vectors=args.sentence_vectors, batch_size=4 * args.batch_size, num_gpus=gpus,
                           dtype=None if args.dtype == "float32" else args.dtype)
