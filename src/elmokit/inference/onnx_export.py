@@ -300,7 +300,7 @@ def onnx_session(path: str | Path, threads: int = 2, spinning: bool = False):
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def check_char_ids(char_ids: np.ndarray) -> np.ndarray:
+def check_graph_input(char_ids: np.ndarray) -> np.ndarray:
     """The graph's input contract, checked with a message (the graph itself can only fail, in
     onnxruntime's words): int64 (B, T, 50) with B >= 1 (a batch of no sentences has nothing to
     embed: the graph's shapes need a row) and every id in 0..261 (another one, -1 included, is an
@@ -323,8 +323,8 @@ def check_char_ids(char_ids: np.ndarray) -> np.ndarray:
 
 def run_onnx(session: Any, char_ids: np.ndarray) -> list[np.ndarray]:
     """Run an exported graph (an `onnx_session`) on char ids (B, T, 50), its contract checked
-    first (`check_char_ids`): [layers (B, L+1, T, 2P), mask (B, T)(, mixed (B, T, 2P))]."""
-    return session.run(None, {INPUT_NAME: check_char_ids(char_ids)})
+    first (`check_graph_input`): [layers (B, L+1, T, 2P), mask (B, T)(, mixed (B, T, 2P))]."""
+    return session.run(None, {INPUT_NAME: check_graph_input(char_ids)})
 
 
 def check_onnx(path: str | Path, bilm: BiLM | ExportableBiLM, sentences: Sequence[Sequence[str]] = CHECK_SENTENCES,
