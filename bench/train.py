@@ -27,6 +27,8 @@ run (the best of MKL and oneDNN on 2048 x 2048, as bench/embed.py). Prints a tab
 bench/results/train.md (replaced, not appended: one run, one page).
 
     .venv/bin/python bench/train.py [--shapes gutenberg-cpu] [--steps 8] [--batch-size 32] [--bf16] [--threads 2]
+    .venv/bin/python bench/train.py --shapes gutenberg-cpu --lstm-bf16 --profile-steps 0 \
+        --output bench/results/train-lstm-bf16.md      # adds elmokit (no clip) with `elmo train --lstm-bf16`
     .venv/bin/python bench/train.py --device cuda [--shapes original] [--batch-sizes 128 512]
                                                   # a GPU: bench/train_cuda.py -> bench/results/train-cuda.md
 """
@@ -37,7 +39,6 @@ import argparse
 import dataclasses
 import math
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -46,12 +47,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embed import matmul_gflops  # bench/embed.py: the same roofline measurement
+from embed import machine, matmul_gflops  # bench/embed.py: the same roofline measurement, the CPU's name
 
 from elmokit import kernels as elmokit_kernels
 from elmokit.model.config import ElmoConfig, LSTMConfig
 from elmokit.training.data import LMBatcher
 from elmokit.training.lm import LanguageModel
+from elmokit.training.recurrence import RecurrenceOptions
 from train_kernels import heap_rows, maxpool_rows, product_rows  # bench/train_kernels.py
 from elmokit.model.encoder import TokenEncoder
 from elmokit.training.vocab import Vocabulary, make_vocab
@@ -100,10 +102,10 @@ class Trainer:
         self.name, self.model, self.bf16 = name, model.train(), bf16
         fused = isinstance(model, LanguageModel)  # elmokit's trainer uses torch's fused Adam (train.build_optimizer)
         self.optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=fused)
-        self.state, self.times = None, []
+        self.state, self.times, self.cpu_times = None, [], []
 
     def step(self, batch) -> None:
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
             if isinstance(self.model, LanguageModel):
                 out = self.model(batch, self.state)
@@ -115,6 +117,7 @@ class Trainer:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 10.0)
         self.optimizer.step()
         self.times.append(time.perf_counter() - start)
+        self.cpu_times.append(time.process_time() - start_cpu)  # this process's CPU time, all its threads
 
 
 def unclipped(config: ElmoConfig) -> ElmoConfig:
@@ -145,6 +148,10 @@ def bench_shape(name: str, config: ElmoConfig, vocab: Vocabulary, args) -> list[
     trainers = [Trainer("elmokit (clip 3)", LanguageModel(clipped(config), len(vocab), dropout=0.1), args.bf16),
                 Trainer("elmokit (no clip)", LanguageModel(unclipped(config), len(vocab), dropout=0.1), args.bf16),
                 Trainer("nn.LSTM baseline", TorchLstmLM(config, len(vocab), dropout=0.1), args.bf16)]
+    if args.lstm_bf16:  # the same model as "no clip", its LSTM's products in bfloat16 (`elmo train --lstm-bf16`)
+        low = LanguageModel(unclipped(config), len(vocab), dropout=0.1)
+        low.recurrence = RecurrenceOptions(lstm_bf16=True)
+        trainers.insert(2, Trainer("elmokit (no clip, --lstm-bf16)", low, args.bf16))
     batches = LMBatcher([PTB / "ptb.train.txt.gz"], vocab, args.batch_size, args.unroll_steps, seed=0)
     flops = []
     for _ in range(args.warmup + args.steps):
@@ -160,6 +167,7 @@ def bench_shape(name: str, config: ElmoConfig, vocab: Vocabulary, args) -> list[
         speed = tokens / statistics.median(times)
         gflops = sum(flops[args.warmup:]) / sum(times) / 1e9
         rows.append({"shape": name, "model": trainer.name, "tokens_per_s": speed, "vs_baseline": speed / baseline,
+                     "tokens_per_cpu_s": tokens / statistics.median(trainer.cpu_times[args.warmup:]),
                      "gflops": gflops, "flops_per_token": statistics.mean(flops) / tokens,
                      "params": sum(p.numel() for p in trainer.model.parameters())})
         print(f"{name:8s} {trainer.name:26s} {speed:8.0f} tokens/s  {speed / baseline:5.2f}x  "
@@ -180,6 +188,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--unroll-steps", type=int, default=20)
     parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
+    parser.add_argument("--lstm-bf16", action="store_true",
+                        help="also train elmokit (no clip) with the LSTM's products in bfloat16 (elmo train --lstm-bf16)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--output", type=Path, default=None,
                         help="default: bench/results/train.md (train-cuda.md with --device cuda)")
@@ -206,7 +216,7 @@ def main() -> None:
     config = SHAPES[args.shapes[0]]
     heap = heap_rows(elmokit_steps(config, vocab, args))  # then keep_freed_memory, as `elmo train`'s process
     kernels = {name: gflops for name, gflops in matmul_gflops(args.threads, "cpu").items()
-               if not name.endswith("bf16")}  # the float32 roofline
+               if not name.endswith(("bf16", "int8"))}  # the float32 roofline
     print("fp32 matmul roofline: " + ", ".join(f"{k} {v:.1f}" for k, v in kernels.items()) + " GFLOP/s", flush=True)
     rows = [row for shape in args.shapes for row in bench_shape(shape, SHAPES[shape], vocab, args)]
     profile = profile_steps(SHAPES[args.shapes[0]], vocab, args) if args.profile_steps else {}
@@ -311,21 +321,22 @@ def write_table(rows: list[dict], args, kernels: dict[str, float], load_before: 
     roofline = max(kernels.values())
     lines = [
         "# Training speed (bench/train.py)", "",
-        f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-        f"{args.threads} threads; load average {load_before:.1f} before, {load_after:.1f} after. {args.note}",
+        f"Machine: {machine('cpu', args.threads)}; load average {load_before:.1f} before, {load_after:.1f} after. "
+        f"{args.note}",
         f"Batch {args.batch_size} x {args.unroll_steps} tokens, full softmax over the PTB vocabulary, Adam, "
         f"clip norm 10, {'bf16 autocast' if args.bf16 else 'float32'}; median of {args.steps} steps after "
-        f"{args.warmup} warm-up steps, the three models stepping in turn on the same windows.",
+        f"{args.warmup} warm-up steps, the models stepping in turn on the same windows.",
         "fp32 matmul roofline measured in the same run (2048 x 2048, best of "
         + ", ".join(f"{k} {v:.1f}" for k, v in kernels.items()) + f"): **{roofline:.1f} GFLOP/s**. "
         "Training FLOPs a token as in the module docstring (forward + backward, the encoder counted once a "
         "distinct token type).", "",
         "| shape | model | parameters | training GFLOP a token | tokens/s | executed GFLOP/s | of roofline "
-        "| vs nn.LSTM |", "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| vs nn.LSTM | tokens per CPU s |", "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     lines += [f"| {r['shape']} | {r['model']} | {r['params'] / 1e6:.2f}M | {r['flops_per_token'] / 1e9:.4f} | "
               f"{r['tokens_per_s']:,.0f} | {r['gflops']:.1f} | {r['gflops'] / roofline:.1%} | "
-              f"{r['vs_baseline']:.2f}x |" for r in rows]
+              f"{r['vs_baseline']:.2f}x | {r['tokens_per_cpu_s']:,.0f} |" for r in rows]
+    lines += lstm_bf16_lines(rows) if args.lstm_bf16 else []
     if profile:
         lines += ["", f"Where the time of an elmokit (no clip) step goes ({args.shapes[0]}, torch.profiler over "
                   f"{args.profile_steps} steps, own CPU time; the profiler's own cost makes these steps slower than the "
@@ -353,6 +364,19 @@ def write_table(rows: list[dict], args, kernels: dict[str, float], load_before: 
     args.output.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"\nwrote {args.output}")
 
+
+def lstm_bf16_lines(rows: list[dict]) -> list[str]:
+    """What --lstm-bf16 gave against float32 (the same model, no clip), in each shape."""
+    lines = [""]
+    for shape in dict.fromkeys(row["shape"] for row in rows):
+        by_model = {row["model"]: row for row in rows if row["shape"] == shape}
+        exact, low = by_model["elmokit (no clip)"], by_model["elmokit (no clip, --lstm-bf16)"]
+        lines.append(f"{shape}: `--lstm-bf16` (the LSTM's products' operands in bfloat16 through oneDNN, its state, "
+                     f"gates and sums float32) against float32, the same model: "
+                     f"**{low['tokens_per_s'] / exact['tokens_per_s']:.2f}x** tokens/s, "
+                     f"{low['tokens_per_cpu_s'] / exact['tokens_per_cpu_s']:.2f}x tokens per CPU second (its \"of roofline\" is "
+                     "of the float32 roofline).")
+    return lines
 
 
 def kernel_lines(args, kernel_rows: dict) -> list[str]:

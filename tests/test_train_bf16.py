@@ -6,6 +6,7 @@ saved with the run and taken up again by `--resume`."""
 from __future__ import annotations
 
 import itertools
+import warnings
 import json
 
 import pytest
@@ -100,3 +101,19 @@ def test_lstm_bf16_is_saved_with_the_run_and_resumed(corpus, reference_runs, tmp
     assert main(["train", "--resume", "--output-dir", str(tmp_path / "stopped")]) == 0
     assert asked and all(asked)
     assert losses(tmp_path / "stopped") == losses(reference_runs / "bf16")
+
+
+def test_lstm_bf16_on_a_cpu_without_native_bfloat16_is_warned_about(monkeypatch):
+    from elmokit.training import build
+    from elmokit.training.config import TrainConfig
+    from tests.test_lm import make_model
+
+    model = make_model()
+    monkeypatch.setattr(kernels, "bf16_native", lambda: True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build.configure_device(TrainConfig(lstm_bf16=True), model, torch.device("cpu"))  # no warning
+    assert model.recurrence.lstm_bf16
+    monkeypatch.setattr(kernels, "bf16_native", lambda: False)
+    with pytest.warns(UserWarning, match="slower than float32 on this CPU"):
+        build.configure_device(TrainConfig(lstm_bf16=True), model, torch.device("cpu"))

@@ -94,6 +94,12 @@ def configure_device(config: TrainConfig, model: LanguageModel, device: torch.de
         asked = " and ".join(name for name in ("tf32", "cuda_graph") if getattr(config, name))
         warnings.warn(f"{asked} apply to a CUDA GPU only; the run is on {device}, where they change nothing",
                       stacklevel=2)
+    if config.lstm_bf16 and device.type == "cpu":
+        from elmokit.kernels import bf16_native
+
+        if not bf16_native():
+            warnings.warn("lstm_bf16 is slower than float32 on this CPU (no native bfloat16 products: AVX512-BF16 "
+                          "or AMX); train without --lstm-bf16", stacklevel=2)
 
 
 def train_batches(config: TrainConfig, vocab, epoch: int, dist_: Dist):
