@@ -32,8 +32,6 @@ import argparse
 import copy
 import itertools
 import json
-import os
-import platform
 import resource
 import subprocess
 import sys
@@ -42,6 +40,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from machine import _best_gflops, busy_processes, cpu_fields, cpu_flags, matmul_gflops, page_header, rooflines
+from machine import machine  # noqa: F401  (bench/machine.py's; kept importable from here for older callers)
 
 REPO = Path(__file__).resolve().parents[1]
 UD_DEV = REPO.parent / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
@@ -75,55 +76,6 @@ def flops_per_position(config) -> dict[str, float]:
     projection = cnn.n_filters * lstm.projection_dim
     recurrent = 2 * lstm.n_layers * 9 * lstm.projection_dim * lstm.cell_dim
     return {"encoder": 2.0 * (conv + highway + projection), "lstm": 2.0 * recurrent}
-
-
-def _best_gflops(product, flops: float, repeats: int, trials: int, synchronize) -> float:
-    best = 0.0
-    for _ in range(trials):
-        synchronize()
-        start = time.perf_counter()
-        for _ in range(repeats):
-            product()
-        synchronize()
-        best = max(best, flops * repeats / (time.perf_counter() - start) / 1e9)
-    return best
-
-
-def matmul_gflops(threads: int, device: str, size: int = 2048, repeats: int = 10, trials: int = 8) -> dict[str, float]:
-    """The machine's sustained matmul throughput through each kernel the model may use: on the CPU,
-    MKL (`torch.mm`, a plain float32 product) and oneDNN (what `elmokit.kernels` runs without
-    gradients) in float32 and bfloat16; on a GPU, `torch.mm` (cuBLAS) in float32 (TF32 off) and
-    bfloat16. The best of `trials` timings of `repeats` (size x size) products."""
-    from elmokit.int8 import int8_native
-    from elmokit.kernels import _ONEDNN_DTYPES, ONEDNN, linear
-
-    torch.set_num_threads(threads)
-    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
-    synchronize = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    if device.startswith("cuda"):
-        torch.backends.cuda.matmul.allow_tf32 = False
-        a16, b16 = a.bfloat16(), b.bfloat16()
-        kernels = {"cublas": lambda: a @ b, "cublas_bf16": lambda: a16 @ b16}
-    else:
-        kernels = {"mkl": lambda: a @ b}
-        if ONEDNN:
-            kernels["onednn"] = lambda: linear(a, b)  # no gradients here: oneDNN's kernel
-        if torch.bfloat16 in _ONEDNN_DTYPES:
-            a16, b16 = a.bfloat16(), b.bfloat16()
-            kernels["onednn_bf16"] = lambda: linear(a16, b16)
-        if int8_native():  # int8 x int8 -> int32, the product `Int8Linear` runs (GOP/s)
-            a8, b8 = (torch.randint(-127, 128, (size, size), dtype=torch.int8) for _ in range(2))
-            kernels["int_mm_int8"] = lambda: torch._int_mm(a8, b8.mT)
-    with torch.no_grad():
-        return {name: _best_gflops(product, 2 * size ** 3, repeats, trials, synchronize)
-                for name, product in kernels.items()}
-
-
-def rooflines(kernels: dict[str, float]) -> dict[str, float]:
-    """float32 roofline: the best float32 kernel; bfloat16: the best bfloat16 kernel; int8: int8's."""
-    return {"float32": max(v for k, v in kernels.items() if not k.endswith(("bf16", "int8"))),
-            "bfloat16": max([v for k, v in kernels.items() if k.endswith("bf16")], default=float("nan")),
-            "int8": max([v for k, v in kernels.items() if k.endswith("int8")], default=float("nan"))}
 
 
 def recurrent_product_gflops(shape: str, rows: int, threads: int, dtype: str, device: str,
@@ -275,54 +227,6 @@ def precision_errors(shape: str, limit: int | None, threads: int, device: str, d
                        for d, f in zip(difference, exact)]}
 
 
-def machine(device: str, threads: int) -> str:
-    if device.startswith("cuda"):
-        return (f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
-                f"{os.cpu_count()} CPU cores")
-    model, flags = platform.machine(), ""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-        model = next(line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name"))
-        flags = next(line for line in info.splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        pass
-    return (f"{model} ({os.cpu_count()} cores; {cpu_features(flags)}), {threads} thread{'s' if threads != 1 else ''}, "
-            f"torch {torch.__version__}")
-
-
-def cpu_features(flags: str) -> str:
-    """What the CPU's flags say about its products: AVX-512, AVX512-BF16, VNNI, AMX (each yes/no)."""
-    names = set(flags.split())
-    has = {"AVX-512": "avx512f" in names, "AVX512-BF16": "avx512_bf16" in names,
-           "VNNI": bool(names & {"avx512_vnni", "avx_vnni"}), "AMX-BF16": "amx_bf16" in names,
-           "AMX-INT8": "amx_int8" in names}
-    return ", ".join(f"{name} {'yes' if present else 'no'}" for name, present in has.items())
-
-
-def busy_processes(limit: int = 6) -> str:
-    """The load average and the other processes using over 10% of a core, as `ps` sees them."""
-    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
-    try:
-        listing = subprocess.run(["ps", "-eo", "pid=,pcpu=,comm=,args=", "--sort=-pcpu"], capture_output=True,
-                                 text=True, check=True).stdout.splitlines()
-    except (OSError, subprocess.CalledProcessError):
-        return f"load average {load}"
-    others = []
-    for line in listing:
-        pid, cpu, command, args = (line.split(None, 3) + [""])[:4]
-        if int(pid) != os.getpid() and float(cpu) > 10 and "bench/embed.py" not in args and command != "ps":
-            others.append(f"{command} {float(cpu):.0f}%: {args[:70]}")
-    gpu = ""
-    try:  # the GPU's other users, where there is one
-        apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory",
-                               "--format=csv,noheader"], capture_output=True, text=True, timeout=20, check=True)
-        gpu = "; GPU processes: " + ("; ".join(line.strip() for line in apps.stdout.splitlines() if line.strip())
-                                     or "none")
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return f"load average {load}; other processes over 10% CPU: " + ("; ".join(others[:limit]) or "none") + gpu
-
-
 def _subprocess(kind: str, spec: dict) -> dict:
     result = subprocess.run([sys.executable, __file__, f"--{kind}", json.dumps(spec)], capture_output=True,
                             text=True)
@@ -435,12 +339,9 @@ def write_report(output: Path, args, kernels: dict, ceilings: dict, best: dict, 
     lines = [
         "# Embedding benchmark (`bench/embed.py`)",
         "",
-        f"Run of {started} on {machine(args.device, args.threads)}; device {args.device}; "
-        f"{args.repeats} run(s) of each configuration, the fastest kept, the dtypes ({', '.join(args.dtypes)}) "
-        f"interleaved. {getattr(args, 'note', '')}".rstrip(),
-        f"Matmul roofline measured in the same run (2048x2048, GFLOP/s; int8: GOP/s): "
-        + ", ".join(f"{name} {gflops:.1f}" for name, gflops in kernels.items())
-        + "; " + ", ".join(f"{dtype} roofline **{roof[dtype]:.1f}**" for dtype in args.dtypes) + ".",
+        page_header(args.device, args.threads, kernels),
+        f"Run of {started}; device {args.device}; {args.repeats} run(s) of each configuration, the fastest kept, "
+        f"the dtypes ({', '.join(args.dtypes)}) interleaved. {getattr(args, 'note', '')}".rstrip(),
         f"Data: {getattr(args, 'data_note', 'UD English EWT dev')}, {rows[0]['sentences']:,} sentences, "
         f"{rows[0]['tokens']:,} tokens; random weights.",
         "'executed' counts the FLOPs actually run (multiply-add = 2 FLOPs per position; with the cache, the "
@@ -535,7 +436,7 @@ def reading_lines(best: dict, ceilings: dict, errors: list, kernels: dict) -> li
             lines.append(f"* Target (`original` at batch 32, {dtype} >= 75% of its ceiling): "
                          f"**{'met' if least >= 0.75 else 'NOT met'}** ({least:.0%}, the least of the token cache "
                          "off and on).")
-    amx = "amx_bf16" in Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else False
+    amx = cpu_flags(cpu_fields().get("flags", ""))["AMX-BF16"]
     ratios = [row["tokens_per_s"] / best[(*key[:3], "float32")]["tokens_per_s"] for key, row in best.items()
               if key[0] == "original" and key[1] == 32 and key[3] == "bfloat16" and (*key[:3], "float32") in best]
     if ratios:
