@@ -34,7 +34,10 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "bf16_task.md")
     args = parser.parse_args()
 
+    from machine import page_header  # bench/machine.py: the CPU, its flags, the rooflines
+
     started, load_before = time.strftime("%Y-%m-%d %H:%M"), os.getloadavg()
+    header = page_header("cpu", args.threads)
     results, commands = {}, []
     for seed in args.seeds:
         for dtype in DTYPES:
@@ -52,6 +55,7 @@ def main() -> None:
     lines = [
         f"# {args.task}: bfloat16 against float32 ELMo features (`bench/bf16_task.py`)",
         "",
+        header,
         f"Run of {started}: the built-in biLM, frozen; its layers computed in float32 or in bfloat16 "
         f"(`--bilm-dtype`), the task model otherwise identical (seed, data, recipe: at most {args.max_epochs} "
         f"epochs, patience {args.patience}). {len(args.seeds)} seed(s): {', '.join(map(str, args.seeds))}. "

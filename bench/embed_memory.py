@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -104,6 +103,9 @@ def main() -> None:
         sys.exit(f"needs {GUTENBERG_VALID} (the shared data folder beside the repo)")
     from elmokit import BiLM, ElmoConfig, save_pretrained
     from elmokit.model.builtin import builtin_model_dir
+    from machine import page_header  # bench/machine.py: the CPU, its flags, the rooflines
+
+    header, load_before = page_header("cpu", args.threads), os.getloadavg()[0]  # before the runs
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="embed-memory-") as tmp:
@@ -131,12 +133,12 @@ def main() -> None:
     lines = [
         "# Peak memory of `elmo embed` (`bench/embed_memory.py`)",
         "",
-        f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; {args.threads} torch "
-        f"thread(s), torch {torch.__version__}. Model: {model_name}. Input: the first lines "
+        header,
+        f"Model: {model_name}. Input: the first lines "
         f"of Gutenberg valid.txt.gz (whitespace tokens), `--{args.format}`, HDF5, default batch 64, "
         "max-length 256. Peak RSS is that of the `elmo embed` process (RUSAGE_CHILDREN of a wrapper); "
         "by quarter: the largest RSS sampled (every 0.5 s) in each quarter of the run's time, so a creep "
-        f"while streaming shows as a rising row. Load average at the start (what else ran): {os.getloadavg()[0]:.2f}.",
+        f"while streaming shows as a rising row. Load average at the start (what else ran): {load_before:.2f}.",
         "",
         "| sentences | tokens | input (MB) | output (MB) | peak RSS (MB) | RSS by quarter (MB) | seconds | tokens/s |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|",

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ from pathlib import Path
 import torch
 
 from train import PTB, REPO, SHAPES, Trainer, TorchLstmLM, unclipped  # bench/train.py
+from machine import page_header  # bench/machine.py: the CPU, its flags, the rooflines
 from train_kernels import median_us  # bench/train_kernels.py
 
 from elmokit import kernels as elmokit_kernels
@@ -125,14 +125,13 @@ def saved_ms(row: dict, n_layers: int) -> float:
     return n_layers * row["calls_per_layer"] * max(row["eager_us"] - row["fused_us"], 0.0) / 1e3
 
 
-def write_page(rows: list[dict], steps: dict[str, float], args, lstm, load: tuple[float, float]) -> str:
+def write_page(rows: list[dict], steps: dict[str, float], args, lstm, load: tuple[float, float], header: str) -> str:
     tokens = args.batch_size * args.unroll_steps
     elmokit_s, baseline_s = steps["elmokit (no clip)"], steps["nn.LSTM baseline"]
     n_layers = lstm.n_layers
     saving_s = sum(saved_ms(r, n_layers) for r in rows) * 1e-3
     lines = ["# Fused elementwise work in the recurrence: an upper bound (bench/fused_cell.py)", "",
-             f"Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} "
-             f"threads; load average {load[0]:.1f} before, {load[1]:.1f} after. {args.note}".rstrip(), "",
+             header, f"Load average {load[0]:.1f} before, {load[1]:.1f} after. {args.note}".rstrip(), "",
              f"gutenberg-cpu shape (2 directions, {n_layers} layers, {args.unroll_steps} steps, "
              f"{args.batch_size} rows, {lstm.cell_dim} cells, projection {lstm.projection_dim}), float32, no "
              "clipping. Each group of the recurrence's elementwise work as elmokit runs it (eager) and as one "
@@ -177,10 +176,11 @@ def main() -> None:
     if not vocab_path.exists():
         make_vocab([PTB / "ptb.train.txt.gz"], vocab_path)
     load_before = os.getloadavg()[0]
+    header = page_header("cpu", args.threads)  # the rooflines measured before the timings
     lstm = SHAPES["gutenberg-cpu"].lstm
     rows = cell_rows(args.batch_size, lstm.cell_dim, args.unroll_steps)
     steps = step_times(Vocabulary.load(vocab_path), args)
-    page = write_page(rows, steps, args, lstm, (load_before, os.getloadavg()[0]))
+    page = write_page(rows, steps, args, lstm, (load_before, os.getloadavg()[0]), header)
     print(page)
     temporary = args.output.with_suffix(".md.tmp")
     temporary.write_text(page)

@@ -49,12 +49,20 @@ ENGINES = ("onnxruntime", "elmokit", "elmokit, no cache", "PyTorch eager", SORTE
 TARGET = 0.8  # onnxruntime's tokens/s at batch 32 over elmokit's (issue 35)
 
 
+def _bench_module(name: str, as_name: str):
+    """bench/NAME.py as a module (bench/ is off sys.path here), registered as `as_name`."""
+    if as_name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(as_name, REPO / "bench" / f"{name}.py")
+        sys.modules[as_name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[as_name])
+    return sys.modules[as_name]
+
+
 def _embed_bench():
-    """bench/embed.py as a module: its UD reader, machine line and busy-process line."""
-    spec = importlib.util.spec_from_file_location("bench_embed", REPO / "bench" / "embed.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """bench/embed.py as a module (its UD reader), bench/machine.py first: embed.py imports it, and
+    its machine header and busy-process line are the page's."""
+    _bench_module("machine", "machine")
+    return _bench_module("embed", "bench_embed")
 
 
 def make_model(shape: str):
@@ -198,7 +206,8 @@ def write_report(output: Path, record: dict) -> None:
     threads = record["threads"]
     lines = [
         "# ONNX export benchmark (`bench/onnx.py`)", "",
-        f"Run of {record['started']} on {record['machine']}; torch's threads and onnxruntime's intra-op threads "
+        record.get("header") or f"Machine: {record['machine']}.",  # a record older than bench/machine.py: no rooflines
+        f"Run of {record['started']}; torch's threads and onnxruntime's intra-op threads "
         f"{' and '.join(map(str, record['threads']))} (the table's column); onnxruntime {record['onnxruntime']} "
         "(CPU execution provider, spinning off). "
         f"Data: UD English EWT dev, the first sentences in order, in consecutive batches: "
@@ -301,8 +310,7 @@ def main() -> None:
 
     embed_bench = _embed_bench()
     sentences = embed_bench.read_conllu_forms(embed_bench.UD_DEV)[:args.limit]
-    machine = embed_bench.machine("cpu", max(args.threads)).replace(f", {max(args.threads)} threads", "")
-    record = {"started": time.strftime("%Y-%m-%d %H:%M"), "machine": machine,
+    record = {"started": time.strftime("%Y-%m-%d %H:%M"), "header": embed_bench.page_header("cpu", max(args.threads)),
               "onnxruntime": onnxruntime.__version__, "threads": args.threads, "sentences": len(sentences),
               "tokens": sum(map(len, sentences)), "limit_batch1": args.limit_batch1, "repeats": args.repeats,
               "batch_sizes": args.batch_sizes, "load_before": embed_bench.busy_processes()}

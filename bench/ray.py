@@ -41,9 +41,9 @@ RESULTS = REPO / "bench" / "results" / "ray.md"
 ACTOR_NAME = "MapBatches(SentenceEmbedder)"
 
 
-def _bench_embed():
-    """bench/embed.py, for its description of the machine (one definition of it)."""
-    spec = importlib.util.spec_from_file_location("bench_embed", REPO / "bench" / "embed.py")
+def _bench_machine():
+    """bench/machine.py, for the page's header and the busy processes (one definition of them)."""
+    spec = importlib.util.spec_from_file_location("bench_machine", REPO / "bench" / "machine.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -131,8 +131,8 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    bench = _bench_embed()
-    before = bench.busy_processes()
+    bench = _bench_machine()
+    header, before = bench.page_header("cpu", 1), bench.busy_processes()
     import ray
     import torch
 
@@ -164,12 +164,12 @@ def main() -> None:
                     "peaks": max((r["peaks"] for r in results), key=lambda peaks: max(peaks, default=0))})
             for name, results in runs.items()]
     after = bench.busy_processes()
-    page = render(args, bench.machine("cpu", 1), before, after, lines, tokens, ray_start, rows)
+    page = render(args, header, before, after, lines, tokens, ray_start, rows)
     args.output.write_text(page, encoding="utf-8")
     print(page)
 
 
-def render(args, machine: str, before: str, after: str, lines: int, tokens: int, ray_start: float,
+def render(args, header: str, before: str, after: str, lines: int, tokens: int, ray_start: float,
            rows: list[tuple[str, dict]]) -> str:
     base = rows[0][1]["seconds"]
     table = ["| run | seconds (each run) | tokens/s | tokens/s per worker | vs one process | peak RSS per process (MB) |",
@@ -188,7 +188,8 @@ def render(args, machine: str, before: str, after: str, lines: int, tokens: int,
               (f" --model {args.model}" if args.model else "") + "`"
     return f"""# Embedding on Ray Data against one process (`bench/ray.py`)
 
-Machine: {machine}. This machine is shared with other engineers' work while the bench runs, so
+{header}
+This machine is shared with other engineers' work while the bench runs, so
 the times include their load: before the run, {before}; after it, {after}.
 Model: {args.model or "the built-in model (gutenberg-en)"}, `--top`, float32, one torch thread
 per process or actor. Input: the first {lines:,} lines ({tokens:,} tokens) of Gutenberg

@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embed import machine, matmul_gflops  # bench/embed.py: the same roofline measurement, the CPU's name
+from machine import kernel_dtype, matmul_gflops, page_header  # bench/machine.py: the rooflines, the page's header
 
 from elmokit import kernels as elmokit_kernels
 from elmokit.model.config import ElmoConfig, LSTMConfig
@@ -215,9 +215,8 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     config = SHAPES[args.shapes[0]]
     heap = heap_rows(elmokit_steps(config, vocab, args))  # then keep_freed_memory, as `elmo train`'s process
-    kernels = {name: gflops for name, gflops in matmul_gflops(args.threads, "cpu").items()
-               if not name.endswith(("bf16", "int8"))}  # the float32 roofline
-    print("fp32 matmul roofline: " + ", ".join(f"{k} {v:.1f}" for k, v in kernels.items()) + " GFLOP/s", flush=True)
+    kernels = matmul_gflops(args.threads, "cpu")  # every dtype's; the page's "of roofline" is of float32's
+    print("matmul rooflines: " + ", ".join(f"{k} {v:.1f}" for k, v in kernels.items()) + " GFLOP/s", flush=True)
     rows = [row for shape in args.shapes for row in bench_shape(shape, SHAPES[shape], vocab, args)]
     profile = profile_steps(SHAPES[args.shapes[0]], vocab, args) if args.profile_steps else {}
     kernel_rows = {"products": product_rows(config.lstm.cell_dim, config.lstm.projection_dim, len(vocab),
@@ -318,11 +317,12 @@ def profile_steps(config: ElmoConfig, vocab: Vocabulary, args) -> dict:
 
 def write_table(rows: list[dict], args, kernels: dict[str, float], load_before: float, load_after: float,
                 profile: dict, kernel_rows: dict) -> None:
+    header = page_header("cpu", args.threads, kernels)  # the CPU, its flags and every dtype's roofline
+    kernels = {name: gflops for name, gflops in kernels.items() if kernel_dtype(name) == "float32"}
     roofline = max(kernels.values())
     lines = [
-        "# Training speed (bench/train.py)", "",
-        f"Machine: {machine('cpu', args.threads)}; load average {load_before:.1f} before, {load_after:.1f} after. "
-        f"{args.note}",
+        "# Training speed (bench/train.py)", "", header,
+        f"Load average {load_before:.1f} before, {load_after:.1f} after. {args.note}".rstrip(),
         f"Batch {args.batch_size} x {args.unroll_steps} tokens, full softmax over the PTB vocabulary, Adam, "
         f"clip norm 10, {'bf16 autocast' if args.bf16 else 'float32'}; median of {args.steps} steps after "
         f"{args.warmup} warm-up steps, the models stepping in turn on the same windows.",
