@@ -40,7 +40,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from embed import UD_DEV, busy_processes, machine, read_conllu_forms
+from embed import UD_DEV, read_conllu_forms
+from machine import busy_processes, page_header  # bench/machine.py: the CPU, its flags, the rooflines
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -217,7 +218,8 @@ def stack() -> str:
 def write_report(args, rows, n_sentences: int, n_tokens: int, started: str, load_before: str, load_after: str) -> None:
     lines = [
         "# Serving benchmark (`bench/serve.py`)", "",
-        f"Run of {started} on {machine('cpu', args.threads)}. The server's model process and the in-process "
+        page_header("cpu", args.threads),
+        f"Run of {started}. The server's model process and the in-process "
         f"run each use {args.threads} torch thread(s); the server's HTTP process and the load generator "
         "(asyncio, in the benchmark's process) share the cores with them. **This machine's 2 cores were "
         "shared with other engineers' work** (test suites, training, embedding: the processes below, and the "
