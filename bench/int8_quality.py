@@ -245,19 +245,20 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "int8_quality.md")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO / "bench"))
-    from embed import busy_processes, machine
+    from machine import busy_processes, page_header  # bench/machine.py: the CPU, its flags, the rooflines
 
     from elmokit.int8 import int8_native
 
     if not int8_native():
         sys.exit("int8_quality: this CPU has no VNNI or AMX-INT8, so dtype int8 is refused here")
     started, load_before = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), busy_processes()
+    machine_header = page_header("cpu", args.threads)
     perplexity = None if args.skip_perplexity else measure_perplexity(args.sentences, args.threads)
     ner = None
     if not args.skip_ner:
         command = train_ner(args.run_dir, args.ner_epochs, args.threads, args.seed)
         ner = {**score_ner(args.run_dir, args.threads), "command": command}
-    header = [f"Run of {started} on {machine('cpu', args.threads)}. Before: {load_before}. "
+    header = [machine_header, f"Run of {started}. Before: {load_before}. "
               f"After: {busy_processes()}. (Quality figures do not depend on the load; CPU seconds are "
               "this process's.)"]
     write_page(args.output, perplexity, ner, header)
