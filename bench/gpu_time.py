@@ -64,8 +64,10 @@ def section() -> str:
     if rows is None:
         lines.append("Not measured yet: no GPU has run `bash scripts/gpu_check.sh`.")
     else:
-        run = next(line for line in PAGE.read_text(encoding="utf-8").splitlines() if line.startswith("Run of "))
-        lines += [run.split(". ")[0] + ".", "", "| shape | rows | model | tokens/s | hours for 1B tokens |",
+        page = PAGE.read_text(encoding="utf-8").splitlines()
+        run = next(line for line in page if line.startswith("Run of "))
+        gpu = next((line.removeprefix("Machine: ").split(". ")[0] for line in page if line.startswith("Machine: ")), "")
+        lines += [run.split(". ")[0] + (f" on {gpu}" if gpu else "") + ".", "", "| shape | rows | model | tokens/s | hours for 1B tokens |",
                   "|---|---:|---|---:|---:|"]
         lines += [f"| {shape} | {n} | {model} | {speed:,.0f} | {TOKENS / speed / 3600:.1f} |"
                   for shape, n, model, speed in rows]

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import gzip
 import os
-import platform
 import statistics
 import subprocess
 import time
@@ -29,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from machine import page_header  # bench/machine.py: the GPU (and the host's CPU), cuBLAS's rooflines
 
 from elmokit.training.build import has_fused_kernel
 from elmokit.training.data import LMBatcher
@@ -154,13 +155,6 @@ def gpu_neighbours() -> str:
     return "other GPU processes: " + ("; ".join(others) if others else "none")
 
 
-def machine_line(device: str) -> str:
-    props = torch.cuda.get_device_properties(device)
-    return (f"{props.name} ({props.total_memory / 2 ** 30:.0f} GiB, {props.multi_processor_count} SMs), "
-            f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}, "
-            f"host {platform.node() or '?'} ({os.cpu_count()} CPU cores)")
-
-
 def run(args, shapes: dict, baseline_class) -> None:
     """bench/train.py's --device cuda: every shape x rows, then the page."""
     refuse_without_cuda(args.device)
@@ -170,17 +164,18 @@ def run(args, shapes: dict, baseline_class) -> None:
         make_vocab([data], vocab_path)
     vocab = Vocabulary.load(vocab_path)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    header = page_header(args.device, torch.get_num_threads())  # the rooflines measured before the steps
     before = f"load average {os.getloadavg()[0]:.1f}; {gpu_neighbours()}"
     rows = [row for shape in args.shapes for batch_rows in args.batch_sizes
             for row in bench_rows(shape, shapes[shape], vocab, data, batch_rows, args, baseline_class)]
     after = f"load average {os.getloadavg()[0]:.1f}; {gpu_neighbours()}"
-    write_page(args.output, args, rows, machine_line(args.device), data_name, len(vocab), started, before, after)
+    write_page(args.output, args, rows, header, data_name, len(vocab), started, before, after)
 
 
-def write_page(output: Path, args, rows: list[dict], machine: str, data_name: str, vocab_size: int,
+def write_page(output: Path, args, rows: list[dict], header: str, data_name: str, vocab_size: int,
                started: str, before: str, after: str) -> None:
     lines = ["# Training speed on a CUDA GPU (`bench/train.py --device cuda`)", "",
-             f"Run of {started} on {machine}. {args.note}".rstrip(),
+             header, f"Run of {started}. {args.note}".rstrip(),
              f"Data: {data_name}, vocabulary {vocab_size:,} (full softmax). {args.unroll_steps}-token windows, "
              f"Adam, clip norm 10, dropout 0.1; median of {args.steps} steps after {args.warmup} warm-up steps, "
              "the models stepping in turn on the same windows. elmokit runs the clipped cell (3.0, bilm-tf's); "
