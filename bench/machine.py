@@ -20,7 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-HEADER_PREFIX = "Machine: "  # how the header line starts (scripts/sync_pages.py finds it by this)
+HEADER_PREFIX = "Machine: "  # how the header line starts
+ROOFLINES = "Matmul rooflines measured in this run"  # and what it holds (scripts/sync_pages.py finds it by both)
 FEATURES = {  # name on the page -> the /proc/cpuinfo flags that give it (any of them)
     "AVX-512": ("avx512f",),
     "AVX512-BF16": ("avx512_bf16",),
@@ -168,7 +169,7 @@ def roofline_sentence(kernels: dict[str, float]) -> str:
         names = [f"{name} {value:.1f}" for name, value in kernels.items() if kernel_dtype(name) == dtype]
         if names:
             parts.append(f"{dtype} **{best:.1f}** {'GOP/s' if dtype == 'int8' else 'GFLOP/s'} ({', '.join(names)})")
-    return "Matmul rooflines measured in this run (2048 x 2048, the best of each kernel): " + "; ".join(parts) + "."
+    return f"{ROOFLINES} (2048 x 2048, the best of each kernel): " + "; ".join(parts) + "."
 
 
 def page_header(device: str, threads: int, kernels: dict[str, float] | None = None) -> str:
@@ -178,3 +179,8 @@ def page_header(device: str, threads: int, kernels: dict[str, float] | None = No
     if kernels is None:
         kernels = matmul_gflops(threads, device, repeats=4, trials=3)
     return f"{HEADER_PREFIX}{machine(device, threads)}. {roofline_sentence(kernels)}"
+
+
+def is_header(line: str) -> bool:
+    """Whether a page's line is page_header's (the machine and the rooflines of its run)."""
+    return line.startswith(HEADER_PREFIX) and ROOFLINES in line

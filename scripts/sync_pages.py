@@ -13,6 +13,10 @@ a model that is no longer shipped (written by --record from its directory before
 A block `<!-- demo: docs/results/demo.txt -->` ... `<!-- /demo -->` is replaced by the layer sections of
 `elmo demo`'s recorded output (scripts/demo_page.py writes the record) and a sentence that says which
 senses of "play" come nearest at each layer.
+Under a table quoted from a benchmark page (bench/results/*.md written by a bench/*.py), the block
+also carries the page's machine line (bench/machine.py's header: the CPU, its flags, the rooflines
+of that run), so that figures of different machines are never read as one; a page written before
+that header existed is quoted with a note that says so.
 A block `<!-- results-bilm -->` ... `<!-- /results-bilm -->` (in the README and docs/results.md) is
 replaced by a line that says which built-in model made docs/results.json, and whether it is the one
 that ships now (a new version keeps the directory's path, so an old table would pass for the new one).
@@ -45,6 +49,32 @@ def nth_table(path: Path, number: int) -> str:
     if not 1 <= number <= len(tables):
         raise SystemExit(f"{path}: no table {number} (it has {len(tables)})")
     return "\n".join(tables[number - 1]) + "\n"
+
+
+def _bench_machine():
+    """bench/machine.py as a module (it imports torch only when it measures)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_machine", REPO / "bench" / "machine.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def machine_note(source: str) -> str:
+    """What follows a quoted table of `source`: for a benchmark page, the machine it was measured on
+    (its page_header line, "Measured on: ..."); nothing for other sources."""
+    lines = (REPO / source).read_text(encoding="utf-8").splitlines()
+    if not (source.startswith("bench/results/") and lines and re.search(r"bench/\w+\.py", lines[0])):
+        return ""
+    machine = _bench_machine()
+    header = next((line for line in lines if machine.is_header(line)), None)
+    if header is not None:
+        return f"\nMeasured on: {header.removeprefix(machine.HEADER_PREFIX)} (`{source}`)\n"
+    old = next((line for line in lines[1:] if line.startswith(("Machine: ", "Run of "))), "")
+    said = f' Its own line: "{old.split(". ")[0].rstrip(".")}."' if old else ""
+    return (f"\n`{source}` predates bench/machine.py's header (the CPU's flags, the rooflines of its run): "
+            f"its figures may be of another machine than the tables beside it.{said}\n")
 
 
 MODEL_BLOCK = re.compile(r"(<!-- model: ([^>\n]+?) -->\n)(.*?)(<!-- /model -->)", re.S)
@@ -126,7 +156,8 @@ def demo_block(record: str) -> str:
 
 
 def synced(text: str) -> str:
-    text = BLOCK.sub(lambda m: m.group(1) + nth_table(REPO / m.group(2), int(m.group(3))) + m.group(5), text)
+    text = BLOCK.sub(lambda m: m.group(1) + nth_table(REPO / m.group(2), int(m.group(3))) + machine_note(m.group(2))
+                     + m.group(5), text)
     text = DEMO_BLOCK.sub(lambda m: m.group(1) + demo_block(m.group(2)) + m.group(4), text)
     text = RESULTS_BILM_BLOCK.sub(lambda m: m.group(1) + results_bilm_line() + m.group(3), text)
     return MODEL_BLOCK.sub(lambda m: m.group(1) + model_table(m.group(2)) + m.group(4), text)
