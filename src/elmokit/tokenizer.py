@@ -7,12 +7,15 @@ and the task commands' `--tokenize` feed the biLM: the one definition they all c
 
 Tokens are sacremoses' `MosesTokenizer(lang).tokenize(text, escape=False)` (no HTML escaping of
 `&`, `<`, quotes: the tokens `elmo prepare` writes into a training corpus), each split again on
-whitespace so that no token holds a space. Needs sacremoses (the `prepare` extra).
+whitespace so that no token holds a space. The text is put in Unicode's composed form (NFC) first:
+"café" typed as "cafe" + a combining acute gives the tokens of "café", not "cafe" and a lone accent.
+Needs sacremoses (the `prepare` extra).
 """
 
 from __future__ import annotations
 
 import functools
+import unicodedata
 
 from elmokit.extras import require
 
@@ -45,4 +48,5 @@ def tokenize(text: str, lang: str = "en") -> list[str]:
     if not isinstance(lang, str) or not lang:
         raise TypeError(f"tokenize: lang must be a language code such as 'en', got {lang!r}")
     require("prepare", "elmokit.tokenize (Moses tokenization)", ("sacremoses",))
+    text = unicodedata.normalize("NFC", text)  # decomposed accents (NFD, "e" + U+0301) would split off as tokens
     return " ".join(_moses(lang).tokenize(text, escape=False)).split()

@@ -70,8 +70,7 @@ class ELMoEmbeddings(BaseModel, Embeddings):
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
         """One vector (2P floats) per text, in order."""
-        texts = list(texts)
-        check_texts(texts, "ELMoEmbeddings")
+        texts = check_texts(texts, "ELMoEmbeddings")
         if self._vectors is None:
             key = None if self.api_key is None else self.api_key.get_secret_value()
             self._vectors = SentenceVectors(self.model, self.base_url, key, self.device, self.lang,

@@ -72,7 +72,7 @@ class ELMoEmbedding(BaseEmbedding):
         return "ELMoEmbedding"
 
     def _embed(self, texts: list[str]) -> list[list[float]]:
-        check_texts(texts, "ELMoEmbedding")
+        texts = check_texts(texts, "ELMoEmbedding")
         if self._vectors is None:
             self._vectors = SentenceVectors(self.model, self.base_url, self.api_key, self.device, self.lang,
                                             self.embed_batch_size, self.timeout)

@@ -38,10 +38,17 @@ def check_base_url(base_url: str | None) -> str | None:
     return None if base_url is None else base_url.rstrip("/")
 
 
-def check_texts(texts: list[str], who: str) -> None:
+def check_texts(texts: list[str], who: str) -> list[str]:
+    """`texts` as a list, each a str; TypeError naming the first that is not, or a lone str/bytes
+    given for the list (which would otherwise be embedded a character at a time)."""
+    if isinstance(texts, (str, bytes)):
+        raise TypeError(f"{who} embeds a list of texts, got one {type(texts).__name__} "
+                        f"(embed_query takes one text; embed_documents a list)")
+    texts = list(texts)
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise TypeError(f"{who} embeds texts: texts[{i}] is a {type(text).__name__}")
+    return texts
 
 
 @dataclass
@@ -63,29 +70,49 @@ class SentenceVectors:
         if not texts:
             return np.zeros((0, 0), np.float32)
         if self.base_url is not None:
-            return np.concatenate([self._request(texts[start:start + self.batch_size])
-                                   for start in range(0, len(texts), self.batch_size)])
+            return self._served(texts)
         if self._embedder is None:
             self._embedder = ElmoEmbedder(options_file=self.model, device=self.device)
         sentences = [tokenize(text, self.lang) for text in texts]
         return self._embedder.sentence_vectors(sentences, batch_size=self.batch_size)
 
+    def _served(self, texts: list[str]) -> np.ndarray:
+        """The server's vectors for the texts with tokens, zeros (as in-process) for the blank ones,
+        which `elmo serve` refuses (422); the width from GET /info when every text is blank."""
+        sent = [i for i, text in enumerate(texts) if text.strip()]
+        parts = [self._request([texts[i] for i in sent[start:start + self.batch_size]])
+                 for start in range(0, len(sent), self.batch_size)]
+        dim = parts[0].shape[1] if parts else int(self._get("/info")["shape"]["dim"])
+        vectors = np.zeros((len(texts), dim), np.float32)
+        if parts:
+            vectors[sent] = np.concatenate(parts)
+        return vectors
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers
+
+    def _get(self, path: str) -> dict:
+        return self._open(urllib.request.Request(f"{self.base_url}{path}", headers=self._headers()))
+
+    def _open(self, request: urllib.request.Request) -> dict:
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            raise RuntimeError(f"{request.full_url} answered {error.code}: {_error_message(error)}") from None
+        except urllib.error.URLError as error:
+            raise ConnectionError(f"cannot reach elmo serve at {self.base_url}: {error.reason}") from None
+
     def _request(self, texts: list[str]) -> np.ndarray:
         body: dict[str, Any] = {"input": texts, "encoding_format": "base64"}
         if self.model is not None:
             body["model"] = self.model
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        url = f"{self.base_url}/v1/embeddings"
-        request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                answer = json.loads(response.read())
-        except urllib.error.HTTPError as error:
-            raise RuntimeError(f"{url} answered {error.code}: {_error_message(error)}") from None
-        except urllib.error.URLError as error:
-            raise ConnectionError(f"cannot reach elmo serve at {self.base_url}: {error.reason}") from None
+        request = urllib.request.Request(f"{self.base_url}/v1/embeddings", data=json.dumps(body).encode(),
+                                         headers=self._headers(), method="POST")
+        answer = self._open(request)
         items = sorted(answer["data"], key=lambda item: item["index"])
         return np.stack([np.frombuffer(base64.b64decode(item["embedding"]), "<f4") for item in items])
 

@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 import multiprocessing
@@ -178,6 +179,7 @@ def tokenize_paragraphs(paragraphs: Sequence[str]) -> list[str]:
         _init_worker(_worker_lang)
     sentences = []
     for paragraph in paragraphs:
+        paragraph = unicodedata.normalize("NFC", paragraph)  # as elmokit.tokenize: composed accents
         for sentence in sentencex.segment(_worker_lang.split("-")[0].split("_")[0], paragraph):
             tokens = _worker_moses.tokenize(sentence, escape=False)
             line = " ".join(" ".join(tokens).split())  # tokens never hold Unicode spaces
