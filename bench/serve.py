@@ -78,13 +78,15 @@ def process_cpu_seconds(pid: int, children: bool = True) -> float:
     return own + sum(map(process_cpu_seconds, pids))
 
 
-def recurrence_counts(host: str, port: int) -> tuple[float, float]:
-    """The server's steps of the recurrence so far, and its busy rows summed over them (/metrics)."""
+def recurrence_counts(host: str, port: int) -> tuple[float, float, float]:
+    """The server's steps of the recurrence so far, its busy rows summed over them, and the rows
+    it computed (busy or idle) summed over them (/metrics)."""
     import urllib.request
 
     text = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=60).read().decode()
     values = dict(line.split() for line in text.splitlines() if line.startswith("elmo_recurrence_"))
-    return float(values["elmo_recurrence_steps"]), float(values["elmo_recurrence_busy_row_steps"])
+    return (float(values["elmo_recurrence_steps"]), float(values["elmo_recurrence_busy_row_steps"]),
+            float(values["elmo_recurrence_computed_row_steps"]))
 
 
 def start_server(model: str | None, threads: int, rows: int, extra: list[str]) -> tuple[subprocess.Popen, str, int]:
@@ -137,9 +139,26 @@ async def load(host: str, port: int, bodies: list[bytes], clients: int) -> tuple
     return time.perf_counter() - start, latencies, first[0]
 
 
-def request_bodies(sentences: list[list[str]], per_request: int) -> list[bytes]:
-    return [json.dumps({"input": sentences[i:i + per_request]}).encode()
-            for i in range(0, len(sentences), per_request)]
+def request_sizes(per_request: str, n_sentences: int) -> list[int]:
+    """The sentences of each request: "8" is 8 each, "1-4" a uniform draw from 1..4 each (seeded:
+    the same requests in every run)."""
+    low, _, high = per_request.partition("-")
+    if not (low.isdigit() and (not high or high.isdigit()) and 1 <= int(low) <= int(high or low)):
+        raise SystemExit(f"--per-request takes N or LOW-HIGH (1 <= LOW <= HIGH), got {per_request!r}")
+    draws = np.random.default_rng(0).integers(int(low), int(high or low) + 1, size=n_sentences)
+    sizes = draws[:np.searchsorted(np.cumsum(draws), n_sentences) + 1].tolist()
+    sizes[-1] -= sum(sizes) - n_sentences  # the last request takes what is left
+    return sizes
+
+
+def request_bodies(sentences: list[list[str]], per_request: str) -> list[bytes]:
+    starts = np.cumsum([0, *request_sizes(per_request, len(sentences))])
+    return [json.dumps({"input": sentences[start:end]}).encode() for start, end in zip(starts[:-1], starts[1:])]
+
+
+def mean_size(per_request: str) -> float:
+    low, _, high = per_request.partition("-")
+    return (int(low) + int(high or low)) / 2
 
 
 def main() -> None:
@@ -148,7 +167,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads, the server's and the in-process run's (default: 1)")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16, 64])
-    parser.add_argument("--per-request", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--per-request", nargs="+", default=["1", "1-4", "8"],
+                        help="sentences a request: N, or LOW-HIGH drawn uniformly for each request "
+                             "(default: 1 1-4 8)")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each row, the fastest kept (default: 2)")
     parser.add_argument("--limit", type=int, help="the first N sentences only")
     parser.add_argument("--batch-size", type=int, default=64, help="embed_sentences' batch_size (default: 64)")
@@ -164,7 +185,7 @@ def main() -> None:
     process, host, port = start_server(args.model, args.threads, args.batch_size, args.server_args.split())
     rows = []
     try:
-        asyncio.run(load(host, port, request_bodies(sentences, 8), 64))  # warm-up: the server's token cache
+        asyncio.run(load(host, port, request_bodies(sentences, "8"), 64))  # warm-up: the server's token cache
         for per_request, clients in itertools.product(args.per_request, args.clients):
             bodies = request_bodies(sentences, per_request)
             best: dict = {}
@@ -183,10 +204,12 @@ def main() -> None:
                 np.testing.assert_allclose(vector, local.vectors[0], atol=1e-5, rtol=1e-4)
                 if n_tokens / seconds > best.get("served", 0.0):
                     best.update(served=n_tokens / seconds, latencies=latencies, busy_rows=steps[1] / steps[0],
-                                load=os.getloadavg()[0], seconds=seconds, http_cpu=http_cpu,
+                                computed_rows=steps[2] / steps[0], load=os.getloadavg()[0], seconds=seconds,
+                                http_cpu=http_cpu,
                                 model_cpu=server_cpu - http_cpu, client_cpu=client_cpu, steps=steps[0])
                 best["served_cpu"] = max(best.get("served_cpu", 0.0), n_tokens / cpu_seconds)
-            in_flight = min(clients * per_request, args.batch_size)  # sentences the recurrence can hold at once
+            # sentences the recurrence can hold at once (on average where requests' sizes vary)
+            in_flight = min(round(clients * mean_size(per_request)), args.batch_size)
             best["bound"] = best["local"] if in_flight == args.batch_size else local.run(in_flight)[0]
             p50, p95, p99 = np.percentile(np.array(best["latencies"]) * 1000, [50, 95, 99])
             rows.append({"per_request": per_request, "clients": clients, "requests": len(bodies),
@@ -194,7 +217,7 @@ def main() -> None:
             print(f"{clients:3d} clients x {per_request}: served {best['served']:,.0f} tokens/s, in-process "
                   f"{best['local']:,.0f} ({best['served'] / best['local']:.2f}x; with {in_flight} rows "
                   f"{best['bound'] / best['local']:.2f}x); per CPU s {best['served_cpu']:,.0f} vs "
-                  f"{best['local_cpu']:,.0f}; {best['busy_rows']:.1f} rows busy; p50 {p50:.1f} ms, p99 {p99:.1f} ms; "
+                  f"{best['local_cpu']:,.0f}; {best['busy_rows']:.1f} rows busy of {best['computed_rows']:.1f} computed; p50 {p50:.1f} ms, p99 {p99:.1f} ms; "
                   f"load {best['load']:.2f}", flush=True)
     finally:
         process.terminate()
@@ -253,16 +276,17 @@ def write_report(args, rows, n_sentences: int, n_tokens: int, started: str, load
               "fewer tokens a second. *In-process with the rows in flight* is `embed_sentences(batch_size=` sentences in flight `)` "
               "on the same sentences, in this run: what any server could reach with that many sentences at once, "
               "had HTTP, JSON and the clients cost nothing. *Rows busy* is the mean over the server's steps "
-              "(from /metrics). The CPU seconds are those of the fastest served run: the model's process, the "
+              "(from /metrics); *rows computed*, the mean rows a step computed (rows 0 up to the last busy one: "
+              "an idle row below it costs as much as a busy one). The CPU seconds are those of the fastest served run: the model's process, the "
               "server's HTTP process (event loop: HTTP, JSON, the pipe), and the load generator.", "",
               "| sentences / request | clients | sentences in flight | in-process with the rows in flight / in-process | "
-              "served / in-process | rows busy | steps | wall s | model process CPU s | HTTP process CPU s | "
+              "served / in-process | rows busy | rows computed | steps | wall s | model process CPU s | HTTP process CPU s | "
               "load generator CPU s |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         lines.append(f"| {row['per_request']} | {row['clients']} | {row['in_flight']} | "
                      f"{row['bound'] / row['local']:.2f}x | {row['served'] / row['local']:.2f}x | "
-                     f"{row['busy_rows']:.1f} | {row['steps']:,.0f} | {row['seconds']:.2f} | {row['model_cpu']:.2f} | "
+                     f"{row['busy_rows']:.1f} | {row['computed_rows']:.1f} | {row['steps']:,.0f} | {row['seconds']:.2f} | {row['model_cpu']:.2f} | "
                      f"{row['http_cpu']:.2f} | {row['client_cpu']:.2f} |")
     capped = [f"{row['clients']} x {row['per_request']}" for row in rows if row["bound"] / row["local"] < 0.8]
     reached = [f"{row['clients']} x {row['per_request']}" for row in rows if row["served"] / row["local"] >= 0.8]

@@ -148,6 +148,39 @@ def test_sentences_joining_the_recurrence_at_any_step_get_their_own_vectors(embe
         recurrence.admit(token_layer(embedder, [["a"] * 10]), [12])
 
 
+@pytest.mark.parametrize("numpy_views", [True, False], ids=["cpu-numpy-views", "torch-as-on-a-gpu"])
+def test_compacting_the_recurrence_moves_sentences_down_without_changing_their_vectors(embedder, numpy_views):
+    """`Recurrence.compact` (the model's process calls it before every step): the sentences in the
+    highest rows move into the idle rows below them, mid-sentence and across the ring's wrap, so a
+    step computes only as many rows as are busy; each sentence still gets what `embed_many` gives it
+    alone. Sentences end at random (long and short ones mixed), leaving holes that no admission fills."""
+    rng = random.Random(1)
+    words = ["a", "the", "play", "chess", "They", "run", ".", "home", "dog"]
+    sentences = [[rng.choice(words) for _ in range(rng.choice([1, 2, 9]))] for _ in range(60)]
+    expected = embedder.embed_many(sentences)
+    recurrence = Recurrence(embedder.bilm, rows=6, max_positions=11)
+    if not numpy_views:
+        recurrence._host_inputs = recurrence._host_outputs = None
+    pending, got, sentence_in, moved = list(range(len(sentences))), {}, {}, 0
+    while pending or recurrence.busy:
+        starting = [pending.pop(0) for _ in range(min(rng.randint(0, 2), len(pending), len(recurrence.free)))]
+        if starting:
+            chosen = [sentences[i] for i in starting]
+            rows = recurrence.admit(token_layer(embedder, chosen), [len(s) + 2 for s in chosen])
+            sentence_in.update(zip(rows, starting))
+        moves = recurrence.compact()
+        sentence_in = {moves.get(row, row): i for row, i in sentence_in.items()}
+        moved += len(moves)
+        assert recurrence.span == len(recurrence.busy) == len(sentence_in)  # no idle row is computed
+        ended = recurrence.step()
+        for row, result in zip(ended, recurrence.take(ended, sentence_vectors=rng.random() < 0.5) if ended else []):
+            got[sentence_in.pop(row)] = result
+    assert moved > 10 and recurrence.step_number > 2 * recurrence.horizon  # moves happened, the ring wrapped
+    for i, sentence in enumerate(sentences):
+        wanted = expected[i] if got[i].ndim == 3 else expected[i].mean(axis=0).mean(axis=0)
+        np.testing.assert_allclose(got[i], wanted, atol=1e-6, err_msg=" ".join(sentence))
+
+
 def ask_each_at_once(served: Server, sentences: list[list[str]]) -> tuple[list[threading.Thread], list]:
     """One `/embed_all` request per sentence, each in a started thread; `answers[i]` is filled
     with sentence i's (status, JSON, headers) once its thread is joined."""

@@ -69,6 +69,7 @@ class Batcher:
         self.queue: dict[int, asyncio.Future] = {}  # requests accepted and not yet answered
         self.queued_tokens = 0  # their tokens
         self.steps = self.row_steps = 0  # the recurrence's steps, and busy rows summed over them
+        self.computed_row_steps = 0  # and the rows it computed (busy or not) summed over them
         self._ids = itertools.count()
         self._process = self._jobs = self._connection = None  # the pipe to the model's process, and back
 
@@ -173,6 +174,7 @@ class Batcher:
         for seconds in stats["answer_seconds"]:
             self.on_answer(seconds)
         self.steps, self.row_steps = stats["steps"], stats["row_steps"]
+        self.computed_row_steps = stats["computed_row_steps"]
 
     def _fail_all(self, message: str) -> None:
         for future in self.queue.values():

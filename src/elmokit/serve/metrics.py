@@ -54,12 +54,15 @@ class ServeMetrics:
         self.steps = Gauge("elmo_recurrence_steps", "steps the recurrence has run (a count)", registry=r)
         self.row_steps = Gauge("elmo_recurrence_busy_row_steps", "busy rows summed over the steps run (a count): "
                                "divided by elmo_recurrence_steps, the mean sentences in the recurrence", registry=r)
+        self.computed_row_steps = Gauge("elmo_recurrence_computed_row_steps", "rows computed (busy or idle, the "
+                                        "span of the busy rows) summed over the steps run (a count)", registry=r)
 
     def watch(self, batcher: Batcher) -> None:
         self.queue_requests.set_function(lambda: len(batcher.queue))
         self.queue_tokens.set_function(lambda: batcher.queued_tokens)
         self.steps.set_function(lambda: batcher.steps)
         self.row_steps.set_function(lambda: batcher.row_steps)
+        self.computed_row_steps.set_function(lambda: batcher.computed_row_steps)
 
     def record_batch(self, stats: BatchStats) -> None:
         self.batch_sentences.observe(stats.n_sentences)

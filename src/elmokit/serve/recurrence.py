@@ -35,6 +35,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -73,6 +74,21 @@ def gate_products(layer: BiLstmLayer, rows: int) -> list[PackedLinear | Int8Line
                           row_scale=doubled, int8=is_int8(layer)) for d in range(2)]
 
 
+class _SpanViews(NamedTuple):
+    """One layer's views of `Recurrence`'s state for a step of rows 0 .. span-1 (R' rows)."""
+
+    dim: int  # P
+    layer_input: torch.Tensor  # (D, R', [P | P]): the layer's input and its last clipped projection
+    directions: tuple[torch.Tensor, ...]  # D x (R', 2P): the same, a direction each
+    cell: torch.Tensor  # (D, R', C)
+    cell_output: torch.Tensor  # (D, R', C)
+    gates: torch.Tensor  # (D, R', 4C), contiguous: a buffer for the step's gates
+    projected: tuple[torch.Tensor, ...]  # D x (R', P): where each direction's projection goes
+    hidden: torch.Tensor  # (D, R', P): the projections, both directions
+    residual: torch.Tensor  # (D, R', P): the layer's input
+    next_input: torch.Tensor | None  # (D, R', P): the next layer's input (None for the last layer)
+
+
 class Recurrence:
     """R rows of the biLM's recurrence, stepped together; `admit` puts a sentence in a free
     row, `step` runs one step of every busy row and returns the rows whose sentence ended, and
@@ -100,6 +116,8 @@ class Recurrence:
         self.layer_state = torch.zeros(n_layers, 2, rows, 2 * dim, device=device, dtype=dtype)  # (L, D, R, [P | P])
         self.cell = torch.zeros(n_layers, 2, rows, cell_dim, device=device, dtype=dtype)  # (L, D, R, C)
         self.cell_output = torch.zeros(2, rows, cell_dim, device=device, dtype=dtype)  # (D, R, C)
+        self._gates = torch.empty(2, rows, 4 * cell_dim, device=device, dtype=dtype)  # (D, R, 4C): a step's gates
+        self._span_views: dict[int, list[_SpanViews]] = {}  # span -> each layer's views (`_views`)
         # numpy views of the rings on the CPU: `admit` and `take` touch a few rows, where numpy's slices cost
         # a microsecond and torch's several
         self._host_inputs = self.inputs.numpy() if device.type == "cpu" else None
@@ -109,6 +127,7 @@ class Recurrence:
         self.busy: dict[int, tuple[int, np.ndarray]] = {}  # row -> (first step, token layer (S, P))
         self.ends: dict[int, list[int]] = {}  # step -> rows whose sentence ends there
         self.span = 0  # rows 0 .. span-1 hold every busy row: the rows a step computes
+        self.computed_row_steps = 0  # the spans summed over the steps run (rows computed, busy or not)
 
     @torch.no_grad()
     def admit(self, token_embeddings: torch.Tensor, sizes: Sequence[int]) -> list[int]:
@@ -149,34 +168,51 @@ class Recurrence:
         """One step of rows 0 .. span-1 through every layer, both directions; the rows whose
         sentence took its last step (read them with `take`, which frees them)."""
         slot, span, compute = self.step_number % self.horizon, self.span, self.compute_dtype
-        dim = self.outputs.shape[-1]
-        state = self.layer_state[:, :, :span]  # (L, D, R', [P | P])
-        state[0, :, :, :dim] = self.inputs[slot, :, :span]
-        mixed = compute != state.dtype
-        for index, (gate_products, projections, bias) in enumerate(zip(self.gate_products, self.projections,
-                                                                         self.bias)):
-            cell = self.cell[index, :, :span]  # (D, R', C)
-            cell_output = self.cell_output[:, :span]  # (D, R', C)
-            product_state = state[index].to(compute) if mixed else state[index]  # (D, R', 2P)
-            gates = torch.stack([gate_products[d](product_state[d], bias[d]) for d in range(2)])  # (D, R', 4C):
-            if gates.dtype != cell.dtype:  # [x | h] (W_in | W_rec)^T + b, then the cell for both directions at once
-                gates = gates.to(cell.dtype)
-            lstm_cell.cell_step(lstm_cell.activate_doubled_gates_(gates), cell, self.cell_clip, cell_next=cell,
-                                cell_output=cell_output, tanh=lstm_cell.tanh_via_sigmoid)
-            product_output = cell_output.to(compute) if mixed else cell_output
+        self.computed_row_steps += span
+        mixed = compute != self.layer_state.dtype
+        views = self._views(span)
+        views[0].layer_input[:, :, :views[0].dim] = self.inputs[slot, :, :span]
+        for index, (gate_products, projections, bias, view) in enumerate(zip(self.gate_products, self.projections,
+                                                                              self.bias, views)):
+            product_state = view.layer_input.to(compute).unbind() if mixed else view.directions  # D x (R', 2P)
+            gates = [gate_products[d](product_state[d], bias[d]) for d in range(2)]  # D x (R', 4C):
+            if mixed:  # [x | h] (W_in | W_rec)^T + b, then the cell for both directions at once
+                gates = torch.stack(gates).to(view.cell.dtype)
+            else:
+                gates = torch.stack(gates, out=view.gates)
+            lstm_cell.cell_step(lstm_cell.activate_doubled_gates_(gates), view.cell, self.cell_clip,
+                                cell_next=view.cell, cell_output=view.cell_output, tanh=lstm_cell.tanh_via_sigmoid)
+            product_output = view.cell_output.to(compute) if mixed else view.cell_output
             for d in range(2):
-                state[index, d, :, dim:] = projections[d](product_output[d])  # (R', P)
-            hidden = lstm_cell.clip_(state[index, :, :, dim:], self.proj_clip)  # (D, R', P)
+                view.projected[d].copy_(projections[d](product_output[d]))  # (R', P)
+            hidden = lstm_cell.clip_(view.hidden, self.proj_clip)  # (D, R', P)
             output = self.outputs[index, slot, :, :span]  # (D, R', P)
             if index > 0:  # the residual from layer 2 on, as `lstm_cell.run_layers` adds it
-                torch.add(hidden, state[index, :, :, :dim], out=output)
+                torch.add(hidden, view.residual, out=output)
             else:
                 output.copy_(hidden)
-            if index + 1 < len(self.gate_products):
-                state[index + 1, :, :, :dim] = output
+            if view.next_input is not None:
+                view.next_input.copy_(output)
         ended = self.ends.pop(self.step_number, [])
         self.step_number += 1
         return ended
+
+    def _views(self, span: int) -> list[_SpanViews]:
+        """Each layer's views of the state for a step of rows 0 .. span-1, made once per span (a
+        step would otherwise spend more time slicing than computing at a few busy rows)."""
+        views = self._span_views.get(span)
+        if views is None:
+            dim, n_layers = self.outputs.shape[-1], len(self.layers)
+            state = self.layer_state[:, :, :span]  # (L, D, R', [P | P])
+            width = self._gates.shape[-1]  # 4C
+            gates = self._gates.view(-1)[:2 * span * width].view(2, span, width)  # (D, R', 4C), contiguous
+            views = [_SpanViews(dim, state[index], state[index].unbind(), self.cell[index, :, :span],
+                                self.cell_output[:, :span], gates, state[index, :, :, dim:].unbind(),
+                                state[index, :, :, dim:], state[index, :, :, :dim],
+                                state[index + 1, :, :, :dim] if index + 1 < n_layers else None)
+                     for index in range(n_layers)]
+            self._span_views[span] = views
+        return views
 
     @torch.no_grad()
     def take(self, rows: Sequence[int], sentence_vectors: bool = False) -> list[np.ndarray]:
@@ -222,6 +258,37 @@ class Recurrence:
                 del self.ends[end]
             heapq.heappush(self.free, row)
         self.span = max(self.busy, default=-1) + 1
+
+    @torch.no_grad()
+    def compact(self) -> dict[int, int]:
+        """Move the sentences of the highest busy rows into the free rows below them, so that rows
+        0 .. busy-1 hold every busy one and a step computes no idle row (it computes rows 0 ..
+        span-1: an idle row among them costs as much as a busy one). Call it after `admit`, which
+        fills the lowest free rows first, so that only the holes no new sentence filled cost a move.
+        Returns {old row: new row} for every sentence moved (a move copies its state and its steps
+        in the rings: a few slices)."""
+        moves = {}
+        while self.free and self.busy and self.free[0] < self.span - 1:
+            old = self.span - 1  # the highest busy row (span is the highest busy row + 1)
+            new = heapq.heapreplace(self.free, old)
+            self._move(old, new)
+            moves[old] = new
+            self.span = max(self.busy) + 1
+        return moves
+
+    def _move(self, old: int, new: int) -> None:
+        """The sentence in row `old` to the free row `new`: its state, and its steps in the rings."""
+        first, tokens = self.busy.pop(old)
+        self.busy[new] = (first, tokens)
+        ending = self.ends[first + len(tokens) - 2]
+        ending[ending.index(old)] = new
+        inputs = self._host_inputs if self._host_inputs is not None else self.inputs
+        outputs = self._host_outputs if self._host_outputs is not None else self.outputs
+        for slot, length in self._ring(first, len(tokens) - 1):  # the sentence's S-1 steps
+            inputs[slot:slot + length, :, new] = inputs[slot:slot + length, :, old]
+            outputs[:, slot:slot + length, :, new] = outputs[:, slot:slot + length, :, old]
+        self.layer_state[:, :, new] = self.layer_state[:, :, old]
+        self.cell[:, :, new] = self.cell[:, :, old]
 
     def _read(self, slot: int, length: int, row: int) -> np.ndarray:
         """The outputs of `row` at ring slots slot .. slot+length-1: (L, k, D, P) in numpy."""

@@ -17,7 +17,8 @@ one array per sentence: its layers (L+1, n, 2P), or with `sentence_vectors` its 
 (`Recurrence.take`; the 3n times smaller message that /v1/embeddings needs). The stats hold the
 sentences that joined at each step since the last message ("batches": (n_sentences, n_tokens,
 queue seconds per request started)), each answered request's time in the model
-("answer_seconds"), and the running totals "steps" and "row_steps".
+("answer_seconds"), and the running totals "steps", "row_steps" (busy rows) and
+"computed_row_steps" (rows computed: `Recurrence.computed_row_steps`).
 
 Before every step the loop moves sentences from the head of its queue, in arrival order, into
 the free rows (while the tokens in the recurrence stay within `max_batch_tokens`); a sentence that
@@ -125,6 +126,7 @@ class ModelLoop:
             if starting:
                 self._admit(starting)
             if self.rows:
+                self._compact()
                 self._step()
             self._send()
 
@@ -205,6 +207,14 @@ class ModelLoop:
             self.live_tokens += len(job.sentences[index])
         self.batches.append((len(sentences), sum(sizes) - 2 * len(sizes), queue_seconds))
 
+    def _compact(self) -> None:
+        """The busy rows moved down into the rows left idle (`Recurrence.compact`): a step
+        computes only as many rows as there are sentences in the recurrence."""
+        moves = self.recurrence.compact()
+        if moves:
+            moved = {row: self.rows.pop(row) for row in moves}
+            self.rows.update((moves[row], owner) for row, owner in moved.items())
+
     def _step(self) -> None:
         self.steps += 1
         self.row_steps += len(self.rows)
@@ -248,6 +258,6 @@ class ModelLoop:
         if not self.answers:
             return
         stats = {"batches": self.batches, "answer_seconds": self.answer_seconds, "steps": self.steps,
-                 "row_steps": self.row_steps}
+                 "row_steps": self.row_steps, "computed_row_steps": self.recurrence.computed_row_steps}
         self.outbox.put(("answers", self.answers, stats))
         self.answers, self.batches, self.answer_seconds = [], [], []
