@@ -273,20 +273,27 @@ def write_report(args, rows, n_sentences: int, n_tokens: int, started: str, load
               f"{args.batch_size}. The first answer of every run matched the in-process vector (atol 1e-5).", "",
               "## What bounds it", "",
               "A step of the recurrence has a fixed cost besides that of its rows, so the fewer rows busy, the "
-              "fewer tokens a second. *In-process with the rows in flight* is `embed_sentences(batch_size=` sentences in flight `)` "
+              "fewer tokens a second: each step reads every layer's weights, input and recurrent (most of its "
+              "time at a few dozen rows is its products), where `embed_sentences` makes a layer's input products "
+              "for a block of steps at once and reads only the recurrent weights a step. *In-process with the rows in flight* is `embed_sentences(batch_size=` sentences in flight `)` "
               "on the same sentences, in this run: what any server could reach with that many sentences at once, "
               "had HTTP, JSON and the clients cost nothing. *Rows busy* is the mean over the server's steps "
               "(from /metrics); *rows computed*, the mean rows a step computed (rows 0 up to the last busy one: "
-              "an idle row below it costs as much as a busy one). The CPU seconds are those of the fastest served run: the model's process, the "
-              "server's HTTP process (event loop: HTTP, JSON, the pipe), and the load generator.", "",
+              "an idle row below it costs as much as a busy one; the server keeps its busy rows compact, so the "
+              "two agree). The CPU seconds are those of the fastest served run: the model's process, the "
+              "server's HTTP process (event loop: HTTP, JSON, the pipe), and the load generator. *Model process: "
+              "in-process CPU s / its CPU s* compares the CPU time of the model's process alone with that of the "
+              "in-process run on the same tokens: what the served rate reaches where the HTTP process and the "
+              "load generator have a core of their own and the model's process one to itself.", "",
               "| sentences / request | clients | sentences in flight | in-process with the rows in flight / in-process | "
-              "served / in-process | rows busy | rows computed | steps | wall s | model process CPU s | HTTP process CPU s | "
-              "load generator CPU s |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "served / in-process | model process: in-process CPU s / its CPU s | rows busy | rows computed | "
+              "steps | wall s | model process CPU s | HTTP process CPU s | load generator CPU s |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         lines.append(f"| {row['per_request']} | {row['clients']} | {row['in_flight']} | "
                      f"{row['bound'] / row['local']:.2f}x | {row['served'] / row['local']:.2f}x | "
-                     f"{row['busy_rows']:.1f} | {row['computed_rows']:.1f} | {row['steps']:,.0f} | {row['seconds']:.2f} | {row['model_cpu']:.2f} | "
+                     f"{n_tokens / row['model_cpu'] / row['local_cpu']:.2f}x | {row['busy_rows']:.1f} | "
+                     f"{row['computed_rows']:.1f} | {row['steps']:,.0f} | {row['seconds']:.2f} | {row['model_cpu']:.2f} | "
                      f"{row['http_cpu']:.2f} | {row['client_cpu']:.2f} |")
     capped = [f"{row['clients']} x {row['per_request']}" for row in rows if row["bound"] / row["local"] < 0.8]
     reached = [f"{row['clients']} x {row['per_request']}" for row in rows if row["served"] / row["local"] >= 0.8]
