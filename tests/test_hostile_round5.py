@@ -72,3 +72,16 @@ def test_blank_texts_are_zeros_served_as_in_process(served):
     np.testing.assert_allclose(there, here, atol=1e-6)
     only_blank = SentenceVectors(base_url=server.url, api_key="k5")(["", " "])
     assert only_blank.shape == (2, 12) and not only_blank.any()
+
+
+def test_sentence_transformers_folder_refuses_a_lang_that_is_not_a_code(tmp_path, tiny_model):
+    """save_sentence_transformers(lang=5) wrote a folder whose every encode() then failed."""
+    pytest.importorskip("sentence_transformers")
+    from elmokit.integrations.sentence_transformers import ELMoSentenceEncoder, save_sentence_transformers
+
+    for lang in (5, "", None):
+        with pytest.raises(TypeError, match="lang must be a Moses language code"):
+            save_sentence_transformers(tiny_model, tmp_path / "st", lang=lang)
+        with pytest.raises(TypeError, match="lang must be a Moses language code"):
+            ELMoSentenceEncoder(tiny_model, lang=lang)
+    assert not (tmp_path / "st").exists()

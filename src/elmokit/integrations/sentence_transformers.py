@@ -81,6 +81,8 @@ class ELMoSentenceEncoder(InputModule):
 
     def __init__(self, model: BiLM | str | Path | None = None, lang: str = "en",
                  provenance: dict[str, Any] | None = None):
+        if not isinstance(lang, str) or not lang:
+            raise TypeError(f"ELMoSentenceEncoder: lang must be a Moses language code such as 'en', got {lang!r}")
         super().__init__()
         self.bilm = model if isinstance(model, BiLM) else load_model(None if model is None else str(model))
         self.lang = lang
@@ -153,6 +155,8 @@ def save_sentence_transformers(model: BiLM | str | Path | None, directory: str |
     from). Written into a temporary folder beside `directory`, then renamed into place; an existing
     `directory` is refused (FileExistsError) unless `overwrite` (a file there always)."""
     directory = Path(directory)
+    if not isinstance(lang, str) or not lang:  # checked before the biLM is loaded: a folder that cannot encode
+        raise TypeError(f"save_sentence_transformers: lang must be a Moses language code such as 'en', got {lang!r}")
     if directory.exists() and not (overwrite and directory.is_dir()):
         raise FileExistsError(f"output exists: {directory} " + ("(overwrite=True replaces it)" if directory.is_dir()
                                                                  else "and is not a folder"))
