@@ -1,41 +1,70 @@
-"""Mutation testing of the core semantics: change one line of the library at a time and run the
-tests that cover it; a mutant the tests do not fail on "survived" (issue 32, point 3).
+"""Mutation testing: change one line of the library at a time and run the tests that should notice;
+a mutant they do not fail on "survived" (issue 32, point 3; issue 38, point 6).
 
     .venv/bin/python scripts/mutation.py                      # every mutant -> bench/results/mutation.md
-    .venv/bin/python scripts/mutation.py --only cell --output /tmp/mutation.md
+    .venv/bin/python scripts/mutation.py --only serve --output /tmp/mutation.md
+    .venv/bin/python scripts/mutation.py --check              # only: does every mutant still match the code?
 
-Each mutant is one exact text replacement in one file of src/elmokit (it must occur once: a
-mutant whose line has changed is reported as stale, not skipped silently). The mutants run in a
-copy of the repository (src/ and tests/, made in a temporary folder beside a link to ../shared),
-never in the working tree, so that other work in the tree never sees a mutated file. A mutant is
-killed when its tests fail (pytest's exit status 1); any other status is reported as it is.
+Each mutant is one exact text replacement in one file of src/elmokit, which must occur exactly once
+there: a mutant whose text no longer occurs once (the line changed) fails the run before anything
+runs, naming it, so the page never reports mutants that were not applied.
+
+The mutants run in a copy of the repository (its tracked and untracked-but-not-ignored files, made
+in a temporary folder), never in the working tree, so other work in the tree never sees a mutated
+file. The copy has no ../shared beside it, as a fresh clone, and its tests run with CI=true, so that
+a golden test (bilm-tf's numbers, tests/fixtures/elmo-fixture) that skips fails instead of passing
+unnoticed. The copy's src/ comes first on PYTHONPATH (checked: `elmokit` must import from the copy,
+not from an editable install of another tree). First the covering tests run unmutated: a mutant
+whose tests fail then is not run (it could only look killed) and fails the run. A mutant is killed
+when its tests fail (pytest's exit status 1, `-x`: the first failure ends the run); any other status
+is reported as it is. `--jobs N` runs N mutants at once, each in its own copy.
+
+A mutant that survives either gets a test that kills it, or an argument on the page that it is
+equivalent (`Mutant.equivalent`: why no correct test can tell it from the library). The script
+prints the survivors and exits 1 if any survives without such an argument (or was not run).
+tests/test_mutation_script.py checks that every mutant still matches the code and that the page is
+this script's for exactly these mutants.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import queue
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+PAGE = REPO / "bench" / "results" / "mutation.md"
 
 
 @dataclass(frozen=True)
 class Mutant:
-    name: str  # what the mutant changes, in words
+    name: str  # what the mutant changes, in words (unique)
     path: str  # under src/elmokit
-    old: str
+    old: str  # occurs exactly once in the file
     new: str
-    tests: tuple[str, ...]  # test files (or node ids) that cover the line
+    tests: tuple[str, ...]  # test files or node ids that should kill it, the likeliest first (-x)
+    equivalent: str = ""  # where it survives: why no correct test can tell it from the library
 
 
 CELL_TESTS = ("tests/test_cell.py", "tests/test_fixture.py")
+SERVE_RECURRENCE = "tests/test_serve_trust.py::test_the_serve_recurrence_is_the_models_forward_on_a_3_layer_model_whose_clips_differ"
+SERVE_LIMITS = "tests/test_serve_trust.py::test_each_limit_admits_exactly_its_value_and_refuses_one_more"
+STREAMS = ("tests/test_model.py::test_sentences_streamed_through_rows_match_one_at_a_time",
+           "tests/test_elmo.py::test_embed_many_matches_sentence_by_sentence")
+SERVE_COMPACT = "tests/test_serve.py::test_compacting_the_recurrence_moves_sentences_down_without_changing_their_vectors"
+SERVE_VECTORS = "tests/test_serve_trust.py::test_the_served_sentence_vector_is_the_one_definition_of_it"
+ONNX_CLIPPED = "tests/test_onnx.py::test_differing_clips_and_three_layers_match_elmokit"
+DOWNLOADS = "tests/test_download_trust.py::"
+MANYLANGS_NUMBERS = "tests/test_manylangs.py::test_their_numbers_through_elmo_embedder"
 MUTANTS = [
     # the cell (model/cell.py): every driver runs these lines
     Mutant("cell: forget and input gates swapped", "model/cell.py",
@@ -57,17 +86,27 @@ MUTANTS = [
     Mutant("stack: dropout on layer 0 only", "model/cell.py",
            "if dropout and training else layer_input", "if dropout and training and index == 0 else layer_input",
            CELL_TESTS),
-    # the drivers: what each passes to the cell
+    # the inference engine (inference/engine.py): what it passes to the cell, and its streams' resets
     Mutant("engine: projection clip removed", "inference/engine.py",
-           "hidden = lstm_cell.clip_(outputs[:, step], proj_clip)", "hidden = outputs[:, step]", CELL_TESTS),
+           "hidden = lstm_cell.clip_(output, proj_clip)", "hidden = output", CELL_TESTS),
     Mutant("engine: cell clip removed", "inference/engine.py",
-           "cell[d], cell_clip, cell_next=cell[d]", "cell[d], 0.0, cell_next=cell[d]", CELL_TESTS),
+           "lstm_cell.cell_step(lstm_cell.activate_doubled_gates_(gates), state.cell[d], cell_clip,",
+           "lstm_cell.cell_step(lstm_cell.activate_doubled_gates_(gates), state.cell[d], 0.0,", CELL_TESTS),
     Mutant("engine: the candidate's bias not doubled", "inference/engine.py",
            "bias = (layer.gate_bias().to(inputs.dtype) * candidate_doubled(layer).to(inputs.dtype)",
            "bias = (layer.gate_bias().to(inputs.dtype)", CELL_TESTS),
     Mutant("engine, bfloat16: the gates not widened to float32", "inference/engine.py",
-           "                if mixed:\n                    gates = wide_gates.copy_(gates)\n", "",
-           ("tests/test_cell.py", "tests/test_precision.py")),
+           "            if state.wide_gates is not None:\n                gates = state.wide_gates[d].copy_(gates)\n",
+           "", ("tests/test_cell.py::test_stream_engine_in_bfloat16_rounds_the_products_and_keeps_the_cell_in_float32",
+                "tests/test_precision.py")),
+    Mutant("engine reset: the hidden state carried into the next sentence of a row", "inference/engine.py",
+           "hidden = hidden * keep[offset]  # not in place", "hidden = hidden  # not in place", STREAMS),
+    Mutant("engine reset: the cell state carried into the next sentence of a row", "inference/engine.py",
+           "state.cell.mul_(keep[offset])", "state.cell.mul_(1.0)", STREAMS),
+    Mutant("engine reset: no step marked as a sentence's start", "inference/engine.py",
+           "torch.from_numpy(starts), starts.any(axis=1).tolist())",
+           "torch.from_numpy(starts), [False] * len(starts))", STREAMS),
+    # the step loop and training's recurrence
     Mutant("step loop: projection clip removed", "model/lstm.py",
            "hidden = lstm_cell.clip_(torch.bmm(cell_output, projection), proj_clip)",
            "hidden = torch.bmm(cell_output, projection)", CELL_TESTS),
@@ -75,8 +114,7 @@ MUTANTS = [
            "self.cell_clip, self.proj_clip)\n            return output, (hidden, cell)",
            "self.proj_clip, self.proj_clip)\n            return output, (hidden, cell)", CELL_TESTS),
     Mutant("recurrence: the projection clipped with the cell clip", "training/recurrence.py",
-           "out=step_hiddens[step + 1]), proj_clip)", "out=step_hiddens[step + 1]), cell_clip)",
-           ("tests/test_cell.py", "tests/test_lm.py")),
+           "proj_clip)  # h_t (D, B, P)", "cell_clip)  # h_t (D, B, P)", ("tests/test_cell.py", "tests/test_lm.py")),
     Mutant("recurrence: no forget-gate offset", "training/recurrence.py",
            "layer.recurrent_weight, layer.gate_bias(),", "layer.recurrent_weight, layer.bias,",
            ("tests/test_cell.py", "tests/test_lm.py")),
@@ -119,30 +157,230 @@ MUTANTS = [
            "variance = (((masked - mean) * mask) ** 2).sum() / (count - 1)", ("tests/test_elmo.py", "tests/test_model.py")),
     Mutant("mix: weights not normalised", "model/mix.py", "torch.softmax(", "torch.sigmoid(",
            ("tests/test_model.py", "tests/test_elmo.py")),
+    # the layer selection and the sentence vector (inference/layers.py: elmo embed, the embedder, hub)
+    Mutant("sentence vector: the first token skipped", "inference/layers.py",
+           "summed = values.sum(TOKEN_AXIS)  # (..., D)", "summed = values[..., 1:, :].sum(TOKEN_AXIS)  # (..., D)",
+           ("tests/test_layers.py", "tests/test_embed_cli.py::test_layouts_hdf5_npz_and_sentence_vectors")),
+    Mutant("layers: 'top' is the token layer", "inference/layers.py",
+           "return layers[..., -1, :, :]", "return layers[..., 0, :, :]",
+           ("tests/test_layers.py", "tests/test_embed_cli.py::test_layouts_hdf5_npz_and_sentence_vectors")),
+    # elmo serve: its recurrence (serve/recurrence.py)
+    Mutant("serve recurrence: no residual on layer 2", "serve/recurrence.py",
+           "if index > 0:  # the residual", "if index > 1:  # the residual", (SERVE_RECURRENCE,)),
+    Mutant("serve recurrence: the projection clipped with the cell clip", "serve/recurrence.py",
+           "hidden = lstm_cell.clip_(view.hidden, self.proj_clip)",
+           "hidden = lstm_cell.clip_(view.hidden, self.cell_clip)", (SERVE_RECURRENCE,)),
+    Mutant("serve recurrence: cell clip removed", "serve/recurrence.py",
+           "lstm_cell.cell_step(lstm_cell.activate_doubled_gates_(gates), view.cell, self.cell_clip,",
+           "lstm_cell.cell_step(lstm_cell.activate_doubled_gates_(gates), view.cell, 0.0,", (SERVE_RECURRENCE,)),
+    Mutant("serve recurrence: a row's cell state carried into its next sentence", "serve/recurrence.py",
+           "self.cell[:, :, started] = 0", "self.cell[:, :, started] *= 1", (SERVE_RECURRENCE,)),
+    Mutant("serve recurrence: a row's projected state carried into its next sentence", "serve/recurrence.py",
+           "self.layer_state[:, :, started, self.layer_state.shape[-1] // 2:] = 0",
+           "self.layer_state[:, :, started, self.layer_state.shape[-1] // 2:] *= 1", (SERVE_RECURRENCE,)),
+    Mutant("serve recurrence: a sentence leaves a step after its last token", "serve/recurrence.py",
+           "self.ends.setdefault(first + size - 2, []).append(row)",
+           "self.ends.setdefault(first + size - 1, []).append(row)",
+           ("tests/test_serve_trust.py::test_a_sentence_leaves_after_its_last_token_step",)),
+    Mutant("serve recurrence: the backward layers not put back in token order", "serve/recurrence.py",
+           "layers[1:, :, dim:] = steps[:, ::-1, 1]", "layers[1:, :, dim:] = steps[:, :, 1]", (SERVE_RECURRENCE,)),
+    Mutant("serve compaction: a moved sentence's cell state left behind", "serve/recurrence.py",
+           "self.cell[:, :, new] = self.cell[:, :, old]", "self.cell[:, :, new] = 0", (SERVE_COMPACT,)),
+    Mutant("serve compaction: a moved sentence's earlier outputs left behind", "serve/recurrence.py",
+           "outputs[:, slot:slot + length, :, new] = outputs[:, slot:slot + length, :, old]", "pass",
+           (SERVE_COMPACT,)),
+    Mutant("serve recurrence: the sentence vector's average without the token layer", "serve/recurrence.py",
+           "max(1, n_tokens * (n_layers + 1))", "max(1, n_tokens * n_layers)", (SERVE_VECTORS,)),
+    # elmo serve: its limits and its key (serve/inputs.py, serve/app.py)
+    Mutant("serve limits: exactly --max-inputs refused", "serve/inputs.py",
+           "if len(items) > limits.max_inputs:", "if len(items) >= limits.max_inputs:", (SERVE_LIMITS,)),
+    Mutant("serve limits: exactly --max-input-tokens refused", "serve/inputs.py",
+           "if len(tokens) > limits.max_input_tokens:", "if len(tokens) >= limits.max_input_tokens:", (SERVE_LIMITS,)),
+    Mutant("serve limits: a declared body of exactly --max-body-bytes refused", "serve/app.py",
+           "if declared.isdigit() and int(declared) > limit:", "if declared.isdigit() and int(declared) >= limit:",
+           (SERVE_LIMITS,)),
+    Mutant("serve limits: a streamed body of exactly --max-body-bytes refused", "serve/app.py",
+           "if size > limit:", "if size >= limit:", (SERVE_LIMITS,)),
+    Mutant("serve: an overflowing mix answered with nulls", "serve/app.py",
+           "if not np.isfinite(layers).all():", "if False:",
+           ("tests/test_serve_trust.py::test_mix_weights_that_overflow_are_refused_not_answered_with_nulls",)),
+    Mutant("serve key: the Bearer scheme read in one case only", "serve/app.py",
+           'return scheme.lower() == b"bearer" and', 'return scheme == b"Bearer" and',
+           ("tests/test_serve_trust.py::test_the_bearer_scheme_is_read_in_any_case",)),
+    # the ONNX export (inference/onnx_export.py)
+    Mutant("onnx scan: the projection clipped with the cell clip", "inference/onnx_export.py",
+           "hidden = lstm_cell.clip_(torch.bmm(cell_output, projection), proj_clip)  # (D, B, P)",
+           "hidden = lstm_cell.clip_(torch.bmm(cell_output, projection), cell_clip)  # (D, B, P)", (ONNX_CLIPPED,)),
+    Mutant("onnx scan: cell clip removed", "inference/onnx_export.py",
+           "lstm_cell.activate_gates(gates), cell, cell_clip)", "lstm_cell.activate_gates(gates), cell, 0.0)",
+           (ONNX_CLIPPED,)),
+    Mutant("onnx export: the check's tolerance loosened 10x", "inference/onnx_export.py",
+           "TOLERANCE = 1e-5", "TOLERANCE = 1e-4",
+           ("tests/test_mutants_onnx.py",
+            "tests/test_onnx.py::test_the_check_rejects_a_difference_just_above_its_tolerance")),
+    Mutant("onnx export: a NaN passes the check", "inference/onnx_export.py",
+           "if not difference <= tolerance:  # NaN too", "if difference > tolerance:  # NaN too",
+           ("tests/test_mutants_onnx.py",)),
+    Mutant("onnx graph: a negative id read as a row from the end", "inference/onnx_export.py",
+           "char_ids = torch.where(char_ids < 0, cnn.char_embedding.num_embeddings, char_ids)  # (N, W)",
+           "char_ids = char_ids  # (N, W)", ("tests/test_onnx.py::test_ids_outside_the_table_are_errors_not_rows",)),
+    Mutant("onnx helpers: id 262 accepted", "inference/onnx_export.py",
+           "<= char_ids.max() < N_CHAR_IDS:", "<= char_ids.max() <= N_CHAR_IDS:", ("tests/test_mutants_onnx.py",)),
+    # hub.Module (hub.py)
+    Mutant("hub: trainable=False leaves the mix trainable", "hub.py",
+           "self.elmo.mix.requires_grad_(trainable)", "self.elmo.mix.requires_grad_(True)", ("tests/test_hub.py",)),
+    Mutant("hub: google/elmo/1 trains the char CNN", "hub.py",
+           "self.elmo.bilm.token_encoder.requires_grad_(False)", "self.elmo.bilm.token_encoder.requires_grad_(True)",
+           ("tests/test_hub.py",)),
+    Mutant("hub: google/elmo/1 trains its LSTM with trainable=False", "hub.py",
+           "train_lstm = trainable and isinstance(handle, str)", "train_lstm = isinstance(handle, str)",
+           ("tests/test_hub.py",)),
+    Mutant("hub: a None token read as the token 'None'", "hub.py",
+           '_check_strings(row[:length], f"tokens[{index}]")', "pass", ("tests/test_hub.py",)),
+    # downloads and the cache (download.py)
+    Mutant("cache: the query ignored", "download.py", "if parts.query:  # the same path", "if False:  # the same path",
+           (DOWNLOADS + "test_the_query_is_part_of_the_cache_key",)),
+    Mutant("cache: a host of '..' taken", "download.py", 'or host in (".", "..") or', 'or host in (".",) or',
+           (DOWNLOADS + "test_a_host_of_dot_dot_is_refused_and_nothing_is_made_outside",)),
+    Mutant("cache: a leading '.' kept (a URL names a lock or a leftover)", "download.py",
+           'return _cut("%2E" + name[1:] if name.startswith(".") else name)', "return _cut(name)",
+           (DOWNLOADS + "test_every_cache_path_is_inside_the_cache",)),
+    Mutant("download: a mirror's file cached as the published one", "download.py",
+           "trusted = source == canonical or", "trusted = True or",
+           (DOWNLOADS + "test_a_mirror_without_a_pinned_hash_never_stands_in_for_the_published_file",)),
+    Mutant("download: the pinned SHA-256 not compared", "download.py",
+           "if digest != expected.sha256:", "if False:",
+           (DOWNLOADS + "test_a_mirror_file_whose_hash_differs_is_refused",)),
+    Mutant("download: the cap not enforced while streaming", "download.py",
+           "if written > cap:", "if False:", (DOWNLOADS + "test_a_gzip_bomb_stops_at_the_cap",)),
+    Mutant("download: the stall rule never fires", "download.py",
+           "if self.window_bytes < self.min_bytes:", "if self.window_bytes < 0:", ("tests/test_mutants_download.py",)),
+    Mutant("download: a 5xx not retried", "download.py",
+           "if response.status_code >= 500:", "if response.status_code >= 600:",
+           (DOWNLOADS + "test_http_errors_name_the_status_code",)),
+    Mutant("download: an ftp:// mirror taken for a folder", "download.py",
+           'if "://" in mirror and mirror.split("://", 1)[0].lower() not in MIRROR_SCHEMES:', "if False:",
+           (DOWNLOADS + "test_a_mirror_of_another_scheme_is_refused_by_name",)),
+    # ELMoForManyLangs folders (model/manylangs.py, model/manylangs_files.py)
+    Mutant("ManyLangs: their max_characters_per_token unbounded", "model/manylangs_files.py",
+           '"token_embedder", 3, MAX_MANYLANGS_CHARACTERS)', '"token_embedder", 3)',
+           ("tests/test_manylangs.py::test_every_size_of_their_config_is_bounded_before_allocating",)),
+    Mutant("ManyLangs: the pickles unpickled unsafely", "model/manylangs_files.py",
+           'torch.load(path, map_location="cpu", weights_only=True)',
+           'torch.load(path, map_location="cpu", weights_only=False)',
+           ("tests/test_manylangs.py::test_a_pickle_with_objects_is_refused_unrun",)),
+    Mutant("ManyLangs: their gate order read as elmokit's", "model/manylangs_files.py",
+           "_THEIR_GATES_TO_NATIVE = (0, 1, 3, 2)", "_THEIR_GATES_TO_NATIVE = (0, 1, 2, 3)", (MANYLANGS_NUMBERS,)),
+    Mutant("ManyLangs: ids not shifted by one", "model/manylangs.py", "        return ids + 1\n", "        return ids\n",
+           (MANYLANGS_NUMBERS,)),
+    # the confidence of a task model's predictions (tasks/confidence.py)
+    Mutant("confidence: a span includes the token after it", "tasks/confidence.py",
+           "(positions < ends[:, None])  # (S, T)", "(positions <= ends[:, None])  # (S, T)",
+           ("tests/test_confidence.py",)),
+    Mutant("confidence: the token after a span may continue it", "tasks/confidence.py",
+           "return (exact | ~inside[..., None]) & ~(after[..., None] & continues)",
+           "return exact | ~inside[..., None]", ("tests/test_confidence.py",)),
+    Mutant("confidence: every span divided by the first sentence's partition function", "tasks/confidence.py",
+           "- log_z[rows]).exp()", "- log_z[0]).exp()", ("tests/test_confidence.py",)),
+    Mutant("confidence, no CRF: padding counted in a span's product", "tasks/confidence.py",
+           "torch.where(span_mask, mass, torch.ones_like(mass)).prod(dim=-1)", "mass.prod(dim=-1)",
+           ("tests/test_confidence.py",)),
 ]
 
 
-def _copy_repository(root: Path) -> Path:
-    """src/ and tests/ of the working tree under root/repo, with root/shared -> ../shared."""
+# ---------------------------------------------------------------------------------------------
+# The mutants against the code
+# ---------------------------------------------------------------------------------------------
+def stale_mutants(package: Path, mutants: list[Mutant]) -> list[str]:
+    """Why each mutant that cannot be applied to the package at `package` (src/elmokit) cannot:
+    its file is missing, its text occurs there other than exactly once, or it changes nothing;
+    also a name used twice. Empty when every mutant applies."""
+    problems, names = [], set()
+    for mutant in mutants:
+        if mutant.name in names:
+            problems.append(f"{mutant.name!r}: the name is used twice")
+        names.add(mutant.name)
+        path = package / mutant.path
+        if not path.is_file():
+            problems.append(f"{mutant.name!r}: {mutant.path} does not exist")
+            continue
+        count = path.read_text(encoding="utf-8").count(mutant.old)
+        if count != 1:
+            problems.append(f"{mutant.name!r}: its text occurs {count} times in {mutant.path}, not once: "
+                            f"{mutant.old.strip()[:80]!r}")
+        if mutant.old == mutant.new:
+            problems.append(f"{mutant.name!r}: the replacement is the text itself")
+    return problems
+
+
+def require_fresh(package: Path, mutants: list[Mutant]) -> None:
+    """SystemExit naming every mutant that no longer matches the code (`stale_mutants`)."""
+    problems = stale_mutants(package, mutants)
+    if problems:
+        sys.exit(f"{len(problems)} mutant(s) no longer match the code of {package}; update them in "
+                 f"scripts/mutation.py:\n  " + "\n  ".join(problems))
+
+
+# ---------------------------------------------------------------------------------------------
+# The copy of the repository, and pytest in it
+# ---------------------------------------------------------------------------------------------
+def repository_files(repo: Path) -> list[Path]:
+    """The files of the repository, relative: git's tracked and untracked-but-not-ignored ones
+    (not the virtualenv, caches or runs), or without git src/, tests/ and pyproject.toml."""
+    if (repo / ".git").exists():
+        listing = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                                 cwd=repo, capture_output=True, check=True).stdout.decode()
+        return [Path(name) for name in sorted(set(listing.split("\0"))) if name and (repo / name).is_file()]
+    return [path.relative_to(repo) for part in ("src", "tests") for path in (repo / part).rglob("*")
+            if path.is_file() and "__pycache__" not in path.parts] + [Path("pyproject.toml")]
+
+
+def copy_repository(source: Path, root: Path) -> Path:
+    """The repository's files under root/repo; nothing beside it (no ../shared: as a fresh clone)."""
     repo = root / "repo"
-    for part in ("src", "tests"):
-        shutil.copytree(REPO / part, repo / part, ignore=shutil.ignore_patterns("__pycache__"))
-    shared = REPO.parent / "shared"
-    if shared.exists():
-        (root / "shared").symlink_to(shared)
+    for relative in repository_files(source):
+        (repo / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source / relative, repo / relative, follow_symlinks=False)
     return repo
 
 
-def run_mutant(repo: Path, mutant: Mutant, timeout: int) -> tuple[str, float]:
-    """'killed', 'SURVIVED', 'stale' (the line is not there once), 'timeout' or 'error (rc N)'."""
+def copy_env(repo: Path) -> dict[str, str]:
+    """The environment of the copy's tests: its src/ first on the path, CI=true (a golden test
+    that skips fails), its own model cache, and no pytest plugin loaded by itself (the installed
+    ones, for the integrations' tests, took most of a run's start on a loaded machine; a covering
+    test that needed one would fail unmutated, and its mutants would not run)."""
+    return {**os.environ, "PYTHONPATH": str(repo / "src"), "PYTHONDONTWRITEBYTECODE": "1", "CI": "true",
+            "ELMOKIT_CACHE": str(repo.parent / "cache"), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+
+
+def require_copy_imported(repo: Path) -> None:
+    """SystemExit unless `import elmokit` in the copy's environment imports the copy's package
+    (an editable install of another tree must not win over PYTHONPATH)."""
+    found = subprocess.run([sys.executable, "-c", "import elmokit; print(elmokit.__file__)"], cwd=repo,
+                           env=copy_env(repo), capture_output=True, text=True).stdout.strip()
+    if not found or not Path(found).resolve().is_relative_to((repo / "src").resolve()):
+        sys.exit(f"in the copy, `import elmokit` gives {found or 'an error'}, not the copy's {repo / 'src'}")
+
+
+def pytest_run(repo: Path, tests, timeout: float, options: tuple[str, ...] = ("-x",)) -> subprocess.CompletedProcess:
+    """pytest on `tests` in the copy `repo`, -x unless other `options` are given (its exit status
+    and output)."""
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", *options, "-p", "no:cacheprovider",
+                           "-W", "ignore::pytest.PytestConfigWarning", *tests],
+                          cwd=repo, env=copy_env(repo), capture_output=True, text=True, timeout=timeout)
+
+
+def run_mutant(repo: Path, mutant: Mutant, timeout: float) -> tuple[str, float]:
+    """Apply `mutant` to the copy, run its tests, restore the file: 'killed', 'SURVIVED',
+    'timeout' or 'error (rc N)'."""
     path = repo / "src" / "elmokit" / mutant.path
     source = path.read_text(encoding="utf-8")
-    if source.count(mutant.old) != 1:
-        return "stale", 0.0
+    if source.count(mutant.old) != 1:  # require_fresh ran on the same files: cannot happen
+        raise RuntimeError(f"{mutant.name}: stale in the copy")
     path.write_text(source.replace(mutant.old, mutant.new), encoding="utf-8")
     start = time.perf_counter()
     try:
-        returncode = _pytest(repo, mutant.tests, timeout)
+        returncode = pytest_run(repo, mutant.tests, timeout).returncode
         status = {0: "SURVIVED", 1: "killed"}.get(returncode, f"error (rc {returncode})")
     except subprocess.TimeoutExpired:
         status = "timeout"
@@ -151,39 +389,196 @@ def run_mutant(repo: Path, mutant: Mutant, timeout: int) -> tuple[str, float]:
     return status, time.perf_counter() - start
 
 
-def _pytest(repo: Path, tests, timeout: int) -> int:
-    """pytest's exit status on `tests`, run in the copy `repo` with its own src/ first on the path."""
-    env = {**os.environ, "PYTHONPATH": str(repo / "src"), "PYTHONDONTWRITEBYTECODE": "1"}
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
-                          cwd=repo, env=env, capture_output=True, timeout=timeout).returncode
+def in_parallel(repos: list[Path], tasks: list, describe) -> list:
+    """Each task(repo) -> result run on a free copy (one worker per copy), `describe(task, result)`
+    printed as each ends; the results in the tasks' order."""
+    jobs: queue.Queue = queue.Queue()
+    for index, task in enumerate(tasks):
+        jobs.put((index, task))
+    results: dict = {}
+    lock = threading.Lock()
+
+    def work(repo: Path) -> None:
+        while True:
+            try:
+                index, task = jobs.get_nowait()
+            except queue.Empty:
+                return
+            result = task(repo)
+            with lock:
+                results[index] = result
+                print(describe(task, result), flush=True)
+
+    threads = [threading.Thread(target=work, args=(repo,)) for repo in repos]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return [results[index] for index in range(len(tasks))]
+
+
+def run_unmutated(repos: list[Path], tests: list[str], timeout: float) -> tuple[str, set[str]]:
+    """The covering tests on the unmutated copies, split among them (without -x): their counts
+    ("412 passed, 2 skipped") and the node ids that failed or errored (a mutant whose tests fail
+    unmutated is not run: it could only be "killed")."""
+    groups = [group for group in (tests[index::len(repos)] for index in range(len(repos))) if group]
+    runs = in_parallel(repos, [lambda repo, group=group: pytest_run(repo, group, timeout, ("-rfE",)) for group in groups],
+                       lambda task, run: f"unmutated: {_summary(run.stdout)}")
+    counts: dict[str, int] = {}
+    failed: set[str] = set()
+    for run in runs:
+        for number, word in re.findall(r"(\d+) (passed|skipped|failed|errors?|xfailed|xpassed|deselected)",
+                                       _summary(run.stdout)):
+            counts[word] = counts.get(word, 0) + int(number)
+        failed |= set(re.findall(r"^(?:FAILED|ERROR) (\S+)", run.stdout, re.M))
+        if run.returncode not in (0, 1):
+            sys.exit(f"pytest could not run the covering tests (rc {run.returncode}):\n{run.stdout[-4000:]}")
+    return ", ".join(f"{number} {word}" for word, number in counts.items()), failed
+
+
+def fails_unmutated(mutant: Mutant, failed: set[str]) -> bool:
+    """Whether one of the mutant's tests (a file or a node id) failed unmutated."""
+    return any(node == test or node.startswith(test + "::") or node.startswith(test + "[") for node in failed
+               for test in mutant.tests)
+
+
+def _summary(output: str) -> str:
+    """pytest's last line ("12 passed, 1 skipped in 3.2s"), without its '=' signs."""
+    return (output.strip().splitlines() or ["(no output)"])[-1].strip("= ")
+
+
+# ---------------------------------------------------------------------------------------------
+# The page
+# ---------------------------------------------------------------------------------------------
+def outcome(status: str, mutant: Mutant) -> str:
+    """What the page says of a result: killed, equivalent (argued), or the status as it is."""
+    return "equivalent" if status == "SURVIVED" and mutant.equivalent else status
+
+
+def page(rows: list[tuple[Mutant, str, float]], runs: list[str]) -> str:
+    """The page: the figures, how the mutants ran, `runs` (a line for each run whose results it
+    holds), a row per mutant, and the argument of each mutant counted equivalent."""
+    outcomes = [outcome(status, mutant) for mutant, status, _ in rows]
+    killed, equivalent = outcomes.count("killed"), outcomes.count("equivalent")
+    survived = outcomes.count("SURVIVED")
+    other = len(rows) - killed - equivalent - survived
+    lines = ["# Mutation testing (`scripts/mutation.py`)", "",
+             f"{len(rows)} mutants: {killed} killed, {equivalent} survived and argued equivalent below, "
+             f"{survived} survived unargued" + (f", {other} not run, timed out or errored" if other else "") + ".", "",
+             "Each mutant is one line of the library changed in a copy of the repository (its files as git lists "
+             "them, no `../shared` beside it, as a fresh clone); the tests that should kill it ran with "
+             "`pytest -x` and `CI=true` (a golden test that skips fails). Killed = they failed. A mutant whose text "
+             "no longer occurs exactly once in its file fails the run before anything runs.", "",
+             "Runs (a row's result is from the last run that ran it; before any mutant, the run's covering tests "
+             "ran unmutated):", "", *runs, "",
+             "| mutant | file | tests | result |", "|---|---|---|---|"]
+    lines += [f"| {m.name} | `{m.path}` | {', '.join(t.removeprefix('tests/') for t in m.tests)} | {result} |"
+              for (m, _, _), result in zip(rows, outcomes)]
+    argued = [(m, result) for (m, _, _), result in zip(rows, outcomes) if result == "equivalent"]
+    if argued:
+        lines += ["", "## Why the surviving mutants are equivalent", ""]
+        lines += [f"- **{m.name}** (`{m.path}`): {m.equivalent}" for m, _ in argued]
+    return "\n".join(lines) + "\n"
+
+
+def read_page(path: Path) -> tuple[dict[str, str], list[str]]:
+    """An earlier page's result by mutant name, and its lines of runs (`--update`)."""
+    text = path.read_text(encoding="utf-8")
+    results = {name: result for name, result in re.findall(r"^\| (.+?) \| `.+?` \| .*? \| (.+?) \|$", text, re.M)}
+    runs = re.findall(r"^- `python scripts/mutation\.py.*$", text, re.M)
+    old = re.search(r"Unmutated, the covering tests: (.*)\. Written by `(.*)` in (\d+) min\.", text)  # the first format
+    if old:
+        runs.append(f"- `{old.group(2)}`: {len(results)} mutants; unmutated, their tests: {old.group(1)}; "
+                    f"{old.group(3)} min.")
+    return results, runs
+
+
+def merge_pages(output: Path, newer: Path) -> None:
+    """Write `output` with every mutant's result from `newer` where it has one, else from `output`
+    (each a page of this script); the runs of both listed. SystemExit if a mutant is on neither."""
+    (earlier, earlier_runs), (later, later_runs) = read_page(output), read_page(newer)
+    missing = [m.name for m in MUTANTS if m.name not in later and m.name not in earlier]
+    if missing:
+        sys.exit(f"--merge: {len(missing)} mutant(s) are on neither page: {missing}")
+    rows = []
+    for mutant in MUTANTS:
+        result = later.get(mutant.name, earlier.get(mutant.name))
+        rows.append((mutant, "SURVIVED" if result == "equivalent" else result, 0.0))
+    partial = output.with_name(f".{output.name}.partial")
+    partial.write_text(page(rows, earlier_runs + later_runs), encoding="utf-8")
+    os.replace(partial, output)
+
+
+def commit_of(repo: Path) -> str:
+    """The repository's commit (short), "+ changes" when its files differ from it; "no git" without."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "no git"
+    return head + (" + changes" if dirty else "")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", help="run the mutants whose name contains this")
-    parser.add_argument("--timeout", type=int, default=300, help="seconds a mutant's tests may run")
-    parser.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "mutation.md")
+    parser.add_argument("--only", help="run the mutants whose name this regular expression finds")
+    parser.add_argument("--check", action="store_true", help="only check that every mutant matches the code")
+    parser.add_argument("--jobs", type=int, default=1, help="mutants run at once (one copy of the repository each)")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds a mutant's tests may run")
+    parser.add_argument("--update", action="store_true",
+                        help="run only the --only mutants and replace their rows in --output (the others' kept)")
+    parser.add_argument("--merge", type=Path, help="run nothing: take the rows and runs of this page (a run of some "
+                                                   "mutants) into --output, the other rows kept")
+    parser.add_argument("--output", type=Path, default=PAGE)
     args = parser.parse_args()
-    mutants = [m for m in MUTANTS if not args.only or args.only in m.name]
-    rows = []
+    mutants = [m for m in MUTANTS if not args.only or re.search(args.only, m.name)]
+    if args.merge:
+        merge_pages(args.output, args.merge)
+        return
+    previous, runs = read_page(args.output) if args.update else ({}, [])
+    missing = [m.name for m in MUTANTS if m not in mutants and m.name not in previous]
+    if args.update and missing:
+        sys.exit(f"--update: {len(missing)} mutant(s) not selected are not on {args.output} either: {missing}")
+    if not mutants:
+        sys.exit(f"no mutant's name contains {args.only!r}")
+    require_fresh(REPO / "src" / "elmokit", MUTANTS)
+    if args.check:
+        print(f"{len(MUTANTS)} mutants, each matching its file once")
+        return
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="elmokit-mutation-") as folder:
-        repo = _copy_repository(Path(folder))
-        tests = sorted({test for mutant in mutants for test in mutant.tests})
-        if _pytest(repo, tests, 4 * args.timeout) != 0:  # unmutated, the tests must pass
-            sys.exit(f"the covering tests fail without any mutant: {' '.join(tests)}")
-        for mutant in mutants:
-            status, seconds = run_mutant(repo, mutant, args.timeout)
-            rows.append((mutant, status, seconds))
-            print(f"{status:>10}  {seconds:6.1f} s  {mutant.name}", flush=True)
+        repos = [copy_repository(REPO, Path(folder) / f"copy{index}") for index in range(max(1, args.jobs))]
+        require_fresh(repos[0] / "src" / "elmokit", mutants)
+        require_copy_imported(repos[0])
+        tests = list(dict.fromkeys(test for mutant in mutants for test in mutant.tests))
+        baseline, failed = run_unmutated(repos, tests, 4 * args.timeout)  # unmutated, the tests must pass
+        if failed:
+            print(f"failing unmutated (their mutants are not run): {' '.join(sorted(failed))}", flush=True)
+        rows = in_parallel(repos, [lambda repo, m=mutant: (m, *(("not run: its tests fail unmutated", 0.0)
+                                                                 if fails_unmutated(m, failed)
+                                                                 else run_mutant(repo, m, args.timeout)))
+                                   for mutant in mutants],
+                           lambda task, row: f"{row[1]:>10}  {row[2]:6.1f} s  {row[0].name}")
+    command = ("python scripts/mutation.py" + (f" --only '{args.only}'" if args.only else "")
+               + (" --update" if args.update else "") + (f" --jobs {args.jobs}" if args.jobs > 1 else ""))
+    runs.append(f"- `{command}` at {commit_of(REPO)}: {len(rows)} mutants; unmutated, their tests: {baseline}; "
+                f"{(time.perf_counter() - started) / 60:.0f} min.")
+    if args.update:  # every mutant of the script, in its order: the ones run now, the others as the page had them
+        ran = {mutant.name: (mutant, status, seconds) for mutant, status, seconds in rows}
+        rows = [ran.get(m.name) or (m, "SURVIVED" if previous[m.name] == "equivalent" else previous[m.name], 0.0)
+                for m in MUTANTS]
+    partial = args.output.with_name(f".{args.output.name}.partial")
+    partial.write_text(page(rows, runs), encoding="utf-8")
+    os.replace(partial, args.output)
+    survivors = [(m, status) for m, status, _ in rows if outcome(status, m) not in ("killed", "equivalent")]
     killed = sum(status == "killed" for _, status, _ in rows)
-    lines = ["# Mutation testing (`scripts/mutation.py`)", "",
-             f"{killed} of {len(rows)} mutants killed. Each mutant is one line of the library changed in a copy of "
-             "the repository; its covering tests ran with `pytest -x` (killed = they failed).", "",
-             "| mutant | file | tests | result |", "|---|---|---|---|"]
-    lines += [f"| {m.name} | `{m.path}` | {', '.join(t.removeprefix('tests/') for t in m.tests)} | {status} |"
-              for m, status, _ in rows]
-    args.output.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"{killed}/{len(rows)} killed; wrote {args.output}")
+    for mutant, status in survivors:
+        print(f"  {status}: {mutant.name} ({mutant.path}; {', '.join(mutant.tests)})")
+    if survivors:
+        sys.exit(f"{len(survivors)} mutant(s) neither killed nor argued equivalent")
 
 
 if __name__ == "__main__":
