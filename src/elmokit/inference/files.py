@@ -54,6 +54,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -84,6 +85,7 @@ from elmokit.inference.layers import check_output_format, shape_output
 from elmokit.inference.windows import position_windows
 
 from elmokit.extras import require
+from elmokit.tokenizer import tokenize as moses_tokens
 from elmokit.io import atomic_write_text, check_replaceable, durable_replace, output_lock, refuse_overwrite
 from elmokit.textfiles import CorpusError, not_a_regular_file, read_lines
 from elmokit.inference.estimate import EmbedReport, InputScan, check_output_size
@@ -167,15 +169,12 @@ def scan_input(path: Path, use_sentence_keys: bool, file_format: str = "hdf5",
 
 
 def make_tokenizer(tokenize: bool, lang: str = "en") -> Callable[[str], list[str]]:
-    """str -> tokens: whitespace splitting, or sacremoses' MosesTokenizer (`escape=False`, as
+    """str -> tokens: whitespace splitting, or `elmokit.tokenize` (Moses, `escape=False`, as
     `elmo prepare` tokenizes) for raw text; MissingExtraError if sacremoses is not installed."""
     if not tokenize:
         return str.split
     require("prepare", "Moses tokenization (--tokenize)", ("sacremoses",))
-    from sacremoses import MosesTokenizer
-
-    moses = MosesTokenizer(lang=lang)
-    return lambda line: " ".join(moses.tokenize(line, escape=False)).split()
+    return functools.partial(moses_tokens, lang=lang)  # the one Moses tokenizer (elmokit.tokenize)
 
 
 def input_fingerprint(path: Path) -> dict:
