@@ -80,6 +80,8 @@ def test_flairs_names_and_arguments(model_dir, monkeypatch):
 def test_the_built_in_model_is_the_default(cpu_device):
     embeddings = ELMoEmbeddings(embedding_mode="average")
     assert embeddings.model == "gutenberg-en" and embeddings.embedding_length == ElmoEmbedder().output_dim
+    none = ELMoEmbeddings(None, embedding_mode="average")  # None is the default too, not a model named "None"
+    assert none.model == "gutenberg-en" and none.name == "elmo-gutenberg-en-average"
 
 
 def test_stacks_with_flairs_own_embeddings(model_dir, cpu_device):

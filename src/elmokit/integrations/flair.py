@@ -47,7 +47,7 @@ REGISTERED_NAME = "elmokit.ELMoEmbeddings"
 """The name Flair's embeddings registry (and so a saved tagger) knows the class by."""
 
 
-def model_reference(reference: str | Path | None) -> str | None:
+def saved_reference(reference: str | Path | None) -> str | None:
     """What a saved tagger keeps of a model: a name or URL as given, a local path made absolute
     (so the tagger loads from any working directory)."""
     if reference is None:
@@ -74,7 +74,7 @@ class ELMoEmbeddings(TokenEmbeddings):
     Shapes: each token's embedding is ((L+1) * 2P,) for "all", (2P,) otherwise, on `flair.device`.
     """
 
-    def __init__(self, model: str | Path = BUILTIN_MODEL, options_file: str | Path | None = None,
+    def __init__(self, model: str | Path | None = BUILTIN_MODEL, options_file: str | Path | None = None,
                  weight_file: str | Path | None = None, embedding_mode: str = "all", *, batch_size: int = 64):
         if embedding_mode not in OUTPUT_FORMATS:
             raise ValueError(f"embedding_mode must be one of {', '.join(OUTPUT_FORMATS)}, got {embedding_mode!r}")
@@ -83,12 +83,13 @@ class ELMoEmbeddings(TokenEmbeddings):
                              f"weight_file={weight_file!r}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        model = BUILTIN_MODEL if model is None else model  # None: the default, as everywhere in elmokit
         self.name = f"elmo-{model}-{embedding_mode}"  # Flair's own naming
         self.static_embeddings = True  # the biLM is frozen: Flair may store the vectors between epochs
         super().__init__()
-        self.model = model_reference(model)
-        self.options_file = model_reference(options_file)
-        self.weight_file = model_reference(weight_file)
+        self.model = saved_reference(model)
+        self.options_file = saved_reference(options_file)
+        self.weight_file = saved_reference(weight_file)
         self.embedding_mode = embedding_mode
         self.batch_size = batch_size
         self._embedder = self._load_embedder()  # a plain attribute: its biLM is not in the state dict
