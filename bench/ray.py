@@ -189,8 +189,8 @@ def render(args, header: str, before: str, after: str, lines: int, tokens: int, 
     return f"""# Embedding on Ray Data against one process (`bench/ray.py`)
 
 {header}
-This machine is shared with other engineers' work while the bench runs, so
-the times include their load: before the run, {before}; after it, {after}.
+What else ran (the times include any other load on the machine): before the run,
+{before}; after it, {after}.
 Model: {args.model or "the built-in model (gutenberg-en)"}, `--top`, float32, one torch thread
 per process or actor. Input: the first {lines:,} lines ({tokens:,} tokens) of Gutenberg
 valid.txt.gz. Each time runs from the command's start to its last Parquet file (Python's and the

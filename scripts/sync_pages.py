@@ -21,7 +21,7 @@ A block `<!-- results-bilm -->` ... `<!-- /results-bilm -->` (in the README and 
 replaced by a line that says which built-in model made docs/results.json, and whether it is the one
 that ships now (a new version keeps the directory's path, so an old table would pass for the new one).
 
-    python3 scripts/sync_pages.py [--check]     (--check: exit 1 if the README, docs/results.md or docs/integrations.md is not in sync)
+    python3 scripts/sync_pages.py [--check]     (--check: exit 1 if the README, docs/results.md, docs/integrations.md or docs/scale.md is not in sync)
     python3 scripts/sync_pages.py --record MODEL_DIR OUT.json LABEL
 """
 
@@ -174,7 +174,8 @@ def main() -> int:
         Path(out).write_text(json.dumps(facts, indent=2) + "\n", encoding="utf-8")
         return 0
     stale = []
-    for page in (REPO / "README.md", REPO / "docs" / "results.md", REPO / "docs" / "integrations.md"):
+    for page in (REPO / "README.md", REPO / "docs" / "results.md", REPO / "docs" / "integrations.md",
+                 REPO / "docs" / "scale.md"):
         text = page.read_text(encoding="utf-8")
         new = synced(text)
         if new == text:
