@@ -130,19 +130,13 @@ def test_sentences_joining_the_recurrence_at_any_step_get_their_own_vectors(embe
         recurrence._host_inputs = recurrence._host_outputs = None
     pending, got, sentence_in = list(range(len(sentences))), {}, {}
     while pending or recurrence.busy:
-        starting = [pending.pop(0) for _ in range(min(rng.randint(0, 3), len(pending), len(recurrence.free)))]
-        if starting:
-            chosen = [sentences[i] for i in starting]
-            rows = recurrence.admit(token_layer(embedder, chosen), [len(s) + 2 for s in chosen])
-            sentence_in.update(zip(rows, starting))
+        admit_some(recurrence, embedder, sentences, pending, sentence_in, rng.randint(0, 3))
         ended = recurrence.step()
         vectors = rng.random() < 0.5  # read back as sentence vectors (/v1/embeddings) or layers (/embed_all)
         for row, result in zip(ended, recurrence.take(ended, sentence_vectors=vectors) if ended else []):
             got[sentence_in.pop(row)] = result
     assert recurrence.step_number > 2 * recurrence.horizon  # the ring wrapped
-    for i, sentence in enumerate(sentences):
-        wanted = expected[i] if got[i].ndim == 3 else expected[i].mean(axis=0).mean(axis=0)
-        np.testing.assert_allclose(got[i], wanted, atol=1e-6, err_msg=" ".join(sentence))
+    assert_each_read_back_as_alone(sentences, got, expected)
     assert {result.ndim for result in got.values()} == {1, 3}
     with pytest.raises(ValueError, match="12 positions does not fit the recurrence's 11"):
         recurrence.admit(token_layer(embedder, [["a"] * 10]), [12])
@@ -163,11 +157,7 @@ def test_compacting_the_recurrence_moves_sentences_down_without_changing_their_v
         recurrence._host_inputs = recurrence._host_outputs = None
     pending, got, sentence_in, moved = list(range(len(sentences))), {}, {}, 0
     while pending or recurrence.busy:
-        starting = [pending.pop(0) for _ in range(min(rng.randint(0, 2), len(pending), len(recurrence.free)))]
-        if starting:
-            chosen = [sentences[i] for i in starting]
-            rows = recurrence.admit(token_layer(embedder, chosen), [len(s) + 2 for s in chosen])
-            sentence_in.update(zip(rows, starting))
+        admit_some(recurrence, embedder, sentences, pending, sentence_in, rng.randint(0, 2))
         moves = recurrence.compact()
         sentence_in = {moves.get(row, row): i for row, i in sentence_in.items()}
         moved += len(moves)
@@ -176,6 +166,23 @@ def test_compacting_the_recurrence_moves_sentences_down_without_changing_their_v
         for row, result in zip(ended, recurrence.take(ended, sentence_vectors=rng.random() < 0.5) if ended else []):
             got[sentence_in.pop(row)] = result
     assert moved > 10 and recurrence.step_number > 2 * recurrence.horizon  # moves happened, the ring wrapped
+    assert_each_read_back_as_alone(sentences, got, expected)
+
+
+def admit_some(recurrence: Recurrence, embedder, sentences: list[list[str]], pending: list[int],
+               sentence_in: dict[int, int], count: int) -> None:
+    """Start up to `count` of the `pending` sentences (as many as rows are free); `sentence_in`
+    maps each one's row to its index."""
+    starting = [pending.pop(0) for _ in range(min(count, len(pending), len(recurrence.free)))]
+    if starting:
+        chosen = [sentences[i] for i in starting]
+        rows = recurrence.admit(token_layer(embedder, chosen), [len(s) + 2 for s in chosen])
+        sentence_in.update(zip(rows, starting))
+
+
+def assert_each_read_back_as_alone(sentences: list[list[str]], got: dict, expected: list[np.ndarray]) -> None:
+    """Each sentence's layers (L+1, n, 2P), or its vector (2P,): the mean over layers and tokens of
+    what `embed_many` gave it alone."""
     for i, sentence in enumerate(sentences):
         wanted = expected[i] if got[i].ndim == 3 else expected[i].mean(axis=0).mean(axis=0)
         np.testing.assert_allclose(got[i], wanted, atol=1e-6, err_msg=" ".join(sentence))
