@@ -54,10 +54,13 @@ _FUSED_KERNELS = {"adagrad": "aten::_fused_adagrad_", "adam": "aten::_fused_adam
 
 
 def has_fused_kernel(optimizer: str, device: torch.device) -> bool:
-    """Whether the torch in use has a fused kernel of `optimizer` for `device`, asked of its
-    dispatcher: which devices have one changes with the torch (torch 2.11's CUDA build has no
-    fused Adagrad, so asking for it there crashed at the first step), and a device type without
-    one (meta, mps, ...) gets torch's foreach path instead."""
+    """Whether `optimizer` runs as torch's fused kernel on `device`: on the CPU only, where the
+    torch in use has one (asked of its dispatcher). Off the CPU torch's foreach path runs: torch
+    2.11's CUDA build registers a fused Adagrad kernel that its own Adagrad then refuses at the
+    first step (seen on an H200 by scripts/gpu_check.sh), and a fused kernel is one more choice
+    that would make a GPU compute what the CPU does not."""
+    if device.type != "cpu":
+        return False
     try:
         from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
