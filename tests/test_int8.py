@@ -65,6 +65,45 @@ def test_int8_linear_is_the_product_of_the_quantized_operands():
     assert torch.allclose(product(x), x @ (weight * row_scale).T, atol=0.15)
 
 
+def test_int8_linear_writes_into_given_buffers():
+    """With `out` and `sums` (a driver's reused buffers) the same numbers, written there: the
+    int32 sums of the quantized operands, the float32 result."""
+    torch.manual_seed(1)
+    x, weight, bias = torch.randn(6, 16), torch.randn(10, 16), torch.randn(10)
+    product = Int8Linear(weight)
+    out, sums = torch.full((6, 10), float("nan")), torch.zeros(6, 10, dtype=torch.int32)
+    result = product(x, bias, out=out, sums=sums)
+    assert result.data_ptr() == out.data_ptr() and torch.equal(result, product(x, bias))
+    assert torch.equal(sums, quantize_rows(x)[0].int() @ quantize_rows(weight)[0].int().T)
+
+
+@needs_int8
+def test_token_encoder_linears_run_in_int8(tiny_model):
+    """dtype="int8" marks the highway's and the token projection's Linears: their products are
+    Int8Linear's of the weight as it is now (quantized again after a change), without gradients;
+    float32 asked for again unmarks them."""
+    from elmokit.int8 import module_linear
+
+    embedder = ElmoEmbedder(module=copy.deepcopy(tiny_model), dtype="int8")
+    linears = embedder.bilm.token_encoder.linears()
+    assert len(linears) == tiny_model.config.char_cnn.n_highway + 1 and all(map(int8.is_int8, linears))
+    torch.manual_seed(2)
+    for module in linears:
+        x = torch.randn(5, module.in_features)
+        assert torch.equal(module_linear(module, x), Int8Linear(module.weight)(x, module.bias))
+        assert not torch.equal(module_linear(module, x), torch.nn.functional.linear(x, module.weight, module.bias))
+    with torch.no_grad():
+        linears[0].weight.mul_(2)
+    x = torch.randn(3, linears[0].in_features)
+    assert torch.equal(module_linear(linears[0], x), Int8Linear(linears[0].weight)(x, linears[0].bias))
+    with pytest.raises(ValueError, match="inference only"):
+        module_linear(linears[0], x.requires_grad_())
+    ElmoEmbedder(module=embedder.bilm, dtype="float32")
+    assert not any(map(int8.is_int8, linears))
+    x = torch.randn(3, linears[0].in_features)
+    assert torch.equal(module_linear(linears[0], x), kernels.linear(x, linears[0].weight, linears[0].bias))
+
+
 @needs_int8
 def test_builtin_model_within_budget():
     sentences = demo_sentences()

@@ -7,9 +7,11 @@
              process's LOCAL_RANK. AllenNLP's `cuda_device` (-1 = the CPU, N = cuda:N) is an alias.
     dtype    "float32" (the default, exact), "bfloat16": the weights and their products in
              bfloat16, the activations, the LSTM state and the outputs in float32 (inference only),
-             or "int8" (inference on a CPU with VNNI or AMX): the LSTM's products in int8, the
-             weights quantized per output channel once, the inputs per row at each product, sums
-             in int32, everything else in float32 (`elmokit.kernels.Int8Linear`).
+             or "int8" (inference on a CPU with VNNI or AMX): the LSTM's input and recurrent
+             products and the token encoder's highway and projection in int8, the weights
+             quantized per output channel once, the inputs per row at each product, sums in int32
+             (`elmokit.int8.Int8Linear`); the LSTM's projection in bfloat16 where the CPU has it;
+             everything else in float32.
 """
 
 from __future__ import annotations

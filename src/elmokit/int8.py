@@ -1,5 +1,6 @@
 """int8 products for inference on the CPU (`dtype="int8"`): the LSTM's input and recurrent
-products in int8 through the CPU's VNNI or AMX-INT8 instructions, the rest in float32.
+products and the token encoder's highway and projection in int8 through the CPU's VNNI or
+AMX-INT8 instructions, the LSTM's projection in bfloat16 (where the CPU has it), the rest in float32.
 
     quantize_rows     the one quantization: symmetric int8 per row, scale = max |row| / 127
     Int8Linear        `kernels.PackedLinear`'s interface over int8 operands: the weight quantized
@@ -7,7 +8,8 @@ products in int8 through the CPU's VNNI or AMX-INT8 instructions, the rest in fl
                       (`torch._int_mm`), the scales, bias and addend applied in float32
     stream_linear     the product a driver of the recurrence repeats (the engine's, the server's):
                       PackedLinear, Int8Linear, or for an int8 layer's projection bfloat16
-    quantize_lstm     marks a BiLstm's layers for int8 products (the CPU, VNNI or AMX only)
+    module_linear     a Linear's product: int8 where `quantize_modules` marked it, else `kernels.linear`
+    quantize_modules  marks a BiLstm's layers and Linears for int8 products (the CPU, VNNI or AMX only)
 
 `torch._int_mm` is the maintained route to the hardware's int8 products in torch 2.11-2.13 (the
 kernel torchao's dynamic int8 quantization calls; `torch.ao.quantization` is deprecated), and it
@@ -16,11 +18,15 @@ takes a scale per row, which oneDNN's quantized linear (one scale per input tens
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
-from elmokit.kernels import PackedLinear, bf16_native, path_counts
+from elmokit.kernels import PackedLinear, bf16_native, linear, path_counts
 
-INT8_ATTRIBUTE = "int8_products"  # set True on a BiLstmLayer whose products run in int8 (`quantize_lstm`)
+INT8_ATTRIBUTE = "int8_products"  # set True on a module whose products run in int8 (`quantize_modules`)
+# A marked Linear's quantized weight, by module: made at its first product, again after the weight changes
+_LINEAR_PRODUCTS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
 
 
 def int8_native() -> bool:
@@ -37,7 +43,7 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
     x (R, K) float -> q (R, K) int8, scale (R, 1) float32 (a row of zeros: q 0, any scale)."""
     scale = x.abs().amax(dim=-1, keepdim=True).float().clamp_min(1e-30) / 127.0  # (R, 1)
-    return torch.round(x.float() / scale).to(torch.int8), scale
+    return (x.float() / scale).round_().to(torch.int8), scale
 
 
 class Int8Linear:
@@ -61,11 +67,16 @@ class Int8Linear:
         self.weight_scale = scale.reshape(1, -1)  # (1, out)
         self.dtype = torch.float32  # of the inputs and outputs
 
-    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """x (R, in) float32 -> (R, out) float32."""
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                 sums: torch.Tensor | None = None) -> torch.Tensor:
+        """x (R, in) float32 -> (R, out) float32. Given `out` (R, out) float32 and `sums` (R, out)
+        int32, both contiguous, the result and the int32 sums are written there: a driver that
+        reuses them spares the page faults of fresh buffers (at the gate inputs' 256 x 16,384, a
+        fresh one costs about as long as the product itself)."""
         quantized, scale = quantize_rows(x)
         path_counts["int8"] += 1
-        result = torch._int_mm(quantized, self.weight_t).float().mul_(scale).mul_(self.weight_scale)  # (R, out)
+        sums = torch._int_mm(quantized, self.weight_t, out=sums)  # (R, out) int32
+        result = (sums.float() if out is None else out.copy_(sums)).mul_(self.weight_scale).mul_(scale)
         return result if bias is None else result.add_(bias)
 
     def add(self, addend: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -91,7 +102,7 @@ class WidenedLinear(PackedLinear):
 def stream_linear(weight: torch.Tensor, rows: int, row_scale: torch.Tensor | None = None, int8: bool = False,
                   projection: bool = False) -> PackedLinear | Int8Linear:
     """The product with `weight` that a driver of the recurrence repeats: `PackedLinear` (oneDNN's
-    reordered weight), or for a layer quantized by `quantize_lstm` the int8 product (`Int8Linear`),
+    reordered weight), or for a layer quantized by `quantize_modules` the int8 product (`Int8Linear`),
     except the projection (`projection`), whose product runs in bfloat16 where the CPU has it
     (`WidenedLinear`), else in float32. The projection's input, the cell output o * tanh(c), has
     most values near 0 beside a few near +-1, so its per-row int8 step is coarse for most of them:
@@ -102,10 +113,27 @@ def stream_linear(weight: torch.Tensor, rows: int, row_scale: torch.Tensor | Non
     return Int8Linear(weight, rows, row_scale) if int8 else PackedLinear(weight, rows, row_scale)
 
 
-def quantize_lstm(layers, device: torch.device) -> None:
-    """Mark an LSTM's layers (BiLstmLayer) for int8 products (their weights stay float32; the int8
-    copies are made where the products are built). The CPU only, one with VNNI or AMX: a ValueError
-    says why not otherwise."""
+def module_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """x @ weight^T + bias of a Linear, x (..., in) -> (..., out): `kernels.linear`, or where
+    `quantize_modules` marked the module an `Int8Linear` (its weight quantized at the first call
+    and again after it changes). int8 products are for inference: no gradient flows through them."""
+    if not is_int8(module):
+        return linear(x, module.weight, module.bias)
+    weight = module.weight
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        raise ValueError("int8 products are for inference only (no gradients): fine-tune in float32")
+    key = (weight.data_ptr(), weight._version, weight.device)
+    cached = _LINEAR_PRODUCTS.get(module)
+    if cached is None or cached[0] != key:
+        _LINEAR_PRODUCTS[module] = cached = (key, Int8Linear(weight))
+    flat = cached[1](x.reshape(-1, x.shape[-1]).float(), module.bias)
+    return flat.view(*x.shape[:-1], -1).to(x.dtype)
+
+
+def quantize_modules(modules, device: torch.device) -> None:
+    """Mark an LSTM's layers (BiLstmLayer) and Linears (`module_linear`) for int8 products (their
+    weights stay float32; the int8 copies are made where the products are built). The CPU only,
+    one with VNNI or AMX: a ValueError says why not otherwise."""
     if device.type != "cpu":
         raise ValueError(f"dtype int8 runs on the CPU only (its products are the CPU's VNNI/AMX "
                          f"int8 kernels), not on {device}; on a GPU use bfloat16")
@@ -113,16 +141,17 @@ def quantize_lstm(layers, device: torch.device) -> None:
         raise ValueError("dtype int8 needs a CPU with int8 dot products (AVX512-VNNI, AVX-VNNI or "
                          "AMX-INT8); this one has none, where int8 is slower than float32: use "
                          "float32, or bfloat16 where the CPU has AVX512-BF16 or AMX")
-    for layer in layers:
-        setattr(layer, INT8_ATTRIBUTE, True)
+    for module in modules:
+        setattr(module, INT8_ATTRIBUTE, True)
 
 
-def unquantize_lstm(layers) -> None:
-    """Undo `quantize_lstm`: the layers' products in their weights' dtype again."""
-    for layer in layers:
-        layer.__dict__.pop(INT8_ATTRIBUTE, None)
+def unquantize_modules(modules) -> None:
+    """Undo `quantize_modules`: the modules' products in their weights' dtype again."""
+    for module in modules:
+        module.__dict__.pop(INT8_ATTRIBUTE, None)
+        _LINEAR_PRODUCTS.pop(module, None)
 
 
-def is_int8(layer) -> bool:
-    """Whether `quantize_lstm` marked this BiLstmLayer."""
-    return bool(getattr(layer, INT8_ATTRIBUTE, False))
+def is_int8(module) -> bool:
+    """Whether `quantize_modules` marked this module (a BiLstmLayer or a Linear)."""
+    return bool(getattr(module, INT8_ATTRIBUTE, False))

@@ -30,7 +30,7 @@ from torch import nn
 
 from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN, token_mask
 from elmokit.devices import dtype_name, resolve_device, resolve_dtype
-from elmokit.int8 import quantize_lstm, unquantize_lstm
+from elmokit.int8 import quantize_modules, unquantize_modules
 from elmokit.model.bilm import BiLM, BiLMOutput, LstmState
 from elmokit.model.mix import ScalarMix
 from elmokit.inference.engine import bilm_contextualize, bilm_forward
@@ -100,21 +100,28 @@ def run_bilm(bilm: BiLM, char_ids: torch.Tensor, carried: CarriedState | None) -
 def place_bilm(bilm: BiLM, device: torch.device, dtype: str | torch.dtype | None, trainable: bool,
                stateful: bool, who: str) -> BiLM:
     """Move `bilm` (in place, as `nn.Module.to`) to `device` and, unless `dtype` is None, its
-    weights to `dtype`; "int8" keeps them in float32 and marks the LSTM for int8 products
-    (`elmokit.int8.quantize_lstm`, the CPU only). bfloat16 and int8 are for stateless
+    weights to `dtype`; "int8" keeps them in float32 and marks the LSTM and the token encoder's
+    Linears for int8 products (`int8_modules`, `elmokit.int8.quantize_modules`, the CPU only). bfloat16 and int8 are for stateless
     inference: an error otherwise."""
     resolved = None if dtype is None else resolve_dtype(dtype)
     if resolved is not None and resolved != torch.int8:
         bilm.to(dtype=resolved)
-        unquantize_lstm(bilm.lstm.layers)
+        unquantize_modules(int8_modules(bilm))
     weights_dtype = torch.int8 if resolved == torch.int8 else bilm.lstm.layers[0].input_weight.dtype
     if weights_dtype != torch.float32 and (trainable or stateful):
         raise ValueError(f"{who} with a biLM in {dtype_name(weights_dtype)} is for stateless inference: "
                          f"use float32 to fine-tune the biLM or to carry its state")
     bilm = bilm.to(device)
     if resolved == torch.int8:
-        quantize_lstm(bilm.lstm.layers, device)
+        quantize_modules(int8_modules(bilm), device)
     return bilm
+
+
+def int8_modules(bilm: BiLM) -> list[nn.Module]:
+    """What `dtype="int8"` runs in int8: the LSTM's layers (their input and recurrent products) and
+    the token encoder's highway and projection Linears (a ManyLangs encoder's stay float32)."""
+    linears = getattr(bilm.token_encoder, "linears", None)
+    return [*bilm.lstm.layers, *(linears() if linears is not None else [])]
 
 
 def module_device(module: nn.Module) -> torch.device:

@@ -22,13 +22,13 @@ P projection dim, C cell dim, L layers, D = 2 directions, U steps, R rows of the
 
 from __future__ import annotations
 
-import heapq
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from elmokit.inference import cuda_graphs
+from elmokit.inference.streams import StreamLayout, stream_layout
 from elmokit.int8 import Int8Linear, is_int8, stream_linear
 from elmokit.kernels import PackedLinear
 from elmokit.model import cell as lstm_cell
@@ -38,50 +38,6 @@ from elmokit.model.lstm import BiLstm, BiLstmLayer, LstmState
 GATE_BUDGET = 1 << 23  # floats of precomputed gate inputs held at once by `stream_layer` (32 MB)
 GRAPH_GATE_BUDGET = 1 << 28  # the same in a CUDA graph's block (1 GB of float32 a layer's graph)
 PACKED_KEY = "_packed_products"  # where a BiLstmLayer keeps its reordered weights (see its __getstate__)
-
-
-# ---------------------------------------------------------------------------------------------
-# Laying sentences out in streams
-# ---------------------------------------------------------------------------------------------
-class StreamLayout(NamedTuple):
-    """Sentences laid end to end in R streams, read one step of every stream at a time.
-
-    Each sentence still starts from a zero state (`starts` marks where the state is reset), so
-    the results are those of one sentence at a time, but all R rows of the recurrence stay busy
-    until the end instead of idling while the longest sentence of a batch finishes.
-    """
-
-    forward_index: torch.Tensor  # (U, R) flat position read at each step of each stream; N = none
-    backward_index: torch.Tensor  # (U, R) the same, every sentence read from its end
-    starts: torch.Tensor  # (U, R) bool: a sentence starts here
-    reset_steps: list[bool]  # (U,) any start at this step
-
-
-def stream_layout(sizes: np.ndarray, rows: int) -> StreamLayout:
-    """Place sentences of `sizes` positions (boundaries included) in `rows` streams: the longest
-    first, each in the stream that is shortest so far, so the streams end close together."""
-    n_sentences, n_positions = len(sizes), int(sizes.sum())
-    rows = max(1, min(rows, n_sentences))
-    stream, offset = np.empty(n_sentences, np.int64), np.empty(n_sentences, np.int64)
-    heap = [(0, row) for row in range(rows)]
-    for sentence in np.argsort(-sizes, kind="stable"):  # one step per sentence, not per token
-        total, row = heapq.heappop(heap)
-        stream[sentence], offset[sentence] = row, total
-        heapq.heappush(heap, (total + int(sizes[sentence]), row))
-    n_steps = max(total for total, _ in heap)
-
-    first = np.cumsum(sizes) - sizes  # flat position of each sentence's first position
-    sentence = np.repeat(np.arange(n_sentences), sizes)  # (N,)
-    within = np.arange(n_positions) - first[sentence]
-    step, row = offset[sentence] + within, stream[sentence]
-    forward = np.full((n_steps, rows), n_positions, np.int64)
-    forward[step, row] = np.arange(n_positions)
-    backward = np.full((n_steps, rows), n_positions, np.int64)
-    backward[step, row] = first[sentence] + sizes[sentence] - 1 - within
-    starts = np.zeros((n_steps, rows), bool)
-    starts[offset, stream] = True
-    return StreamLayout(torch.from_numpy(forward), torch.from_numpy(backward),
-                         torch.from_numpy(starts), starts.any(axis=1).tolist())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,14 +75,14 @@ def stream_layer(layer: BiLstmLayer, inputs: torch.Tensor, layout: StreamLayout,
         outputs = inputs.new_empty(n_steps, 2, rows, dim)  # (U, D, R, P): a step's (D, R, P) contiguous
         graphed.run(inputs, keep, outputs)
         return outputs.transpose(0, 1)
-    state = StreamState.zeros(inputs, layer.cell_dim, products.dtype)
+    block = max(1, min(n_steps, GATE_BUDGET // (2 * rows * 4 * layer.cell_dim)))  # steps of gate inputs at once
+    state = StreamState.zeros(inputs, layer.cell_dim, products.dtype, block * rows if is_int8(layer) else 0)
     if batched:
         outputs = inputs.new_empty(n_steps, 2, rows, dim)  # (U, D, R, P)
         step_outputs = outputs.unbind(0)
     else:
         outputs = inputs.new_empty(2, n_steps, rows, dim)  # (D, U, R, P)
         step_outputs = outputs.unbind(1)
-    block = max(1, min(n_steps, GATE_BUDGET // (2 * rows * 4 * layer.cell_dim)))  # steps of gate inputs at once
     for first in range(0, n_steps, block):
         last = first + block
         run_block(products, bias, inputs[:, first:last], keep[first:last], layout.reset_steps[first:last], state,
@@ -137,20 +93,25 @@ def stream_layer(layer: BiLstmLayer, inputs: torch.Tensor, layout: StreamLayout,
 class StreamState(NamedTuple):
     """What the streams carry from one block of steps to the next: hidden (D, R, P) and cell
     (D, R, C) in the inputs' dtype, and the scratch of a step: the cell output (D, R, C), and
-    with products in a reduced precision the gates widened to the inputs' dtype (D, R, 4C)."""
+    with products in a reduced precision the gates widened to the inputs' dtype (D, R, 4C); with
+    int8 products, buffers for a block's gate inputs (D, k R, 4C) and int32 sums (k R, 4C), kept
+    for every block (fresh ones of that size cost a page fault every 4 KB)."""
 
     hidden: torch.Tensor
     cell: torch.Tensor
     cell_output: torch.Tensor
     wide_gates: torch.Tensor | None
+    gate_buffers: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @staticmethod
-    def zeros(inputs: torch.Tensor, cell_dim: int, compute_dtype: torch.dtype) -> "StreamState":
+    def zeros(inputs: torch.Tensor, cell_dim: int, compute_dtype: torch.dtype, int8_rows: int = 0) -> "StreamState":
         _, _, rows, dim = inputs.shape
         mixed = compute_dtype != inputs.dtype
+        buffers = (inputs.new_empty(2, int8_rows, 4 * cell_dim), inputs.new_empty(int8_rows, 4 * cell_dim,
+                                                                                  dtype=torch.int32))
         return StreamState(inputs.new_zeros(2, rows, dim), inputs.new_zeros(2, rows, cell_dim),
                            inputs.new_zeros(2, rows, cell_dim),
-                           inputs.new_zeros(2, rows, 4 * cell_dim) if mixed else None)
+                           inputs.new_zeros(2, rows, 4 * cell_dim) if mixed else None, buffers if int8_rows else None)
 
 
 def run_block(products, bias: torch.Tensor, block_inputs: torch.Tensor, keep: torch.Tensor, resets: list[bool],
@@ -163,7 +124,7 @@ def run_block(products, bias: torch.Tensor, block_inputs: torch.Tensor, keep: to
     step_outputs: k tensors (D, R, P), written.
     """
     cell_clip, proj_clip = clips
-    gate_inputs = products.gate_inputs(block_inputs, bias)  # (D, k, R, 4C) in the products' dtype
+    gate_inputs = products.gate_inputs(block_inputs, bias, state.gate_buffers)  # (D, k, R, 4C), products' dtype
     hidden = state.hidden
     for offset, output in enumerate(step_outputs):
         if resets[offset]:  # a new sentence starts in some rows: zero their state
@@ -183,11 +144,14 @@ class DirectionStreamProducts(NamedTuple):
     projections: list[PackedLinear | Int8Linear]
     dtype: torch.dtype  # of the products' inputs (float32 for int8 products, which quantize them)
 
-    def gate_inputs(self, block_inputs: torch.Tensor, bias: torch.Tensor) -> list[torch.Tensor]:
-        """(D, k, R, P) -> D x (k, R, 4C): x W_in^T + b, a direction at a time."""
-        _, _, rows, dim = block_inputs.shape
+    def gate_inputs(self, block_inputs: torch.Tensor, bias: torch.Tensor,
+                    buffers: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """(D, k, R, P) -> D x (k, R, 4C): x W_in^T + b, a direction at a time (into int8's `buffers`)."""
+        _, n_steps, rows, dim = block_inputs.shape
         block_inputs = block_inputs.to(self.dtype)  # itself when not mixed
-        return [self.inputs[d](block_inputs[d].reshape(-1, dim), bias[d, 0]).view(-1, rows, bias.shape[-1])
+        n = n_steps * rows
+        out = [{} if buffers is None else {"out": buffers[0][d, :n], "sums": buffers[1][:n]} for d in range(2)]
+        return [self.inputs[d](block_inputs[d].reshape(-1, dim), bias[d, 0], **out[d]).view(-1, rows, bias.shape[-1])
                 for d in range(2)]
 
     def step(self, gate_inputs: list[torch.Tensor], offset: int, hidden: torch.Tensor, state: StreamState,
@@ -214,8 +178,8 @@ class BatchedStreamProducts(NamedTuple):
     dtype: torch.dtype
     graphs: dict  # GraphedBlocks by (rows, steps, dtype, clips), made on first use on a CUDA GPU
 
-    def gate_inputs(self, block_inputs: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        """(D, k, R, P) -> (D, k, R, 4C), both directions in one product."""
+    def gate_inputs(self, block_inputs: torch.Tensor, bias: torch.Tensor, buffers: None = None) -> torch.Tensor:
+        """(D, k, R, P) -> (D, k, R, 4C), both directions in one product (`buffers`: int8's only)."""
         n_dirs, n_steps, rows, dim = block_inputs.shape
         flat = block_inputs.to(self.dtype).reshape(n_dirs, n_steps * rows, dim)  # (D, k*R, P)
         return torch.baddbmm(bias, flat, self.input_weight).view(n_dirs, n_steps, rows, -1)
@@ -285,7 +249,7 @@ def candidate_doubled(layer: BiLstmLayer) -> torch.Tensor:
 def packed_products(layer: BiLstmLayer, rows: int) -> tuple[list[PackedLinear], ...]:
     """The input, recurrent and projection products of each direction, their weights
     reordered for oneDNN (the candidate's rows doubled, see `activate_doubled_gates_`), for about
-    `rows` rows, or quantized to int8 for a layer that `kernels.quantize_lstm` marked
+    `rows` rows, or quantized to int8 for a layer that `elmokit.int8.quantize_modules` marked
     (`layer_products` keeps them until a weight changes)."""
     weights = (layer.input_weight, layer.recurrent_weight, layer.projection)
     block_rows = max(rows, GATE_BUDGET // (2 * 4 * layer.cell_dim))  # input products: a block of steps

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from elmokit.int8 import module_linear
 from elmokit.kernels import linear, matmul
 from elmokit.model.chars import N_CHAR_IDS
 from elmokit.model.config import ElmoConfig
@@ -160,7 +161,7 @@ class Highway(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
-            transform, carry = linear(x, layer.weight, layer.bias).chunk(2, dim=-1)  # (N, F) each
+            transform, carry = module_linear(layer, x).chunk(2, dim=-1)  # (N, F) each
             carry = torch.sigmoid(carry)
             x = carry * torch.relu(transform) + (1 - carry) * x
         return x
@@ -181,4 +182,8 @@ class TokenEncoder(nn.Module):
 
     def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
         features = self.highway(self.char_cnn(char_ids))  # (N, F)
-        return linear(features, self.projection.weight, self.projection.bias)  # (N, P)
+        return module_linear(self.projection, features)  # (N, P)
+
+    def linears(self) -> list[nn.Linear]:
+        """The Linears whose products `dtype="int8"` runs in int8 (`elmokit.int8.module_linear`)."""
+        return [*self.highway.layers, self.projection]
