@@ -32,6 +32,7 @@ import argparse
 import copy
 import itertools
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -45,7 +46,7 @@ from machine import _best_gflops, busy_processes, cpu_fields, cpu_flags, matmul_
 from machine import machine  # noqa: F401  (bench/machine.py's; kept importable from here for older callers)
 
 REPO = Path(__file__).resolve().parents[1]
-UD_DEV = REPO.parent / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
+UD_DEV = Path(os.environ.get("UD_DEV", REPO.parent / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"))
 DTYPES = ("float32", "bfloat16", "int8")
 
 

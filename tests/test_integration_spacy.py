@@ -40,10 +40,16 @@ def test_doc_elmo_is_the_embedders_layers_of_spacys_tokens(nlp_with, model_dir, 
     reference = ElmoEmbedder(str(model_dir))
     for text in TEXTS:
         doc = nlp(text)
-        tokens = [token.text for token in doc]
+        words = [token.text for token in doc if not token.is_space]
         assert doc._.elmo.shape == (tiny_model.config.n_output_layers, len(doc), tiny_model.output_dim)
-        np.testing.assert_allclose(doc._.elmo, reference.embed_sentence(tokens), rtol=1e-5, atol=1e-6)
-    assert [token.text for token in nlp(TEXTS[1])][2] == " "  # spaCy's tokens as they are: the extra space too
+        kept = [token.i for token in doc if not token.is_space]
+        np.testing.assert_allclose(doc._.elmo[:, kept], reference.embed_sentence(words), rtol=1e-5, atol=1e-6)
+    doc = nlp(TEXTS[1])  # "Colorless green  ideas ...": spaCy makes the extra space a token; the biLM never reads it
+    assert doc[2].text == " " and not doc._.elmo[:, 2].any() and not doc[2].has_vector and not doc[2].vector.any()
+    assert doc[1].has_vector and doc[3].has_vector
+    words = np.array([not token.is_space for token in doc])
+    np.testing.assert_allclose(doc.vector, doc.tensor[words].mean(axis=0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(doc[1:4].vector, doc.tensor[[1, 3]].mean(axis=0), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("layers", ["average", "top", 0, 2])
@@ -80,6 +86,10 @@ def test_an_empty_doc(nlp_with):
     empty, full = nlp(""), nlp("a b")
     assert empty._.elmo.shape[1] == 0 and empty.tensor.shape == (0, full.tensor.shape[1])
     assert not empty.vector.any() and empty.similarity(full) == 0.0
+    blank = nlp("   \n\n  ")  # whitespace only: spaCy's tokens, but no word
+    assert len(blank) > 0 and not blank._.elmo.any() and not blank.vector.any() and blank.similarity(full) == 0.0
+    paragraphs = nlp("a b\n\nc")  # a paragraph break between two words leaves the words' vectors as without it
+    np.testing.assert_allclose(paragraphs._.elmo[:, [0, 1, 3]], nlp("a b c")._.elmo, rtol=1e-5, atol=1e-6)
 
 
 def test_spacys_tok2vec_listener_reads_doc_tensor(nlp_with):

@@ -10,7 +10,10 @@
     doc.tensor            # (n, 2P): the token vectors, where spaCy keeps a pipe's per-token features
 
 The vectors are those of `elmokit.ElmoEmbedder` for the same tokens (stateless: a doc's vectors do
-not depend on the other docs of the batch); `nlp.pipe(texts, batch_size=...)` runs that many docs
+not depend on the other docs of the batch), spaCy's whitespace tokens left out: the biLM reads the
+words alone, as it was trained (a "\n\n" or an extra space between two words is a token of spaCy's,
+no word of the text), and a whitespace token's vectors are zeros, without a vector
+(`token.has_vector` False), outside the means of its doc and spans; `nlp.pipe(texts, batch_size=...)` runs that many docs
 through the biLM at once. `nlp.to_disk` keeps the pipe's config (the model by its reference: a
 name, URL or path), and `spacy.load` loads the model again from there. The vector, similarity and
 norm are user hooks of the doc, objects of this module, so a pickled doc keeps them.
@@ -50,6 +53,11 @@ class ElmoVectors:
     def __init__(self, layers: str | int):
         self.layers = layers
 
+    @staticmethod
+    def words(doc: Doc) -> np.ndarray:
+        """(n,) bool: which of the doc's tokens the biLM reads (all but spaCy's whitespace tokens)."""
+        return doc.to_array("IS_SPACE") == 0
+
     def tokens(self, doc: Doc, start: int = 0, end: int | None = None) -> np.ndarray:
         """(m, 2P): the selected vectors of the doc's tokens start..end."""
         layers = doc._.elmo[:, start:end]  # (L+1, m, 2P)
@@ -58,15 +66,14 @@ class ElmoVectors:
         return select_layers(layers, self.layers)
 
     def vector(self, item: Doc | Span | Token) -> np.ndarray:
-        """(2P,): a token's selected vector; a doc's or span's token mean (zeros for no token)."""
+        """(2P,): a token's selected vector; a doc's or span's mean over its words (zeros for none)."""
         if isinstance(item, Token):
             return self.tokens(item.doc, item.i, item.i + 1)[0]
-        if isinstance(item, Span):
-            return token_mean(self.tokens(item.doc, item.start, item.end))
-        return token_mean(self.tokens(item))
+        doc, start, end = (item.doc, item.start, item.end) if isinstance(item, Span) else (item, 0, len(item))
+        return token_mean(self.tokens(doc, start, end)[self.words(doc)[start:end]])
 
     def has_vector(self, item: Doc | Span | Token) -> bool:
-        return True
+        return not (isinstance(item, Token) and item.is_space)
 
     def vector_norm(self, item: Doc | Span | Token) -> float:
         return float(np.linalg.norm(self.vector(item)))
@@ -117,13 +124,19 @@ class ElmoComponent:
     def pipe(self, docs: Iterable[Doc], batch_size: int | None = None) -> Iterator[Doc]:
         """The docs in order, `batch_size` of them through the biLM at once."""
         for batch in minibatch(docs, size=batch_size or self.batch_size):
-            texts = [[token.text for token in doc] for doc in batch]
+            texts = [[token.text for token in doc if not token.is_space] for doc in batch]
             for doc, layers in zip(batch, self.embedder.embed_many(texts, rows=len(batch)), strict=True):
                 self.set_annotations(doc, layers)
                 yield doc
 
     def set_annotations(self, doc: Doc, layers: np.ndarray) -> None:
-        """`layers` (L+1, n, 2P) of the doc's n tokens into `doc._.elmo`, `doc.tensor` and the hooks."""
+        """`layers` (L+1, m, 2P) of the doc's m words into `doc._.elmo` (L+1, n, 2P) over its n
+        tokens (zeros at whitespace tokens), `doc.tensor` and the hooks."""
+        words = self.vectors.words(doc)
+        if not words.all():
+            spread = np.zeros((layers.shape[0], len(doc), layers.shape[2]), layers.dtype)
+            spread[:, words] = layers
+            layers = spread
         doc._.elmo = layers
         doc.tensor = np.ascontiguousarray(self.vectors.tokens(doc))  # (n, 2P)
         self.vectors.install(doc)
