@@ -427,3 +427,18 @@ def test_the_gpu_embedding_benchmark_measures_the_engine_and_judges_the_targets(
     assert "end to end: never slower with more rows: **NOT met** (slower at 256 -> 1,024 rows)" in lines
     assert "the engine alone, >= 1,024 rows: 200,000 tokens/s, target >= 150,000: **met**" in lines
     assert "the engine alone: never slower with more rows: **met**" in lines
+
+
+def test_the_cpu_check_script_parses_and_stops_cleanly_without_its_data(tmp_path):
+    """scripts/cpu_check.sh (issue 41's CPU benchmarks on another machine's CPU): it parses, runs
+    offline, and without UD EWT dev and PTB where ELMOKIT_BENCH_DATA points it measures nothing,
+    names the file it lacks, and writes no page."""
+    script = REPO / "scripts" / "cpu_check.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    assert "pip install" not in script.read_text(encoding="utf-8")
+    before = sorted(path.name for path in (REPO / "bench" / "results").iterdir())
+    result = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "ELMOKIT_BENCH_DATA": str(tmp_path), "OUT": str(tmp_path)})
+    assert result.returncode == 3 and "en_ewt-ud-dev.conllu is absent" in result.stderr, result.stderr
+    assert sorted(path.name for path in (REPO / "bench" / "results").iterdir()) == before
+    assert not list(tmp_path.iterdir())
