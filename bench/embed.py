@@ -321,6 +321,8 @@ def main() -> None:
             for layer in errors[-1]["layers"]), flush=True)
     for name, gflops in matmul_gflops(args.threads, args.device).items():  # again: the best sustained figure
         kernels[name] = max(kernels[name], gflops)
+    for key in ceilings:  # the ceilings too: a first measurement in a cold process can read low
+        ceilings[key] = max(ceilings[key], recurrent_product_gflops(*key[:2], args.threads, key[2], args.device))
     after = busy_processes()
     print(f"after: {after}", flush=True)
     args.data_note = (f"{'UD English EWT dev' if UD_DEV.is_file() else 'synthetic sentences (UD absent)'}"
@@ -379,8 +381,10 @@ def write_report(output: Path, args, kernels: dict, ceilings: dict, best: dict, 
         "",
         "The ceiling: the LSTM step's two products alone (`(R, P) x (P, 4C)` and `(R, C) x (C, P)`, both "
         "directions, R = batch rows, the kernels the model uses: for int8 the first in int8 and the projection "
-        "in bfloat16, as `kernels.stream_linear` builds them), measured in the same run. The recurrent "
-        "5PC of the LSTM's 9PC multiply-adds per position cannot run faster than this.",
+        "in bfloat16, as `kernels.stream_linear` builds them), measured in the same run, before and after the "
+        "rows, the better kept. The recurrent 5PC of the LSTM's 9PC multiply-adds per position cannot run "
+        "faster than this; the rest (the input products of a block of steps at once, the token encoder) "
+        "runs at more rows, so a row's fraction of it can pass 100%.",
         "",
         "| shape | batch (rows) | dtype | step products GFLOP/s | of roofline |",
         "|---|---:|---|---:|---:|",
@@ -392,8 +396,8 @@ def write_report(output: Path, args, kernels: dict, ceilings: dict, best: dict, 
         "## Reduced precision against float32",
         "",
         "`ElmoEmbedder(dtype=torch.bfloat16)`: the weights and every product in bfloat16; `dtype=\"int8\"`: "
-        "the LSTM's input and recurrent products and the token encoder's highway and projection in int8 "
-        "(weights per output channel, inputs per row, int32 sums), the LSTM's projection in bfloat16; in both the activations, the LSTM's cell and recurrent state "
+        "the LSTM's input and recurrent products in int8 (weights per output channel, inputs per row, int32 "
+        "sums), its projection and the token encoder's highway and projection in bfloat16; in both the activations, the LSTM's cell and recurrent state "
         "and the outputs in float32. The error of their vectors against float32's (the same weights and "
         "sentences, batch 32), per layer, over every element of every token; 'mean abs fp32' is the typical "
         "size of a float32 value of that layer. 'worst / sentence max' is the largest error of any sentence's "

@@ -111,10 +111,10 @@ MUTANTS = [
            ".mul_(self.weight_scale).mul_(scale)", ".mul_(self.weight_scale)", ("tests/test_int8.py",)),
     Mutant("int8: the token encoder's highway and projection left in float32", "inference/elmo.py",
            "return [*bilm.lstm.layers, *(linears() if linears is not None else [])]", "return [*bilm.lstm.layers]",
-           ("tests/test_int8.py::test_token_encoder_linears_run_in_int8",)),
-    Mutant("int8: a stale quantized weight kept after the weight changes", "int8.py",
+           ("tests/test_int8.py::test_token_encoder_linears_run_in_bfloat16_under_int8",)),
+    Mutant("int8: a stale bfloat16 weight kept after the weight changes", "int8.py",
            "if cached is None or cached[0] != key:", "if cached is None:",
-           ("tests/test_int8.py::test_token_encoder_linears_run_in_int8",)),
+           ("tests/test_int8.py::test_token_encoder_linears_run_in_bfloat16_under_int8",)),
     # the step loop and training's recurrence
     Mutant("step loop: projection clip removed", "model/lstm.py",
            "hidden = lstm_cell.clip_(torch.bmm(cell_output, projection), proj_clip)",

@@ -17,6 +17,7 @@ from elmokit.int8 import Int8Linear, quantize_rows
 
 needs_int8 = pytest.mark.skipif(not int8.int8_native(), reason="this CPU has neither VNNI nor AMX-INT8")
 DEMO = Path(__file__).resolve().parents[1] / "src" / "elmokit" / "demo" / "play.txt"
+UD_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
 
 
 def demo_sentences() -> list[list[str]]:
@@ -78,24 +79,33 @@ def test_int8_linear_writes_into_given_buffers():
 
 
 @needs_int8
-def test_token_encoder_linears_run_in_int8(tiny_model):
-    """dtype="int8" marks the highway's and the token projection's Linears: their products are
-    Int8Linear's of the weight as it is now (quantized again after a change), without gradients;
-    float32 asked for again unmarks them."""
+def test_token_encoder_linears_run_in_bfloat16_under_int8(tiny_model):
+    """dtype="int8" marks the highway's and the token projection's Linears: their products run in
+    bfloat16 where the CPU has it (of the weight as it is now: copied again after a change), else
+    float32, without gradients; float32 asked for again unmarks them."""
     from elmokit.int8 import module_linear
 
     embedder = ElmoEmbedder(module=copy.deepcopy(tiny_model), dtype="int8")
     linears = embedder.bilm.token_encoder.linears()
     assert len(linears) == tiny_model.config.char_cnn.n_highway + 1 and all(map(int8.is_int8, linears))
+
+    def expected(module, x):
+        if not kernels.bf16_native():
+            return torch.nn.functional.linear(x, module.weight, module.bias)
+        narrow = x.bfloat16() @ module.weight.bfloat16().T + module.bias.bfloat16()
+        return narrow.float()
+
     torch.manual_seed(2)
     for module in linears:
         x = torch.randn(5, module.in_features)
-        assert torch.equal(module_linear(module, x), Int8Linear(module.weight)(x, module.bias))
-        assert not torch.equal(module_linear(module, x), torch.nn.functional.linear(x, module.weight, module.bias))
+        assert torch.allclose(module_linear(module, x), expected(module, x), rtol=1e-2, atol=1e-2)
+        assert module_linear(module, x).dtype == torch.float32
+        if kernels.bf16_native():
+            assert not torch.equal(module_linear(module, x), torch.nn.functional.linear(x, module.weight, module.bias))
     with torch.no_grad():
         linears[0].weight.mul_(2)
     x = torch.randn(3, linears[0].in_features)
-    assert torch.equal(module_linear(linears[0], x), Int8Linear(linears[0].weight)(x, linears[0].bias))
+    assert torch.allclose(module_linear(linears[0], x), expected(linears[0], x), rtol=1e-2, atol=1e-2)
     with pytest.raises(ValueError, match="inference only"):
         module_linear(linears[0], x.requires_grad_())
     ElmoEmbedder(module=embedder.bilm, dtype="float32")
@@ -120,6 +130,19 @@ def test_builtin_model_within_budget():
     # float32 asked for again: the same module's products back in float32, the exact numbers
     again = ElmoEmbedder(module=embedder.bilm, dtype="float32").embed_many(sentences[:2])
     assert all(np.allclose(x, y, atol=1e-5) for x, y in zip(again, reference[:2]))
+
+
+@needs_int8
+@pytest.mark.skipif(not UD_DEV.is_file(), reason=f"needs {UD_DEV} (the shared data beside the repository)")
+def test_builtin_model_within_budget_on_ud_dev():
+    """The budget on 2,001 real sentences (UD English EWT dev), where a sentence of the demo text
+    may not find the worst case: int8 highway products passed on the demo (0.029) and failed here
+    (0.065), the reason they run in bfloat16."""
+    from elmokit.tasks.readers import read_conllu
+
+    sentences = [sentence.tokens for sentence in read_conllu(UD_DEV)]
+    error, cosine = budget(ElmoEmbedder().embed_many(sentences), ElmoEmbedder(dtype="int8").embed_many(sentences))
+    assert error <= 0.05 and cosine >= 0.999, (error, cosine)
 
 
 @needs_int8

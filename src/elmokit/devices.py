@@ -8,9 +8,9 @@
     dtype    "float32" (the default, exact), "bfloat16": the weights and their products in
              bfloat16, the activations, the LSTM state and the outputs in float32 (inference only),
              or "int8" (inference on a CPU with VNNI or AMX): the LSTM's input and recurrent
-             products and the token encoder's highway and projection in int8, the weights
-             quantized per output channel once, the inputs per row at each product, sums in int32
-             (`elmokit.int8.Int8Linear`); the LSTM's projection in bfloat16 where the CPU has it;
+             products in int8, the weights quantized per output channel once, the inputs per row
+             at each product, sums in int32 (`elmokit.int8.Int8Linear`); the LSTM's projection and
+             the token encoder's highway and projection in bfloat16 where the CPU has it;
              everything else in float32.
 """
 

@@ -84,7 +84,7 @@ def add_device_arguments(parser: argparse.ArgumentParser, dtype: bool = False, c
         group.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
                            help="bfloat16: the biLM's weights and products in bfloat16, its state and "
                                 "outputs in float32 (faster on CPUs with AVX512-BF16 and on GPUs, not "
-                                "exact); int8: the LSTM's and the highway's products in int8 (CPUs with VNNI or AMX only, "
+                                "exact); int8: the LSTM's products in int8 (CPUs with VNNI or AMX only, "
                                 "not exact); default: float32")
 
 

@@ -100,8 +100,8 @@ def run_bilm(bilm: BiLM, char_ids: torch.Tensor, carried: CarriedState | None) -
 def place_bilm(bilm: BiLM, device: torch.device, dtype: str | torch.dtype | None, trainable: bool,
                stateful: bool, who: str) -> BiLM:
     """Move `bilm` (in place, as `nn.Module.to`) to `device` and, unless `dtype` is None, its
-    weights to `dtype`; "int8" keeps them in float32 and marks the LSTM and the token encoder's
-    Linears for int8 products (`int8_modules`, `elmokit.int8.quantize_modules`, the CPU only). bfloat16 and int8 are for stateless
+    weights to `dtype`; "int8" keeps them in float32 and marks the LSTM for int8 products and the
+    token encoder's Linears for bfloat16 ones (`int8_modules`, `elmokit.int8.quantize_modules`, the CPU only). bfloat16 and int8 are for stateless
     inference: an error otherwise."""
     resolved = None if dtype is None else resolve_dtype(dtype)
     if resolved is not None and resolved != torch.int8:
@@ -118,8 +118,9 @@ def place_bilm(bilm: BiLM, device: torch.device, dtype: str | torch.dtype | None
 
 
 def int8_modules(bilm: BiLM) -> list[nn.Module]:
-    """What `dtype="int8"` runs in int8: the LSTM's layers (their input and recurrent products) and
-    the token encoder's highway and projection Linears (a ManyLangs encoder's stay float32)."""
+    """What `dtype="int8"` marks: the LSTM's layers (their input and recurrent products in int8)
+    and the token encoder's highway and projection Linears (in bfloat16, `elmokit.int8.module_linear`;
+    a ManyLangs encoder's stay float32)."""
     linears = getattr(bilm.token_encoder, "linears", None)
     return [*bilm.lstm.layers, *(linears() if linears is not None else [])]
 

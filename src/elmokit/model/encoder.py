@@ -185,5 +185,5 @@ class TokenEncoder(nn.Module):
         return module_linear(self.projection, features)  # (N, P)
 
     def linears(self) -> list[nn.Linear]:
-        """The Linears whose products `dtype="int8"` runs in int8 (`elmokit.int8.module_linear`)."""
+        """The Linears whose products `dtype="int8"` runs in bfloat16 (`elmokit.int8.module_linear`)."""
         return [*self.highway.layers, self.projection]

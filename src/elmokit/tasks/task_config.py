@@ -122,7 +122,7 @@ class TaskConfig:
     device: str = task_option("auto", f"where the biLM and the task model run: {DEVICE_HELP}; auto: the GPU "
                               "when torch sees one, else the CPU")
     bilm_dtype: str = task_option("float32", "the frozen biLM's products in bfloat16 (faster on CPUs with "
-                                  "AVX512-BF16 and on GPUs, not exact), int8 (the LSTM's and highway's products; CPUs with "
+                                  "AVX512-BF16 and on GPUs, not exact), int8 (the LSTM's products; CPUs with "
                                   "VNNI or AMX, not exact) or float32", choices=tuple(sorted(DTYPES)))
     progress: bool = task_option(True, "progress bars (epoch lines are printed either way)")
 
