@@ -76,6 +76,9 @@ def test_int8_linear_writes_into_given_buffers():
     result = product(x, bias, out=out, sums=sums)
     assert result.data_ptr() == out.data_ptr() and torch.equal(result, product(x, bias))
     assert torch.equal(sums, quantize_rows(x)[0].int() @ quantize_rows(weight)[0].int().T)
+    addend = torch.randn(6, 10)
+    added = product.add(addend, x, out=out, sums=sums)  # a step's gates: the recurrent product plus the gate inputs
+    assert added.data_ptr() == out.data_ptr() and torch.equal(added, product.add(addend, x))
 
 
 @needs_int8

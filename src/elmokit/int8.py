@@ -79,9 +79,10 @@ class Int8Linear:
         result = (sums.float() if out is None else out.copy_(sums)).mul_(self.weight_scale).mul_(scale)
         return result if bias is None else result.add_(bias)
 
-    def add(self, addend: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """addend (R, out) + x @ weight^T, x (R, in)."""
-        return self(x).add_(addend)
+    def add(self, addend: torch.Tensor, x: torch.Tensor, out: torch.Tensor | None = None,
+            sums: torch.Tensor | None = None) -> torch.Tensor:
+        """addend (R, out) + x @ weight^T, x (R, in) (into `out` and `sums` as `__call__`)."""
+        return self(x, out=out, sums=sums).add_(addend)
 
 
 class WidenedLinear(PackedLinear):

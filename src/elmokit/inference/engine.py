@@ -94,21 +94,21 @@ class StreamState(NamedTuple):
     """What the streams carry from one block of steps to the next: hidden (D, R, P) and cell
     (D, R, C) in the inputs' dtype, and the scratch of a step: the cell output (D, R, C), and
     with products in a reduced precision the gates widened to the inputs' dtype (D, R, 4C); with
-    int8 products, buffers for a block's gate inputs (D, k R, 4C) and int32 sums (k R, 4C), kept
-    for every block (fresh ones of that size cost a page fault every 4 KB)."""
+    int8 products, buffers for a block's gate inputs (D, k R, 4C), the int32 sums (k R, 4C) and a
+    step's gates (D, R, 4C), kept for every block and step (fresh ones cost a page fault every 4 KB)."""
 
     hidden: torch.Tensor
     cell: torch.Tensor
     cell_output: torch.Tensor
     wide_gates: torch.Tensor | None
-    gate_buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+    gate_buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @staticmethod
     def zeros(inputs: torch.Tensor, cell_dim: int, compute_dtype: torch.dtype, int8_rows: int = 0) -> "StreamState":
         _, _, rows, dim = inputs.shape
         mixed = compute_dtype != inputs.dtype
-        buffers = (inputs.new_empty(2, int8_rows, 4 * cell_dim), inputs.new_empty(int8_rows, 4 * cell_dim,
-                                                                                  dtype=torch.int32))
+        buffers = (inputs.new_empty(2, int8_rows, 4 * cell_dim),
+                   inputs.new_empty(int8_rows, 4 * cell_dim, dtype=torch.int32), inputs.new_empty(2, rows, 4 * cell_dim))
         return StreamState(inputs.new_zeros(2, rows, dim), inputs.new_zeros(2, rows, cell_dim),
                            inputs.new_zeros(2, rows, cell_dim),
                            inputs.new_zeros(2, rows, 4 * cell_dim) if mixed else None, buffers if int8_rows else None)
@@ -145,7 +145,7 @@ class DirectionStreamProducts(NamedTuple):
     dtype: torch.dtype  # of the products' inputs (float32 for int8 products, which quantize them)
 
     def gate_inputs(self, block_inputs: torch.Tensor, bias: torch.Tensor,
-                    buffers: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[torch.Tensor]:
+                    buffers: tuple[torch.Tensor, ...] | None = None) -> list[torch.Tensor]:
         """(D, k, R, P) -> D x (k, R, 4C): x W_in^T + b, a direction at a time (into int8's `buffers`)."""
         _, n_steps, rows, dim = block_inputs.shape
         block_inputs = block_inputs.to(self.dtype)  # itself when not mixed
@@ -158,8 +158,10 @@ class DirectionStreamProducts(NamedTuple):
              output: torch.Tensor, cell_clip: float) -> None:
         """Step `offset` of the block, both directions: gate_inputs D x (k, R, 4C), hidden (D, R, P)
         -> output (D, R, P); the cell state updated in place."""
+        buffers = state.gate_buffers  # int8's: the gates and their int32 sums into kept buffers
         for d in range(2):
-            gates = self.recurrent[d].add(gate_inputs[d][offset], hidden[d])  # (R, 4C)
+            into = {} if buffers is None else {"out": buffers[2][d], "sums": buffers[1][:hidden.shape[1]]}
+            gates = self.recurrent[d].add(gate_inputs[d][offset], hidden[d], **into)  # (R, 4C)
             if state.wide_gates is not None:
                 gates = state.wide_gates[d].copy_(gates)
             lstm_cell.cell_step(lstm_cell.activate_doubled_gates_(gates), state.cell[d], cell_clip,
