@@ -28,6 +28,12 @@ BUDGET="${CPU_CHECK_BUDGET:-400}"
 RESULTS="$REPO/bench/results"
 REPORT="$RESULTS/cpu-check.md"
 
+for needed in "$UD_DEV" "$PTB_DATA/ptb.train.txt.gz"; do
+    if [ ! -f "$needed" ]; then
+        echo "cpu_check: $needed is absent (set ELMOKIT_BENCH_DATA to a folder holding ud-english-ewt/ and ptb/)" >&2
+        exit 3
+    fi
+done
 PY=""
 for candidate in "$REPO/.venv/bin/python" python3 python; do
     if "$candidate" -c 'import torch, numpy, h5py, safetensors' 2>/dev/null; then PY="$candidate"; break; fi
@@ -36,12 +42,6 @@ if [ -z "$PY" ]; then
     echo "cpu_check: no Python here has torch, numpy, h5py and safetensors; nothing measured" >&2
     exit 3
 fi
-for needed in "$UD_DEV" "$PTB_DATA/ptb.train.txt.gz"; do
-    if [ ! -f "$needed" ]; then
-        echo "cpu_check: $needed is absent (set ELMOKIT_BENCH_DATA to a folder holding ud-english-ewt/ and ptb/)" >&2
-        exit 3
-    fi
-done
 CPU="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
 FLAGS="$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx512f|avx512_bf16|avx512_vnni|amx_bf16|amx_int8|amx_tile)$' | tr '\n' ' ')"
 VERSION="$("$PY" -c 'import torch; print(f"torch {torch.__version__}")')"
