@@ -47,16 +47,8 @@ FLAGS="$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx512f|avx5
 VERSION="$("$PY" -c 'import torch; print(f"torch {torch.__version__}")')"
 echo "cpu_check: $CPU ($(nproc) cores; $FLAGS); $VERSION; python $PY"
 
-declare -a PARTS=()
-run_part() {  # name, seconds, command...: runs it under `timeout`, records status and time
-    local name="$1" limit="$2"; shift 2
-    local start=$SECONDS status
-    echo "== $name (at most ${limit}s): $*"
-    timeout --signal=TERM --kill-after=15 "$limit" "$@" 2>&1 | tee "/tmp/cpu_check_${name}.log"
-    status=${PIPESTATUS[0]}
-    PARTS+=("| $name | $status$([ "$status" = 124 ] && echo ' (time limit)') | $((SECONDS - start)) |")
-    return 0
-}
+CHECK=cpu_check WANTED=""
+source "$REPO/scripts/check_parts.sh"  # run_part, PARTS
 
 NOTE="Run by scripts/cpu_check.sh."
 STARTED="$(date -u '+%Y-%m-%d %H:%M UTC')"

@@ -48,21 +48,8 @@ DRIVER="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/nul
 others() { nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader 2>/dev/null | tr '\n' ';' || true; }
 echo "gpu_check: $DEVICE; $VERSIONS; driver ${DRIVER:-?}; python $PY"
 
-WANTED=" ${GPU_CHECK_PARTS:-tests train embed} "
-declare -a PARTS=()
-run_part() {  # name, seconds, command...: runs it under `timeout`, records status and time
-    local name="$1" limit="$2"; shift 2
-    if [[ "$WANTED" != *" $name "* ]]; then
-        PARTS+=("| $name | not run (GPU_CHECK_PARTS) | 0 |")
-        return 0
-    fi
-    local start=$SECONDS status
-    echo "== $name (at most ${limit}s): $*"
-    timeout --signal=TERM --kill-after=15 "$limit" "$@" 2>&1 | tee "/tmp/gpu_check_${name}.log"
-    status=${PIPESTATUS[0]}
-    PARTS+=("| $name | $status$([ "$status" = 124 ] && echo ' (time limit)') | $((SECONDS - start)) |")
-    return 0
-}
+CHECK=gpu_check WANTED=" ${GPU_CHECK_PARTS:-tests train embed} "
+source "$REPO/scripts/check_parts.sh"  # run_part, PARTS
 
 BEFORE="load average $(cut -d' ' -f1 /proc/loadavg); GPU processes: $(others)"
 STARTED="$(date -u '+%Y-%m-%d %H:%M UTC')"

@@ -9,7 +9,8 @@ token encoder's highway and projection in bfloat16 (where the CPU has it); the r
     stream_linear     the product a driver of the recurrence repeats (the engine's, the server's):
                       PackedLinear, Int8Linear, or for an int8 layer's projection bfloat16
     module_linear     a Linear's product: bfloat16 where `quantize_modules` marked it, else `kernels.linear`
-    quantize_modules  marks a BiLstm's layers and Linears for int8 products (the CPU, VNNI or AMX only)
+    quantize_modules  marks a BiLstm's layers for int8 products and Linears for `module_linear`'s
+                      bfloat16 ones (the CPU, VNNI or AMX only)
 
 `torch._int_mm` is the maintained route to the hardware's int8 products in torch 2.11-2.13 (the
 kernel torchao's dynamic int8 quantization calls; `torch.ao.quantization` is deprecated), and it
@@ -138,8 +139,7 @@ def module_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 def quantize_modules(modules, device: torch.device) -> None:
     """Mark an LSTM's layers (BiLstmLayer) for int8 products and Linears for `module_linear`'s
     bfloat16 ones: `dtype="int8"` (the weights stay float32; the copies are made where the
-    products are built). The CPU only,
-    one with VNNI or AMX: a ValueError says why not otherwise."""
+    products are built). The CPU only, one with VNNI or AMX: a ValueError says why not otherwise."""
     if device.type != "cpu":
         raise ValueError(f"dtype int8 runs on the CPU only (its products are the CPU's VNNI/AMX "
                          f"int8 kernels), not on {device}; on a GPU use bfloat16")

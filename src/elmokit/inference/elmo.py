@@ -101,8 +101,8 @@ def place_bilm(bilm: BiLM, device: torch.device, dtype: str | torch.dtype | None
                stateful: bool, who: str) -> BiLM:
     """Move `bilm` (in place, as `nn.Module.to`) to `device` and, unless `dtype` is None, its
     weights to `dtype`; "int8" keeps them in float32 and marks the LSTM for int8 products and the
-    token encoder's Linears for bfloat16 ones (`int8_modules`, `elmokit.int8.quantize_modules`, the CPU only). bfloat16 and int8 are for stateless
-    inference: an error otherwise."""
+    token encoder's Linears for bfloat16 ones (`int8_modules`, `elmokit.int8.quantize_modules`, the
+    CPU only). bfloat16 and int8 are for stateless inference: an error otherwise."""
     resolved = None if dtype is None else resolve_dtype(dtype)
     if resolved is not None and resolved != torch.int8:
         bilm.to(dtype=resolved)

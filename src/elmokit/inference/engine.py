@@ -107,11 +107,13 @@ class StreamState(NamedTuple):
     def zeros(inputs: torch.Tensor, cell_dim: int, compute_dtype: torch.dtype, int8_rows: int = 0) -> "StreamState":
         _, _, rows, dim = inputs.shape
         mixed = compute_dtype != inputs.dtype
-        buffers = (inputs.new_empty(2, int8_rows, 4 * cell_dim),
-                   inputs.new_empty(int8_rows, 4 * cell_dim, dtype=torch.int32), inputs.new_empty(2, rows, 4 * cell_dim))
+        buffers = None
+        if int8_rows:  # made only for int8 products
+            buffers = (inputs.new_empty(2, int8_rows, 4 * cell_dim),
+                       inputs.new_empty(int8_rows, 4 * cell_dim, dtype=torch.int32), inputs.new_empty(2, rows, 4 * cell_dim))
         return StreamState(inputs.new_zeros(2, rows, dim), inputs.new_zeros(2, rows, cell_dim),
                            inputs.new_zeros(2, rows, cell_dim),
-                           inputs.new_zeros(2, rows, 4 * cell_dim) if mixed else None, buffers if int8_rows else None)
+                           inputs.new_zeros(2, rows, 4 * cell_dim) if mixed else None, buffers)
 
 
 def run_block(products, bias: torch.Tensor, block_inputs: torch.Tensor, keep: torch.Tensor, resets: list[bool],

@@ -124,7 +124,7 @@ class ElmoComponent:
     def pipe(self, docs: Iterable[Doc], batch_size: int | None = None) -> Iterator[Doc]:
         """The docs in order, `batch_size` of them through the biLM at once."""
         for batch in minibatch(docs, size=batch_size or self.batch_size):
-            texts = [[token.text for token in doc if not token.is_space] for doc in batch]
+            texts = [[doc[i].text for i in np.flatnonzero(self.vectors.words(doc))] for doc in batch]
             for doc, layers in zip(batch, self.embedder.embed_many(texts, rows=len(batch)), strict=True):
                 self.set_annotations(doc, layers)
                 yield doc
