@@ -107,7 +107,7 @@ MUTANTS = [
            "torch.from_numpy(starts), starts.any(axis=1).tolist())",
            "torch.from_numpy(starts), [False] * len(starts))", STREAMS),
     Mutant("training: a fused optimizer asked for on CUDA (torch 2.11's Adagrad refuses it)", "training/build.py",
-           'if device.type != "cpu":\n        return False\n', "",
+           '\n    if device.type != "cpu":\n        return False', "",
            ("tests/test_optimizers.py::test_fused_optimizers_only_on_the_cpu",)),
     # int8 inference (int8.py): the per-row scale, and what dtype="int8" marks
     Mutant("int8: the inputs' per-row scale dropped", "int8.py",
