@@ -109,6 +109,9 @@ MUTANTS = [
     Mutant("training: a fused optimizer asked for on CUDA (torch 2.11's Adagrad refuses it)", "training/build.py",
            '\n    if device.type != "cpu":\n        return False', "",
            ("tests/test_optimizers.py::test_fused_optimizers_only_on_the_cpu",)),
+    Mutant("fork: children forked after a model load keep the parent's torch threads (spaCy's n_process hangs)",
+           "model/loading.py", "\n    one_thread_in_forked_children()\n", "\n",
+           ("tests/test_integration_spacy.py::test_nlp_pipe_with_two_processes_finishes_and_gives_the_same_docs",)),
     # int8 inference (int8.py): the per-row scale, and what dtype="int8" marks
     Mutant("int8: the inputs' per-row scale dropped", "int8.py",
            ".mul_(self.weight_scale).mul_(scale)", ".mul_(self.weight_scale)", ("tests/test_int8.py",)),

@@ -164,3 +164,42 @@ def test_the_entry_point_and_to_disk_in_a_fresh_process(model_dir, tmp_path):
     assert saved == {"config.cfg", "meta.json", "tokenizer", "vocab"}, saved  # spaCy's own files, no weights
     expected = ElmoEmbedder(str(model_dir)).embed_sentence(["The", "cat", "sat", "."])[1, 1]
     np.testing.assert_allclose(record["vector"], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_nlp_pipe_with_two_processes_finishes_and_gives_the_same_docs(model_dir, tmp_path):
+    """spaCy forks its workers from a process whose torch thread pool ran: without
+    `one_thread_in_forked_children` they hang at their first product (a time limit here)."""
+    script = textwrap.dedent(f"""
+        import warnings
+        import numpy as np
+        import spacy
+        import torch
+
+        torch.set_num_threads(2)
+        nlp = spacy.blank("en")
+        nlp.add_pipe("elmo", config={{"model": {str(model_dir)!r}, "batch_size": 2}})
+        texts = {TEXTS!r} * 3
+        alone = [nlp(text) for text in texts]  # the parent's pool has run
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # spaCy's W109: the hooks do not travel between processes
+            docs = list(nlp.pipe(texts, n_process=2, batch_size=2))
+        pipe = nlp.get_pipe("elmo")
+        assert [doc.text for doc in docs] == texts
+        for doc, one in zip(docs, alone):
+            np.testing.assert_allclose(doc._.elmo, one._.elmo, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(doc.tensor, one.tensor, rtol=1e-5, atol=1e-6)
+            pipe.add_hooks(doc)
+            np.testing.assert_allclose(doc.vector, one.vector, rtol=1e-5, atol=1e-6)
+            assert [token.has_vector for token in doc] == [token.has_vector for token in one]
+        print("ok", len(docs))
+    """)
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True, cwd=tmp_path)
+    try:
+        out, err = process.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)  # spaCy's workers too
+        process.communicate()
+        pytest.fail("nlp.pipe(n_process=2) did not finish in 120 s: its workers hung")
+    assert process.returncode == 0, err[-3000:]
+    assert out.split() == ["ok", str(3 * len(TEXTS))]

@@ -80,6 +80,29 @@ def resolve_dtype(dtype: str | torch.dtype | None = None) -> torch.dtype:
     return dtype
 
 
+def one_thread_in_forked_children() -> None:
+    """From now on, every child forked from this process runs torch on one thread.
+
+    torch's CPU build runs its parallel operations on GNU OpenMP's thread pool, which does not
+    survive a fork: a child forked after the parent's pool has run hangs at its first parallel
+    operation (spaCy's `nlp.pipe(n_process=N)` and `multiprocessing`'s fork workers fork the
+    process that loaded the model). On one thread a child never enters the pool; N such workers on
+    N cores is also the split a machine wants. `load_model` calls it: every process that loaded a
+    biLM. Registered once a process; a child whose parent ran on one thread is left as it is.
+    """
+    if not _fork_guard["registered"] and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_one_thread_after_fork)
+        _fork_guard["registered"] = True
+
+
+_fork_guard = {"registered": False}
+
+
+def _one_thread_after_fork() -> None:
+    if torch.get_num_threads() > 1:
+        torch.set_num_threads(1)
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """"float32" / "bfloat16"."""
     return str(dtype).removeprefix("torch.")

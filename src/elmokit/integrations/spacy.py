@@ -16,7 +16,10 @@ no word of the text), and a whitespace token's vectors are zeros, without a vect
 (`token.has_vector` False), outside the means of its doc and spans; `nlp.pipe(texts, batch_size=...)` runs that many docs
 through the biLM at once. `nlp.to_disk` keeps the pipe's config (the model by its reference: a
 name, URL or path), and `spacy.load` loads the model again from there. The vector, similarity and
-norm are user hooks of the doc, objects of this module, so a pickled doc keeps them.
+norm are user hooks of the doc, objects of this module, so a pickled doc keeps them; a doc that
+comes back from `nlp.pipe(texts, n_process=N)` has lost them (spaCy serializes docs between
+processes without hooks) and `ElmoComponent.add_hooks` puts them back. The workers run torch on
+one thread each (`elmokit.devices.one_thread_in_forked_children`).
 """
 
 from __future__ import annotations
@@ -139,7 +142,18 @@ class ElmoComponent:
             layers = spread
         doc._.elmo = layers
         doc.tensor = np.ascontiguousarray(self.vectors.tokens(doc))  # (n, 2P)
+        self.add_hooks(doc)
+
+    def add_hooks(self, doc: Doc) -> Doc:
+        """Install the pipe's vector, similarity and norm hooks on a doc that has `doc._.elmo`.
+
+        `nlp.pipe(texts, n_process=N)` sends each doc back from its worker through `Doc.to_bytes`,
+        which keeps `doc._.elmo` and `doc.tensor` (so `token.vector`) but drops the hooks (spaCy's
+        warning W109): without them `doc.vector` and `span.vector` are spaCy's plain mean of
+        `doc.tensor`, whitespace tokens included. `for doc in nlp.pipe(texts, n_process=2):
+        pipe.add_hooks(doc)` gives them back."""
         self.vectors.install(doc)
+        return doc
 
 
 @Language.factory("elmo", default_config={"model": BUILTIN_MODEL, "layers": "average", "batch_size": 64,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from elmokit.devices import one_thread_in_forked_children
 from elmokit.download import OPTIONS_MAX_BYTES, fetch, is_url
 from elmokit.model.bilm import BiLM
 from elmokit.model.config import ConfigError, ElmoConfig, read_options
@@ -24,9 +25,14 @@ def load_model(model: str | Path | None = None, weight_file: str | Path | None =
     * a directory: a native model directory, or an ELMoForManyLangs model folder;
     * a published name (`small`, `medium`, `original`, `original-5.5B`, `pubmed`, `pt`;
       `elmokit.model.published`) or a TF-Hub handle (`https://tfhub.dev/google/elmo/3`).
+
+    Children forked from this process from now on run torch on one thread
+    (`elmokit.devices.one_thread_in_forked_children`: forked after torch's thread pool ran, they
+    would hang).
     """
     from elmokit.model.builtin import BUILTIN_MODEL, builtin_model_dir
 
+    one_thread_in_forked_children()
     if weight_file is not None:
         if model is None:
             raise ValueError("a weight file needs its options file: give both")
