@@ -124,3 +124,27 @@ def test_devices_elmokit_cannot_run_are_refused_by_name_or_object(device):
     with pytest.raises(ValueError, match="device must be cpu, cuda"):
         resolve_device(device)
     assert resolve_device(torch.device("cpu")) == torch.device("cpu")
+
+
+def test_a_part_empty_window_steps_in_proportion_to_its_targets(tmp_path):
+    """At an epoch's end rows run dry and a window holds few targets (the last PTB window of 32 x
+    20 holds 4). Every target weighs 1 / (B U) in the gradient whatever the window's fill: the
+    gradient of the summed NLL over the window's positions (bilm-tf's mean over a full window);
+    the reported loss stays the mean over the window's targets. A mean over the targets gave
+    those 4 the weight of a whole window (the validation perplexity jumped 606 -> 10,044)."""
+    config = TrainConfig(output_dir=str(tmp_path), grad_clip=0.0)
+    chars, ids = random_streams(4, 6, seed=3)
+    for lengths in ([6, 6, 6, 6], [6, 2, 0, 0], [1, 0, 0, 0]):
+        model = make_model(dropout=0.0).train()
+        expected = copy.deepcopy(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the gradients, no update
+        batch = window(chars, ids, 0, 6, lengths=lengths)
+        result = train_step(model, optimizer, batch, None, 0.0, config, Dist())
+        out = expected(batch)
+        assert result.n_tokens == sum(lengths)
+        assert result.loss == pytest.approx(float(out.loss), rel=1e-5)  # the mean over its targets
+        summed = 0.5 * (out.forward_nll + out.backward_nll)
+        grads = torch.autograd.grad(summed / batch.mask.numel(), list(expected.parameters()), allow_unused=True)
+        for parameter, grad in zip(model.parameters(), grads):
+            if grad is not None:
+                torch.testing.assert_close(parameter.grad, grad, rtol=1e-4, atol=1e-7)

@@ -66,21 +66,30 @@ class StepResult:
 
 def train_step(model, optimizer, batch, state: LstmState | None, lr: float,
                config: TrainConfig, dist_: Dist) -> StepResult:
-    """Forward, backward, clip, update for one window; the loss is normalised by the global
-    token counts so that every process count takes the same step."""
+    """Forward, backward, clip, update for one window.
+
+    The gradient is that of the summed NLL over the global window's positions (rows x unroll
+    steps, all processes): every target weighs the same in every step, as in bilm-tf, whose
+    windows are always full. Where the end of an epoch leaves a window part-empty (its rows run
+    dry one after another: the last PTB window of 32 x 20 holds 4 targets), it takes a step in
+    proportion; a mean over its targets instead gave those 4 the weight of a whole window, and on
+    PTB the epoch's last steps sent the validation perplexity from 606 to 10,044 (issue 41's
+    loss-curve runs). The reported loss is the mean NLL over the window's targets. Both are
+    normalised by global counts, so every process count takes the same step."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     batch = _to_device(batch, dist_.device)
     with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=config.bf16):
         out = model(batch, state)
-    n_targets = dist_.all_sum([out.n_targets])[0]
-    loss = 0.5 * (out.forward_nll + out.backward_nll) / max(n_targets, 1)
+    n_targets, positions = dist_.all_sum([out.n_targets, batch.mask.numel()])
+    summed = 0.5 * (out.forward_nll + out.backward_nll)
+    loss = summed / max(n_targets, 1)  # what the metrics report
     language_model = getattr(model, "module", model)  # under DDP, the wrapped model
     kept = language_model.softmax.weight.grad if language_model.sparse_softmax_grad else None
     optimizer.zero_grad(set_to_none=True)
     if kept is not None:  # the (V, P) softmax gradient is kept, zeroed: the sampled rows' gradient
         language_model.softmax.weight.grad = kept.zero_()  # is added into it (GatherRows), no new one a step
-    (loss * dist_.world_size).backward()  # DDP averages gradients over ranks: undo the 1/N
+    (summed / positions * dist_.world_size).backward()  # DDP averages gradients over ranks: undo the 1/N
     grad_norm = float(apply_gradients(model, optimizer, config))
     global_loss = dist_.all_sum([float(loss.detach())])[0]
     return StepResult(global_loss, int(n_targets), grad_norm, out.state)
