@@ -391,6 +391,7 @@ def write_report(output: Path, args, kernels: dict, ceilings: dict, best: dict, 
     ]
     lines += [f"| {shape} | {batch_size} | {dtype} | {gflops:.1f} | {gflops / roof[dtype]:.1%} |"
               for (shape, batch_size, dtype), gflops in ceilings.items()]
+    lines += int8_kernel_lines()
     lines += [
         "",
         "## Reduced precision against float32",
@@ -420,6 +421,19 @@ def write_report(output: Path, args, kernels: dict, ceilings: dict, best: dict, 
         lines += gpu_target_lines(best)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def int8_kernel_lines() -> list[str]:
+    """Which kernel each int8 product of this run took (`elmokit.int8.choose_kernel`'s timings)."""
+    from elmokit import int8
+
+    if not int8._CHOICES:
+        return []
+    chosen = "; ".join(f"{rows} x {dim} -> {out}: {'oneDNN quantized linear' if kernel == 'onednn' else 'torch._int_mm'}"
+                       for (rows, dim, out), kernel in sorted(int8._CHOICES.items()))
+    return ["", f"int8 kernels ({int8.KERNEL_VARIABLE}={int8.int8_kernel()}: the faster of oneDNN's quantized linear "
+            f"and torch._int_mm, timed once a process at each step product's shape; a block's input products, "
+            f"over {int8.STEP_ROWS} rows, torch._int_mm): {chosen}."]
 
 
 def reading_lines(best: dict, ceilings: dict, errors: list, kernels: dict) -> list[str]:

@@ -120,12 +120,12 @@ def _best_gflops(product, flops: float, repeats: int, trials: int, synchronize) 
 def matmul_gflops(threads: int, device: str, size: int = 2048, repeats: int = 10, trials: int = 8) -> dict[str, float]:
     """The machine's sustained matmul throughput through each kernel the model may use: on the CPU,
     MKL (`torch.mm`, a plain float32 product) and oneDNN (what `elmokit.kernels` runs without
-    gradients) in float32 and bfloat16, and `torch._int_mm` in int8 where the CPU has VNNI or AMX
-    (GOP/s); on a GPU, `torch.mm` (cuBLAS) in float32 (TF32 off) and bfloat16. The best of
+    gradients) in float32 and bfloat16, and in int8 where the CPU has VNNI or AMX `torch._int_mm` and
+    oneDNN's quantized linear (GOP/s; `Int8Linear`'s two kernels); on a GPU, `torch.mm` (cuBLAS) in float32 (TF32 off) and bfloat16. The best of
     `trials` timings of `repeats` (size x size) products."""
     import torch
 
-    from elmokit.int8 import int8_native
+    from elmokit.int8 import ZERO_POINT, int8_kernel, int8_native
     from elmokit.kernels import _ONEDNN_DTYPES, ONEDNN, linear
 
     torch.set_num_threads(threads)
@@ -145,6 +145,12 @@ def matmul_gflops(threads: int, device: str, size: int = 2048, repeats: int = 10
         if int8_native():  # int8 x int8 -> int32, the product `Int8Linear` runs (GOP/s)
             a8, b8 = (torch.randint(-127, 128, (size, size), dtype=torch.int8) for _ in range(2))
             kernels["int_mm_int8"] = lambda: torch._int_mm(a8, b8.mT)
+            if int8_kernel() != "int_mm":  # oneDNN's quantized linear, the other kernel `Int8Linear` may run
+                u8 = (a8.to(torch.int16) + ZERO_POINT).to(torch.uint8)
+                packed = torch.ops.onednn.qlinear_prepack(b8, [size, size])
+                ones, zeros = torch.ones(size), torch.zeros(size, dtype=torch.int64)
+                kernels["onednn_int8"] = lambda: torch.ops.onednn.qlinear_pointwise(
+                    u8, 1.0, ZERO_POINT, packed, ones, zeros, None, 1.0, 0, torch.float32, "none", [], "")
     with torch.no_grad():
         return {name: _best_gflops(product, 2 * size ** 3, repeats, trials, synchronize)
                 for name, product in kernels.items()}

@@ -66,19 +66,88 @@ def test_int8_linear_is_the_product_of_the_quantized_operands():
     assert torch.allclose(product(x), x @ (weight * row_scale).T, atol=0.15)
 
 
-def test_int8_linear_writes_into_given_buffers():
+@pytest.fixture(params=["onednn", "int_mm"])
+def int8_kernel(request, monkeypatch):
+    """Each of Int8Linear's kernels in turn (oneDNN's quantized linear only where this torch has it)."""
+    monkeypatch.setenv(int8.KERNEL_VARIABLE, request.param)
+    if int8.int8_kernel() != request.param:
+        pytest.skip(f"this torch has no {request.param} int8 kernel")
+    return request.param
+
+
+def test_int8_linear_writes_into_given_buffers(int8_kernel):
     """With `out` and `sums` (a driver's reused buffers) the same numbers, written there: the
-    int32 sums of the quantized operands, the float32 result."""
+    float32 result, and with `torch._int_mm` the int32 sums of the quantized operands."""
     torch.manual_seed(1)
     x, weight, bias = torch.randn(6, 16), torch.randn(10, 16), torch.randn(10)
     product = Int8Linear(weight)
     out, sums = torch.full((6, 10), float("nan")), torch.zeros(6, 10, dtype=torch.int32)
     result = product(x, bias, out=out, sums=sums)
     assert result.data_ptr() == out.data_ptr() and torch.equal(result, product(x, bias))
-    assert torch.equal(sums, quantize_rows(x)[0].int() @ quantize_rows(weight)[0].int().T)
+    if int8_kernel == "int_mm":
+        assert torch.equal(sums, quantize_rows(x)[0].int() @ quantize_rows(weight)[0].int().T)
     addend = torch.randn(6, 10)
     added = product.add(addend, x, out=out, sums=sums)  # a step's gates: the recurrent product plus the gate inputs
     assert added.data_ptr() == out.data_ptr() and torch.equal(added, product.add(addend, x))
+
+
+def test_the_two_int8_kernels_give_the_same_numbers(monkeypatch):
+    """oneDNN's quantized linear (one input scale a call: the rows go in divided by their own
+    scales, as uint8 with zero point 128) and torch._int_mm sum the same int8 products: the same
+    float32 results, bit for bit, at the recurrence's shapes, a row of zeros (a sentence's first
+    state) and extreme rows included."""
+    if not hasattr(torch.ops.onednn, "qlinear_pointwise"):
+        pytest.skip("this torch has no oneDNN quantized linear")
+    torch.manual_seed(3)
+    for rows, dim, out_dim in ((32, 128, 2048), (7, 512, 4096), (300, 40, 96)):
+        x = torch.randn(rows, dim) * torch.rand(rows, 1) * 4
+        x[1] = 0.0
+        x[2, 0] = 1e4  # one large value: the rest of its row rounds to 0
+        weight, bias, addend = torch.randn(out_dim, dim) * 0.1, torch.randn(out_dim), torch.randn(rows, out_dim)
+        results = {}
+        for kernel in ("onednn", "int_mm"):
+            monkeypatch.setenv(int8.KERNEL_VARIABLE, kernel)
+            product = Int8Linear(weight, rows)
+            assert (product.packed is not None) == (kernel == "onednn")
+            results[kernel] = (product(x), product(x, bias), product.add(addend, x))
+        for onednn, int_mm in zip(*results.values()):
+            assert torch.equal(onednn, int_mm)
+        assert torch.equal(results["onednn"][0][1], torch.zeros(out_dim))
+
+
+def test_auto_takes_the_faster_kernel_timed_once_a_shape(monkeypatch):
+    """ELMOKIT_INT8_KERNEL unset: each (rows, in, out) is timed once a process and the faster
+    kernel kept; a block's input products (more than STEP_ROWS rows) take torch._int_mm untimed;
+    the timing calls leave path_counts alone."""
+    if int8.int8_kernel() != "auto":
+        pytest.skip("this torch has no oneDNN quantized linear: torch._int_mm only")
+    monkeypatch.setattr(int8, "_CHOICES", {})
+    weight = torch.randn(48, 16)
+    for faster in ("onednn", "int_mm"):
+        int8._CHOICES.clear()
+        timed = []
+
+        def best_time(call, faster=faster):
+            timed.append(call)
+            return 1.0 if (len(timed) == 2) == (faster == "onednn") else 2.0  # the second call times oneDNN's
+        monkeypatch.setattr(int8, "_best_time", best_time)
+        counted = kernels.path_counts["int8"]
+        product = Int8Linear(weight, 8)
+        assert len(timed) == 2 and int8._CHOICES == {(8, 16, 48): faster}
+        assert (product.packed is not None, product.weight_t is not None) == (faster == "onednn", faster == "int_mm")
+        assert kernels.path_counts["int8"] == counted
+        again = Int8Linear(weight * 2, 8)  # the same shape: no second timing
+        assert len(timed) == 2 and (again.packed is not None) == (faster == "onednn")
+        block = Int8Linear(weight, int8.STEP_ROWS + 1)
+        assert len(timed) == 2 and block.packed is None and block.weight_t is not None
+        x = torch.randn(8, 16)
+        torch.testing.assert_close(product(x), x @ weight.T, atol=0.2, rtol=0.05)
+
+
+def test_int8_kernel_setting_is_checked(monkeypatch):
+    monkeypatch.setenv(int8.KERNEL_VARIABLE, "fbgemm")
+    with pytest.raises(ValueError, match="ELMOKIT_INT8_KERNEL must be 'auto', 'onednn' or 'int_mm', got 'fbgemm'"):
+        int8.int8_kernel()
 
 
 @needs_int8

@@ -19,12 +19,16 @@ takes a scale per row, which oneDNN's quantized linear (one scale per input tens
 
 from __future__ import annotations
 
+import os
+import time
 import weakref
 
 import torch
 
 from elmokit.kernels import PackedLinear, bf16_native, linear, path_counts
 
+KERNEL_VARIABLE = "ELMOKIT_INT8_KERNEL"  # "auto" (default: the faster at each shape), "onednn" or "int_mm"
+ZERO_POINT = 128  # of the uint8 inputs of oneDNN's quantized linear (`quantize_rows(shifted=True)`)
 INT8_ATTRIBUTE = "int8_products"  # set True on a module whose products run in int8 (`quantize_modules`)
 # A marked Linear's bfloat16 weight and bias, by module: made at its first product, again after they change
 _LINEAR_PRODUCTS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
@@ -37,13 +41,17 @@ def int8_native() -> bool:
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows(x: torch.Tensor, shifted: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 of each row, the one quantization every int8 product uses:
 
         scale_r = max_k |x_rk| / 127        q_rk = round(x_rk / scale_r)        x ~ q * scale
 
-    x (R, K) float -> q (R, K) int8, scale (R, 1) float32 (a row of zeros: q 0, any scale)."""
+    x (R, K) float -> q (R, K) int8, scale (R, 1) float32 (a row of zeros: q 0, any scale).
+    `shifted`: q + 128 as uint8 instead (1..255, zero point 128), the form oneDNN's quantized
+    linear reads its input in (a signed int8 input sends it to a reference kernel ~1000x slower)."""
     scale = x.abs().amax(dim=-1, keepdim=True).float().clamp_min(1e-30) / 127.0  # (R, 1)
+    if shifted:
+        return (x.float() / scale).round_().add_(ZERO_POINT).to(torch.uint8), scale
     return (x.float() / scale).round_().to(torch.int8), scale
 
 
@@ -51,12 +59,14 @@ class Int8Linear:
     """Products with one weight (out, in) in int8, many times: `PackedLinear`'s interface (a call,
     and `add` with the sum fused after the product), for `dtype="int8"` inference on the CPU.
 
-        y = (q_x q_W^T) * scale_x * scale_W^T (+ b)        q_x, scale_x = quantize_rows(x)
+        y = (q_x q_W^T) * scale_W^T * scale_x (+ b)        q_x, scale_x = quantize_rows(x)
 
     The weight (times `row_scale`, as PackedLinear's) is quantized once per output channel, each
-    input per row at every call; the products sum int8 x int8 in int32 (`torch._int_mm`: oneDNN's
-    VNNI / AMX-INT8 kernels), the scales, the bias and the addend in float32. Inputs and outputs
-    are float32. `rows` is taken for PackedLinear's signature (int8 weights need no row hint).
+    input per row at every call; the products sum int8 x int8 in int32, the scales, the bias and
+    the addend in float32. Inputs and outputs are float32. Two kernels compute the same integer
+    sums (`int8_kernel`): oneDNN's quantized linear (its weight reordered once for about `rows`
+    rows; one input scale a call, so the rows go in already divided by their own scales, shifted
+    to uint8, and come out times them), or `torch._int_mm` (int32 sums, then the scales).
     """
 
     def __init__(self, weight: torch.Tensor, rows: int | None = None, row_scale: torch.Tensor | None = None):
@@ -64,26 +74,106 @@ class Int8Linear:
         if row_scale is not None:
             source = source * row_scale.float()
         quantized, scale = quantize_rows(source)  # (out, in) int8, (out, 1)
-        self.weight_t = quantized.mT  # (in, out): a transposed view, the layout torch._int_mm reads fastest
         self.weight_scale = scale.reshape(1, -1)  # (1, out)
         self.dtype = torch.float32  # of the inputs and outputs
+        self.weight_t = quantized.mT  # (in, out): a transposed view, the layout torch._int_mm reads fastest
+        self.packed = None
+        kernel = int8_kernel()
+        if kernel == "auto":
+            kernel = choose_kernel(self, quantized, rows or 1)
+        if kernel == "onednn":
+            if self.packed is None:
+                self.pack(quantized, rows or 1)
+            self.weight_t = None
+        else:
+            self.packed = None  # packed only to be timed
+
+    def pack(self, quantized: torch.Tensor, rows: int) -> None:
+        """Use oneDNN's quantized linear from now on, the weight reordered for about `rows` rows."""
+        self.packed = torch.ops.onednn.qlinear_prepack(quantized, [rows, quantized.shape[1]])
+        self.zero_points = torch.zeros(quantized.shape[0], dtype=torch.int64, device=quantized.device)
+
+    def _scaled_product(self, x: torch.Tensor, sums: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q_x q_W^T * scale_W^T as float32 (R, out), scale_x (R, 1)): what remains is one
+        multiply by scale_x, fused with the bias or addend by the caller."""
+        path_counts["int8"] += 1
+        if self.packed is not None:
+            shifted, scale = quantize_rows(x, shifted=True)
+            return torch.ops.onednn.qlinear_pointwise(
+                shifted, 1.0, ZERO_POINT, self.packed, self.weight_scale[0], self.zero_points, None,
+                1.0, 0, torch.float32, "none", [], ""), scale
+        quantized, scale = quantize_rows(x)
+        sums = torch._int_mm(quantized, self.weight_t, out=sums)  # (R, out) int32
+        return sums.float().mul_(self.weight_scale), scale
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
                  sums: torch.Tensor | None = None) -> torch.Tensor:
         """x (R, in) float32 -> (R, out) float32. Given `out` (R, out) float32 and `sums` (R, out)
-        int32, both contiguous, the result and the int32 sums are written there: a driver that
-        reuses them spares the page faults of fresh buffers (at the gate inputs' 256 x 16,384, a
-        fresh one costs about as long as the product itself)."""
-        quantized, scale = quantize_rows(x)
-        path_counts["int8"] += 1
-        sums = torch._int_mm(quantized, self.weight_t, out=sums)  # (R, out) int32
-        result = (sums.float() if out is None else out.copy_(sums)).mul_(self.weight_scale).mul_(scale)
-        return result if bias is None else result.add_(bias)
+        int32, both contiguous, the result (and `torch._int_mm`'s sums) are written there: a driver
+        that reuses them spares the page faults of fresh buffers (at the gate inputs' 256 x 16,384,
+        a fresh one costs about as long as the product itself)."""
+        product, scale = self._scaled_product(x, sums)
+        into = product if out is None else out  # the same operation either way: the same numbers
+        return torch.mul(product, scale, out=into) if bias is None else torch.addcmul(bias, product, scale, out=into)
 
     def add(self, addend: torch.Tensor, x: torch.Tensor, out: torch.Tensor | None = None,
             sums: torch.Tensor | None = None) -> torch.Tensor:
         """addend (R, out) + x @ weight^T, x (R, in) (into `out` and `sums` as `__call__`)."""
-        return self(x, out=out, sums=sums).add_(addend)
+        product, scale = self._scaled_product(x, sums)
+        return torch.addcmul(addend, product, scale, out=product if out is None else out)
+
+
+STEP_ROWS = 512  # above this many rows (a block of steps' input products) torch._int_mm, without a timing
+_CHOICES: dict[tuple[int, int, int], str] = {}  # (rows, in, out) -> the faster kernel, timed once a process
+
+
+def choose_kernel(product: Int8Linear, quantized: torch.Tensor, rows: int) -> str:
+    """The faster of the two kernels for `product` at `rows` rows, timed once a process for each
+    (rows, in, out) (the best of 3 calls after one that builds oneDNN's primitive; both give the
+    same numbers, so the choice moves only the speed; the timing calls are not counted in
+    `path_counts`). A block's input
+    products (more than `STEP_ROWS` rows) take torch._int_mm at once: its sums and result go into
+    the driver's kept buffers, where oneDNN's kernel returns a fresh (rows, out) tensor a call,
+    whose page faults cost more than the product at those sizes (on this project's AMD EPYC, 0.4-0.6x
+    torch._int_mm's speed from 1,024 rows on; at 32-256 rows of the `original` shape 1.3-1.5x)."""
+    if rows > STEP_ROWS:
+        return "int_mm"
+    key = (rows, *quantized.shape[::-1])
+    if key not in _CHOICES:
+        counted = path_counts["int8"]
+        x = torch.randn(rows, quantized.shape[1], device=quantized.device)
+        out = torch.empty(rows, quantized.shape[0], device=quantized.device)
+        sums = torch.empty(rows, quantized.shape[0], dtype=torch.int32, device=quantized.device)
+        timings = {"int_mm": _best_time(lambda: product(x, out=out, sums=sums))}
+        product.pack(quantized, rows)
+        timings["onednn"] = _best_time(lambda: product(x))
+        _CHOICES[key] = min(timings, key=timings.get)
+        path_counts["int8"] = counted
+    return _CHOICES[key]
+
+
+def _best_time(call, repeats: int = 3) -> float:
+    call()  # oneDNN builds and caches its primitive at the first call
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def int8_kernel() -> str:
+    """How `Int8Linear` chooses its kernel: "auto" (the default where this torch has oneDNN's
+    quantized linear, `torch.ops.onednn`: the faster of it and `torch._int_mm` at each product's
+    shape, `choose_kernel`), or the one `ELMOKIT_INT8_KERNEL` names ("onednn", "int_mm"); "int_mm"
+    (the kernel torchao's dynamic int8 quantization calls) where oneDNN's is absent. Both sum the
+    same int8 products in int32; bench/results/embed-int8.md times them at the recurrence's shapes."""
+    requested = os.environ.get(KERNEL_VARIABLE, "auto").strip().lower() or "auto"
+    if requested not in ("auto", "onednn", "int_mm"):
+        raise ValueError(f"{KERNEL_VARIABLE} must be 'auto', 'onednn' or 'int_mm', got {requested!r}")
+    available = (torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")
+                 and hasattr(torch.ops.onednn, "qlinear_prepack"))
+    return requested if available else "int_mm"
 
 
 class WidenedLinear(PackedLinear):
