@@ -18,7 +18,7 @@ Each run goes to WORK/<name> with `--auto-resume`, so this script, killed or sto
 where its runs' checkpoints are: rerun the same command. The page is written from the runs'
 metrics.jsonl files once all three have finished (or now, with `--report`, from what they hold).
 
-    nohup .venv/bin/python bench/train_bf16_curve.py --work runs/bf16-curve --threads 1 --jobs 2 > runs/bf16-curve.log 2>&1 &
+    nohup .venv/bin/python bench/train_bf16_curve.py --work runs/bf16-curve --threads 1 --jobs 3 > runs/bf16-curve.log 2>&1 &
     .venv/bin/python bench/train_bf16_curve.py --work runs/bf16-curve --report     # the page only
 """
 
