@@ -129,7 +129,7 @@ _CHOICES: dict[tuple[int, int, int], str] = {}  # (rows, in, out) -> the faster 
 
 def choose_kernel(product: Int8Linear, quantized: torch.Tensor, rows: int) -> str:
     """The faster of the two kernels for `product` at `rows` rows, timed once a process for each
-    (rows, in, out) (the best of 3 calls after one that builds oneDNN's primitive; both give the
+    (rows, in, out) (`_best_time`, after a call that builds oneDNN's primitive; both give the
     same numbers, so the choice moves only the speed; the timing calls are not counted in
     `path_counts`). A block's input
     products (more than `STEP_ROWS` rows) take torch._int_mm at once: its sums and result go into
@@ -152,13 +152,19 @@ def choose_kernel(product: Int8Linear, quantized: torch.Tensor, rows: int) -> st
     return _CHOICES[key]
 
 
-def _best_time(call, repeats: int = 3) -> float:
+def _best_time(call, trials: int = 5, batch_seconds: float = 2e-3) -> float:
+    """Seconds a call: the best of `trials` batches of calls, each batch about `batch_seconds`
+    long (a single 100-microsecond call is too noisy to rank two kernels 10-20 % apart)."""
+    start = time.perf_counter()
     call()  # oneDNN builds and caches its primitive at the first call
+    call()
+    calls = max(1, round(batch_seconds / max(time.perf_counter() - start, 1e-9) * 2))
     best = float("inf")
-    for _ in range(repeats):
+    for _ in range(trials):
         start = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - start)
+        for _ in range(calls):
+            call()
+        best = min(best, (time.perf_counter() - start) / calls)
     return best
 
 
