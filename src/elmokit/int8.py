@@ -12,9 +12,11 @@ token encoder's highway and projection in bfloat16 (where the CPU has it); the r
     quantize_modules  marks a BiLstm's layers for int8 products and Linears for `module_linear`'s
                       bfloat16 ones (the CPU, VNNI or AMX only)
 
-`torch._int_mm` is the maintained route to the hardware's int8 products in torch 2.11-2.13 (the
-kernel torchao's dynamic int8 quantization calls; `torch.ao.quantization` is deprecated), and it
-takes a scale per row, which oneDNN's quantized linear (one scale per input tensor) does not.
+The hardware's int8 products come through two maintained kernels of torch 2.11-2.13 (`torch.ao.quantization`
+is deprecated): `torch._int_mm` (the kernel torchao's dynamic int8 quantization calls) and oneDNN's
+quantized linear (`torch.ops.onednn.qlinear_pointwise`, what inductor lowers quantized linears to). The
+latter takes one input scale a call; rows divided by their own scales first give it per-row
+quantization, with the same integer sums. `Int8Linear` runs the faster at each shape (`choose_kernel`).
 """
 
 from __future__ import annotations
