@@ -398,7 +398,7 @@ def write_report(output: Path, args, kernels: dict, ceilings: dict, best: dict, 
         "",
         "`ElmoEmbedder(dtype=torch.bfloat16)`: the weights and every product in bfloat16; `dtype=\"int8\"`: "
         "the LSTM's input and recurrent products in int8 (weights per output channel, inputs per row, int32 "
-        "sums), its projection and the token encoder's highway and projection in bfloat16; in both the activations, the LSTM's cell and recurrent state "
+        "sums), its projection and the token encoder's char CNN, highway and projection in bfloat16; in both the activations, the LSTM's cell and recurrent state "
         "and the outputs in float32. The error of their vectors against float32's (the same weights and "
         "sentences, batch 32), per layer, over every element of every token; 'mean abs fp32' is the typical "
         "size of a float32 value of that layer. 'worst / sentence max' is the largest error of any sentence's "

@@ -1,5 +1,5 @@
 """What int8 inference (`dtype="int8"`: the LSTM's input and recurrent products in int8, its
-projection and the token encoder's highway and projection in bfloat16) costs in quality on the built-in model (issue 41, point 1):
+projection and the token encoder's char CNN, highway and projection in bfloat16) costs in quality on the built-in model (issue 41, point 1):
 
     perplexity   held-out perplexity of the built-in model, each sentence alone (stateless), its
                  top layer computed by the inference engine (`bilm_forward`) in float32 and in int8,

@@ -152,13 +152,14 @@ def test_int8_kernel_setting_is_checked(monkeypatch):
 
 @needs_int8
 def test_token_encoder_linears_run_in_bfloat16_under_int8(tiny_model):
-    """dtype="int8" marks the highway's and the token projection's Linears: their products run in
+    """dtype="int8" marks the char CNN and the highway's and the token projection's Linears: their products run in
     bfloat16 where the CPU has it (of the weight as it is now: copied again after a change), else
     float32, without gradients; float32 asked for again unmarks them."""
     from elmokit.int8 import module_linear
 
     embedder = ElmoEmbedder(module=copy.deepcopy(tiny_model), dtype="int8")
-    linears = embedder.bilm.token_encoder.linears()
+    char_cnn, *linears = embedder.bilm.token_encoder.narrowed()
+    assert char_cnn is embedder.bilm.token_encoder.char_cnn and int8.is_int8(char_cnn)
     assert len(linears) == tiny_model.config.char_cnn.n_highway + 1 and all(map(int8.is_int8, linears))
 
     def expected(module, x):
@@ -180,8 +181,23 @@ def test_token_encoder_linears_run_in_bfloat16_under_int8(tiny_model):
     assert torch.allclose(module_linear(linears[0], x), expected(linears[0], x), rtol=1e-2, atol=1e-2)
     with pytest.raises(ValueError, match="inference only"):
         module_linear(linears[0], x.requires_grad_())
+    char_ids = torch.randint(1, 262, (6, 50))
+    with torch.no_grad():
+        narrow_cnn = char_cnn(char_ids)
     ElmoEmbedder(module=embedder.bilm, dtype="float32")
-    assert not any(map(int8.is_int8, linears))
+    assert not any(map(int8.is_int8, [char_cnn, *linears]))
+    with torch.no_grad():  # the char CNN's windows: bfloat16 products of bfloat16 chars and kernels
+        wide_cnn = char_cnn(char_ids)
+        chars = char_cnn.char_embedding.weight.bfloat16()[char_ids]  # (N, W, E)
+        expected_cnn = torch.cat([torch.nn.functional.conv1d(chars.mT.float(), conv.weight.bfloat16().float())
+                                  .amax(-1) + conv.bias for conv in char_cnn.convolutions], -1)
+        expected_cnn = char_cnn.activation(expected_cnn)
+    assert narrow_cnn.dtype == torch.float32
+    if kernels.bf16_native():
+        assert torch.allclose(narrow_cnn, expected_cnn, rtol=1e-2, atol=1e-2)
+        assert not torch.equal(narrow_cnn, wide_cnn)
+    else:
+        assert torch.equal(narrow_cnn, wide_cnn)
     x = torch.randn(3, linears[0].in_features)
     assert torch.equal(module_linear(linears[0], x), kernels.linear(x, linears[0].weight, linears[0].bias))
 

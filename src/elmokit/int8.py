@@ -1,6 +1,6 @@
 """int8 products for inference on the CPU (`dtype="int8"`): the LSTM's input and recurrent
 products in int8 through the CPU's VNNI or AMX-INT8 instructions; the LSTM's projection and the
-token encoder's highway and projection in bfloat16 (where the CPU has it); the rest in float32.
+token encoder's char CNN, highway and projection in bfloat16 (where the CPU has it); the rest in float32.
 
     quantize_rows     the one quantization: symmetric int8 per row, scale = max |row| / 127
     Int8Linear        `kernels.PackedLinear`'s interface over int8 operands: the weight quantized
@@ -8,9 +8,10 @@ token encoder's highway and projection in bfloat16 (where the CPU has it); the r
                       (`torch._int_mm`), the scales, bias and addend applied in float32
     stream_linear     the product a driver of the recurrence repeats (the engine's, the server's):
                       PackedLinear, Int8Linear, or for an int8 layer's projection bfloat16
+    bf16_copies       a marked module's weights in bfloat16, kept until they change (the char CNN's, a Linear's)
     module_linear     a Linear's product: bfloat16 where `quantize_modules` marked it, else `kernels.linear`
-    quantize_modules  marks a BiLstm's layers for int8 products and Linears for `module_linear`'s
-                      bfloat16 ones (the CPU, VNNI or AMX only)
+    quantize_modules  marks a BiLstm's layers for int8 products and the token encoder's modules for
+                      bfloat16 ones (`narrows`; the CPU, VNNI or AMX only)
 
 The hardware's int8 products come through two maintained kernels of torch 2.11-2.13 (`torch.ao.quantization`
 is deprecated): `torch._int_mm` (the kernel torchao's dynamic int8 quantization calls) and oneDNN's
@@ -32,8 +33,8 @@ from elmokit.kernels import PackedLinear, bf16_native, linear, path_counts
 KERNEL_VARIABLE = "ELMOKIT_INT8_KERNEL"  # "auto" (default: the faster at each shape), "onednn" or "int_mm"
 ZERO_POINT = 128  # of the uint8 inputs of oneDNN's quantized linear (`quantize_rows(shifted=True)`)
 INT8_ATTRIBUTE = "int8_products"  # set True on a module whose products run in int8 (`quantize_modules`)
-# A marked Linear's bfloat16 weight and bias, by module: made at its first product, again after they change
-_LINEAR_PRODUCTS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+# A marked module's bfloat16 weights (`bf16_copies`), by module: made at its first product, again after they change
+_BF16_COPIES: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
 
 
 def int8_native() -> bool:
@@ -213,30 +214,42 @@ def stream_linear(weight: torch.Tensor, rows: int, row_scale: torch.Tensor | Non
     return Int8Linear(weight, rows, row_scale) if int8 else PackedLinear(weight, rows, row_scale)
 
 
+def bf16_copies(module: torch.nn.Module, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """bfloat16 copies of a marked module's weights (`quantize_modules`), made at its first call and
+    again after one of them changes (kept by module). For inference: no gradient flows through them."""
+    if torch.is_grad_enabled() and any(tensor.requires_grad for tensor in tensors):
+        raise ValueError("dtype int8's products are for inference only (no gradients): fine-tune in float32")
+    key = tuple((tensor.data_ptr(), tensor._version, tensor.device) for tensor in tensors)
+    cached = _BF16_COPIES.get(module)
+    if cached is None or cached[0] != key:
+        _BF16_COPIES[module] = cached = (key, tuple(tensor.detach().to(torch.bfloat16) for tensor in tensors))
+    return cached[1]
+
+
+def narrows(module: torch.nn.Module) -> bool:
+    """Whether `module`'s products run in bfloat16: `quantize_modules` marked it (the token
+    encoder's under `dtype="int8"`) and the CPU has bfloat16 products."""
+    return is_int8(module) and bf16_native()
+
+
 def module_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """x @ weight^T + bias of a Linear, x (..., in) -> (..., out): `kernels.linear`, or where
     `quantize_modules` marked the module (the token encoder's highway and projection under
-    `dtype="int8"`) in bfloat16 where the CPU has it (a bfloat16 copy of the weight made at the
-    first call and again after it changes), float32 sums and result. Not int8: on UD English EWT
+    `dtype="int8"`) in bfloat16 where the CPU has it (`bf16_copies` of the weight and bias),
+    float32 sums and result. Not int8: on UD English EWT
     dev int8 highway products put the built-in model's layers 0.065 of a sentence's largest value
     off float32 (the budget is 0.05), bfloat16 ones 0.036 (the LSTM's int8 products alone 0.033),
     at 1.9x float32's speed where int8's is 3x. For inference: no gradient flows through it."""
-    if not is_int8(module) or not bf16_native():
+    if not narrows(module):
         return linear(x, module.weight, module.bias)
-    weight, bias = module.weight, module.bias
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+    if torch.is_grad_enabled() and x.requires_grad:
         raise ValueError("dtype int8's products are for inference only (no gradients): fine-tune in float32")
-    key = (weight.data_ptr(), weight._version, weight.device, None if bias is None else bias._version)
-    cached = _LINEAR_PRODUCTS.get(module)
-    if cached is None or cached[0] != key:
-        narrow = (weight.detach().to(torch.bfloat16), None if bias is None else bias.detach().to(torch.bfloat16))
-        _LINEAR_PRODUCTS[module] = cached = (key, narrow)
-    return linear(x, *cached[1])
+    return linear(x, *bf16_copies(module, *[t for t in (module.weight, module.bias) if t is not None]))
 
 
 def quantize_modules(modules, device: torch.device) -> None:
-    """Mark an LSTM's layers (BiLstmLayer) for int8 products and Linears for `module_linear`'s
-    bfloat16 ones: `dtype="int8"` (the weights stay float32; the copies are made where the
+    """Mark an LSTM's layers (BiLstmLayer) for int8 products and the token encoder's modules (its
+    char CNN, `module_linear`'s Linears) for bfloat16 ones: `dtype="int8"` (the weights stay float32; the copies are made where the
     products are built). The CPU only, one with VNNI or AMX: a ValueError says why not otherwise."""
     if device.type != "cpu":
         raise ValueError(f"dtype int8 runs on the CPU only (its products are the CPU's VNNI/AMX "
@@ -253,7 +266,7 @@ def unquantize_modules(modules) -> None:
     """Undo `quantize_modules`: the modules' products in their weights' dtype again."""
     for module in modules:
         module.__dict__.pop(INT8_ATTRIBUTE, None)
-        _LINEAR_PRODUCTS.pop(module, None)
+        _BF16_COPIES.pop(module, None)
 
 
 def is_int8(module) -> bool:

@@ -101,7 +101,7 @@ def place_bilm(bilm: BiLM, device: torch.device, dtype: str | torch.dtype | None
                stateful: bool, who: str) -> BiLM:
     """Move `bilm` (in place, as `nn.Module.to`) to `device` and, unless `dtype` is None, its
     weights to `dtype`; "int8" keeps them in float32 and marks the LSTM for int8 products and the
-    token encoder's Linears for bfloat16 ones (`int8_modules`, `elmokit.int8.quantize_modules`, the
+    token encoder for bfloat16 ones (`int8_modules`, `elmokit.int8.quantize_modules`, the
     CPU only). bfloat16 and int8 are for stateless inference: an error otherwise."""
     resolved = None if dtype is None else resolve_dtype(dtype)
     if resolved is not None and resolved != torch.int8:
@@ -119,10 +119,10 @@ def place_bilm(bilm: BiLM, device: torch.device, dtype: str | torch.dtype | None
 
 def int8_modules(bilm: BiLM) -> list[nn.Module]:
     """What `dtype="int8"` marks: the LSTM's layers (their input and recurrent products in int8)
-    and the token encoder's highway and projection Linears (in bfloat16, `elmokit.int8.module_linear`;
+    and the token encoder's char CNN, highway and projection (in bfloat16, `TokenEncoder.narrowed`;
     a ManyLangs encoder's stay float32)."""
-    linears = getattr(bilm.token_encoder, "linears", None)
-    return [*bilm.lstm.layers, *(linears() if linears is not None else [])]
+    narrowed = getattr(bilm.token_encoder, "narrowed", None)
+    return [*bilm.lstm.layers, *(narrowed() if narrowed is not None else [])]
 
 
 def module_device(module: nn.Module) -> torch.device:

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from elmokit.int8 import module_linear
+from elmokit.int8 import bf16_copies, module_linear, narrows
 from elmokit.kernels import linear, matmul
 from elmokit.model.chars import N_CHAR_IDS
 from elmokit.model.config import ElmoConfig
@@ -43,8 +43,10 @@ class CharCNN(nn.Module):
         if torch.is_grad_enabled() and any(weight.requires_grad for weight in weights):  # training
             pooled = CharConvMaxPool.apply(char_ids, *weights)
         else:
-            chars = self.char_embedding(char_ids)  # (N, W, E)
-            kernels = flat_kernels(conv.weight for conv in self.convolutions)
+            if narrows(self):  # dtype="int8": the window products in bfloat16 (float32 from the max on)
+                weights = bf16_copies(self, *weights)
+            chars = F.embedding(char_ids, weights[0])  # (N, W, E)
+            kernels = flat_kernels(weights[1:])
             pooled = torch.cat([torch.cat([products.amax(dim=1) for products in window_products(chunk, kernels)], -1)
                                 for chunk in chars.split(self.CHUNK)])  # (N, F)
         bias = torch.cat([conv.bias for conv in self.convolutions])  # max(x + b) = max(x) + b
@@ -153,7 +155,7 @@ class CharConvMaxPool(torch.autograd.Function):
 
 class Highway(nn.Module):
     """Highway layers: with carry gate c = sigmoid(x W_c + b_c) and transform t = relu(x W_t + b_t),
-    x <- c * t + (1 - c) * x. One Linear per layer computes [transform | carry]."""
+    x <- c * t + (1 - c) * x, computed as x + c * (t - x). One Linear per layer computes [transform | carry]."""
 
     def __init__(self, dim: int, n_layers: int):
         super().__init__()
@@ -162,8 +164,7 @@ class Highway(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
             transform, carry = module_linear(layer, x).chunk(2, dim=-1)  # (N, F) each
-            carry = torch.sigmoid(carry)
-            x = carry * torch.relu(transform) + (1 - carry) * x
+            x = torch.addcmul(x, torch.sigmoid(carry), torch.relu(transform) - x)  # c t + (1 - c) x: 4 passes, not 6
         return x
 
 
@@ -184,6 +185,7 @@ class TokenEncoder(nn.Module):
         features = self.highway(self.char_cnn(char_ids))  # (N, F)
         return module_linear(self.projection, features)  # (N, P)
 
-    def linears(self) -> list[nn.Linear]:
-        """The Linears whose products `dtype="int8"` runs in bfloat16 (`elmokit.int8.module_linear`)."""
-        return [*self.highway.layers, self.projection]
+    def narrowed(self) -> list[nn.Module]:
+        """What `dtype="int8"` runs in bfloat16 (`elmokit.int8.narrows`): the char CNN's window products
+        and the highway's and projection's Linears (`elmokit.int8.module_linear`)."""
+        return [self.char_cnn, *self.highway.layers, self.projection]
