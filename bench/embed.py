@@ -432,8 +432,8 @@ def int8_kernel_lines() -> list[str]:
     chosen = "; ".join(f"{rows} x {dim} -> {out}: {'oneDNN quantized linear' if kernel == 'onednn' else 'torch._int_mm'}"
                        for (rows, dim, out), kernel in sorted(int8._CHOICES.items()))
     return ["", f"int8 kernels ({int8.KERNEL_VARIABLE}={int8.int8_kernel()}: the faster of oneDNN's quantized linear "
-            f"and torch._int_mm, timed once a process at each step product's shape; a block's input products, "
-            f"over {int8.STEP_ROWS} rows, torch._int_mm): {chosen}."]
+            f"and torch._int_mm, timed once a process at each step product's shape; a block of steps' input products "
+            f"torch._int_mm, their int32 sums kept and scaled a step at a time): {chosen}."]
 
 
 def reading_lines(best: dict, ceilings: dict, errors: list, kernels: dict) -> list[str]:

@@ -117,7 +117,7 @@ def test_the_two_int8_kernels_give_the_same_numbers(monkeypatch):
 
 def test_auto_takes_the_faster_kernel_timed_once_a_shape(monkeypatch):
     """ELMOKIT_INT8_KERNEL unset: each (rows, in, out) is timed once a process and the faster
-    kernel kept; a block's input products (more than STEP_ROWS rows) take torch._int_mm untimed;
+    kernel kept; a product into kept buffers (a block's input products) takes torch._int_mm untimed;
     the timing calls leave path_counts alone."""
     if int8.int8_kernel() != "auto":
         pytest.skip("this torch has no oneDNN quantized linear: torch._int_mm only")
@@ -138,7 +138,7 @@ def test_auto_takes_the_faster_kernel_timed_once_a_shape(monkeypatch):
         assert kernels.path_counts["int8"] == counted
         again = Int8Linear(weight * 2, 8)  # the same shape: no second timing
         assert len(timed) == 2 and (again.packed is not None) == (faster == "onednn")
-        block = Int8Linear(weight, int8.STEP_ROWS + 1)
+        block = Int8Linear(weight, 8, kept_buffers=True)
         assert len(timed) == 2 and block.packed is None and block.weight_t is not None
         x = torch.randn(8, 16)
         torch.testing.assert_close(product(x), x @ weight.T, atol=0.2, rtol=0.05)

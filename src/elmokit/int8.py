@@ -70,9 +70,16 @@ class Int8Linear:
     sums (`int8_kernel`): oneDNN's quantized linear (its weight reordered once for about `rows`
     rows; one input scale a call, so the rows go in already divided by their own scales, shifted
     to uint8, and come out times them), or `torch._int_mm` (int32 sums, then the scales).
+    `kept_buffers`: the caller keeps the int32 sums (`integer_sums`, then `finish`), which only
+    `torch._int_mm` writes into a given tensor (oneDNN's returns a fresh one a call): the engine's
+    input products of a block of steps, whose sums it scales one step at a time. At the `original`
+    shape's block of 8 steps x 32 rows (16 MB a direction) oneDNN's product, its fresh result and
+    the pass that scaled it took 1.31 s of a profiled run on this project's AMD EPYC, these sums
+    0.67 s and their scaling at the steps 0.21 s.
     """
 
-    def __init__(self, weight: torch.Tensor, rows: int | None = None, row_scale: torch.Tensor | None = None):
+    def __init__(self, weight: torch.Tensor, rows: int | None = None, row_scale: torch.Tensor | None = None,
+                 kept_buffers: bool = False):
         source = weight.detach().float()
         if row_scale is not None:
             source = source * row_scale.float()
@@ -82,8 +89,8 @@ class Int8Linear:
         self.weight_t = quantized.mT  # (in, out): a transposed view, the layout torch._int_mm reads fastest
         self.packed = None
         kernel = int8_kernel()
-        if kernel == "auto":
-            kernel = choose_kernel(self, quantized, rows or 1)
+        if kernel == "auto" or kept_buffers:
+            kernel = "int_mm" if kept_buffers else choose_kernel(self, quantized, rows or 1)
         if kernel == "onednn":
             if self.packed is None:
                 self.pack(quantized, rows or 1)
@@ -119,6 +126,20 @@ class Int8Linear:
         into = product if out is None else out  # the same operation either way: the same numbers
         return torch.mul(product, scale, out=into) if bias is None else torch.addcmul(bias, product, scale, out=into)
 
+    def integer_sums(self, x: torch.Tensor, sums: torch.Tensor) -> torch.Tensor:
+        """The int32 sums q_x q_W^T of x (R, in) into `sums` (R, out), and x's row scales (R, 1):
+        the product with its scaling left for `finish` (`torch._int_mm`: a product built with
+        `kept_buffers`). A driver that keeps the sums of a block of steps spares the float32
+        pass over them that scaling at once costs (the engine's block input products)."""
+        path_counts["int8"] += 1
+        quantized, scale = quantize_rows(x)
+        torch._int_mm(quantized, self.weight_t, out=sums)
+        return scale
+
+    def finish(self, sums: torch.Tensor, scale: torch.Tensor, addend: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """addend + sums * scale_W^T * scale into `out` (R, out): `integer_sums`'s product, scaled."""
+        return torch.addcmul(addend, torch.mul(sums, self.weight_scale, out=out), scale, out=out)
+
     def add(self, addend: torch.Tensor, x: torch.Tensor, out: torch.Tensor | None = None,
             sums: torch.Tensor | None = None) -> torch.Tensor:
         """addend (R, out) + x @ weight^T, x (R, in) (into `out` and `sums` as `__call__`)."""
@@ -126,7 +147,6 @@ class Int8Linear:
         return torch.addcmul(addend, product, scale, out=product if out is None else out)
 
 
-STEP_ROWS = 512  # above this many rows (a block of steps' input products) torch._int_mm, without a timing
 _CHOICES: dict[tuple[int, int, int], str] = {}  # (rows, in, out) -> the faster kernel, timed once a process
 
 
@@ -134,13 +154,7 @@ def choose_kernel(product: Int8Linear, quantized: torch.Tensor, rows: int) -> st
     """The faster of the two kernels for `product` at `rows` rows, timed once a process for each
     (rows, in, out) (`_best_time`, after a call that builds oneDNN's primitive; both give the
     same numbers, so the choice moves only the speed; the timing calls are not counted in
-    `path_counts`). A block's input
-    products (more than `STEP_ROWS` rows) take torch._int_mm at once: its sums and result go into
-    the driver's kept buffers, where oneDNN's kernel returns a fresh (rows, out) tensor a call,
-    whose page faults cost more than the product at those sizes (on this project's AMD EPYC, 0.4-0.6x
-    torch._int_mm's speed from 1,024 rows on; at 32-256 rows of the `original` shape 1.3-1.5x)."""
-    if rows > STEP_ROWS:
-        return "int_mm"
+    `path_counts`). A product built with `kept_buffers` is not timed: it takes torch._int_mm."""
     key = (rows, *quantized.shape[::-1])
     if key not in _CHOICES:
         counted = path_counts["int8"]
@@ -201,7 +215,7 @@ class WidenedLinear(PackedLinear):
 
 
 def stream_linear(weight: torch.Tensor, rows: int, row_scale: torch.Tensor | None = None, int8: bool = False,
-                  projection: bool = False) -> PackedLinear | Int8Linear:
+                  projection: bool = False, kept_buffers: bool = False) -> PackedLinear | Int8Linear:
     """The product with `weight` that a driver of the recurrence repeats: `PackedLinear` (oneDNN's
     reordered weight), or for a layer quantized by `quantize_modules` the int8 product (`Int8Linear`),
     except the projection (`projection`), whose product runs in bfloat16 where the CPU has it
@@ -211,7 +225,7 @@ def stream_linear(weight: torch.Tensor, rows: int, row_scale: torch.Tensor | Non
     float32, a bfloat16 one 0.03 (the int8 input and recurrent products alone 0.03 and 0.016)."""
     if int8 and projection:
         return WidenedLinear(weight, rows, row_scale) if bf16_native() else PackedLinear(weight, rows, row_scale)
-    return Int8Linear(weight, rows, row_scale) if int8 else PackedLinear(weight, rows, row_scale)
+    return Int8Linear(weight, rows, row_scale, kept_buffers) if int8 else PackedLinear(weight, rows, row_scale)
 
 
 def bf16_copies(module: torch.nn.Module, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -94,8 +94,9 @@ class StreamState(NamedTuple):
     """What the streams carry from one block of steps to the next: hidden (D, R, P) and cell
     (D, R, C) in the inputs' dtype, and the scratch of a step: the cell output (D, R, C), and
     with products in a reduced precision the gates widened to the inputs' dtype (D, R, 4C); with
-    int8 products, buffers for a block's gate inputs (D, k R, 4C), the int32 sums (k R, 4C) and a
-    step's gates (D, R, 4C), kept for every block and step (fresh ones cost a page fault every 4 KB)."""
+    int8 products, buffers for a block's input products as int32 sums (D, k R, 4C), a step's
+    recurrent int32 sums (R, 4C) and its gates (D, R, 4C), kept for every block and step (fresh
+    ones cost a page fault every 4 KB)."""
 
     hidden: torch.Tensor
     cell: torch.Tensor
@@ -109,8 +110,8 @@ class StreamState(NamedTuple):
         mixed = compute_dtype != inputs.dtype
         buffers = None
         if int8_rows:  # made only for int8 products
-            buffers = (inputs.new_empty(2, int8_rows, 4 * cell_dim),
-                       inputs.new_empty(int8_rows, 4 * cell_dim, dtype=torch.int32), inputs.new_empty(2, rows, 4 * cell_dim))
+            buffers = (inputs.new_empty(2, int8_rows, 4 * cell_dim, dtype=torch.int32),
+                       inputs.new_empty(rows, 4 * cell_dim, dtype=torch.int32), inputs.new_empty(2, rows, 4 * cell_dim))
         return StreamState(inputs.new_zeros(2, rows, dim), inputs.new_zeros(2, rows, cell_dim),
                            inputs.new_zeros(2, rows, cell_dim),
                            inputs.new_zeros(2, rows, 4 * cell_dim) if mixed else None, buffers)
@@ -148,12 +149,17 @@ class DirectionStreamProducts(NamedTuple):
 
     def gate_inputs(self, block_inputs: torch.Tensor, bias: torch.Tensor,
                     buffers: tuple[torch.Tensor, ...] | None = None) -> list[torch.Tensor]:
-        """(D, k, R, P) -> D x (k, R, 4C): x W_in^T + b, a direction at a time (into int8's `buffers`)."""
+        """(D, k, R, P) -> D x (k, R, 4C): x W_in^T + b, a direction at a time; for int8 products
+        (`buffers` given) D x (int32 sums (k, R, 4C) in `buffers`, row scales (k, R, 1), b), which
+        `step` scales a step at a time (`Int8Linear.integer_sums`: the block's float32 gate inputs
+        are never written, a pass over 16 MB a direction at the `original` shape's block)."""
         _, n_steps, rows, dim = block_inputs.shape
         block_inputs = block_inputs.to(self.dtype)  # itself when not mixed
-        n = n_steps * rows
-        out = [{} if buffers is None else {"out": buffers[0][d, :n], "sums": buffers[1][:n]} for d in range(2)]
-        return [self.inputs[d](block_inputs[d].reshape(-1, dim), bias[d, 0], **out[d]).view(-1, rows, bias.shape[-1])
+        if buffers is not None:  # int8: the int32 sums and the row scales, scaled at each step (`step`)
+            sums = buffers[0][:, :n_steps * rows].view(2, n_steps, rows, -1)
+            return [(sums[d], self.inputs[d].integer_sums(block_inputs[d].reshape(-1, dim), sums[d].flatten(0, 1))
+                     .view(n_steps, rows, 1), bias[d, 0]) for d in range(2)]
+        return [self.inputs[d](block_inputs[d].reshape(-1, dim), bias[d, 0]).view(-1, rows, bias.shape[-1])
                 for d in range(2)]
 
     def step(self, gate_inputs: list[torch.Tensor], offset: int, hidden: torch.Tensor, state: StreamState,
@@ -162,8 +168,12 @@ class DirectionStreamProducts(NamedTuple):
         -> output (D, R, P); the cell state updated in place."""
         buffers = state.gate_buffers  # int8's: the gates and their int32 sums into kept buffers
         for d in range(2):
-            into = {} if buffers is None else {"out": buffers[2][d], "sums": buffers[1][:hidden.shape[1]]}
-            gates = self.recurrent[d].add(gate_inputs[d][offset], hidden[d], **into)  # (R, 4C)
+            if buffers is None:
+                gates = self.recurrent[d].add(gate_inputs[d][offset], hidden[d])  # (R, 4C)
+            else:  # int8: the block's sums scaled, then the recurrent product added, in the kept buffers
+                sums, scale, bias = gate_inputs[d]
+                gates = self.inputs[d].finish(sums[offset], scale[offset], bias, out=buffers[2][d])
+                gates = self.recurrent[d].add(gates, hidden[d], out=gates, sums=buffers[1])
             if state.wide_gates is not None:
                 gates = state.wide_gates[d].copy_(gates)
             lstm_cell.cell_step(lstm_cell.activate_doubled_gates_(gates), state.cell[d], cell_clip,
@@ -258,7 +268,8 @@ def packed_products(layer: BiLstmLayer, rows: int) -> tuple[list[PackedLinear], 
     weights = (layer.input_weight, layer.recurrent_weight, layer.projection)
     block_rows = max(rows, GATE_BUDGET // (2 * 4 * layer.cell_dim))  # input products: a block of steps
     doubled = candidate_doubled(layer)[:, None]  # (4C, 1)
-    return tuple([stream_linear(weight[d], hint, scale, is_int8(layer), weight is layer.projection) for d in range(2)]
+    return tuple([stream_linear(weight[d], hint, scale, is_int8(layer), weight is layer.projection,
+                                kept_buffers=weight is layer.input_weight) for d in range(2)]
                  for weight, scale, hint in zip(weights, (doubled, doubled, None), (block_rows, rows, rows)))
 
 
