@@ -125,17 +125,24 @@ def run_block(products, bias: torch.Tensor, block_inputs: torch.Tensor, keep: to
     resets: whether a sentence starts at each step (all True in a graph: the state is multiplied by
     keep at every step, by 1 where nothing starts); state: carried in and out in place;
     step_outputs: k tensors (D, R, P), written.
+
+    The directions are independent: `products.groups` says which step together (both in one
+    batched product; on the CPU one direction all the block's steps, then the other, so that a
+    direction's recurrent and projection weights stay in the last-level cache from step to step:
+    12 MB a direction in int8, 20 MB in bfloat16 at the `original` shape, where both directions'
+    pass a 32 MB cache).
     """
     cell_clip, proj_clip = clips
     gate_inputs = products.gate_inputs(block_inputs, bias, state.gate_buffers)  # (D, k, R, 4C), products' dtype
-    hidden = state.hidden
-    for offset, output in enumerate(step_outputs):
-        if resets[offset]:  # a new sentence starts in some rows: zero their state
-            hidden = hidden * keep[offset]  # not in place: `hidden` is the last step's output
-            state.cell.mul_(keep[offset])
-        products.step(gate_inputs, offset, hidden.to(products.dtype), state, output, cell_clip)
-        hidden = lstm_cell.clip_(output, proj_clip)
-    state.hidden.copy_(hidden)
+    for group in products.groups:
+        hidden, cell = state.hidden[group], state.cell[group]
+        for offset, output in enumerate(step_outputs):
+            if resets[offset]:  # a new sentence starts in some rows: zero their state
+                hidden = hidden * keep[offset]  # not in place: `hidden` is the last step's output
+                cell.mul_(keep[offset])
+            products.step(gate_inputs, offset, hidden.to(products.dtype), state, output[group], cell_clip, group)
+            hidden = lstm_cell.clip_(output[group], proj_clip)
+        state.hidden[group].copy_(hidden)
 
 
 class DirectionStreamProducts(NamedTuple):
@@ -162,24 +169,26 @@ class DirectionStreamProducts(NamedTuple):
         return [self.inputs[d](block_inputs[d].reshape(-1, dim), bias[d, 0]).view(-1, rows, bias.shape[-1])
                 for d in range(2)]
 
+    groups = (slice(0, 1), slice(1, 2))  # one direction at a time (`run_block`)
+
     def step(self, gate_inputs: list[torch.Tensor], offset: int, hidden: torch.Tensor, state: StreamState,
-             output: torch.Tensor, cell_clip: float) -> None:
-        """Step `offset` of the block, both directions: gate_inputs D x (k, R, 4C), hidden (D, R, P)
-        -> output (D, R, P); the cell state updated in place."""
+             output: torch.Tensor, cell_clip: float, group: slice) -> None:
+        """Step `offset` of the block for the directions of `group`: gate_inputs D x (k, R, 4C),
+        hidden (G, R, P) -> output (G, R, P), G the group's directions; the cell state updated in place."""
         buffers = state.gate_buffers  # int8's: the gates and their int32 sums into kept buffers
-        for d in range(2):
+        for index, d in enumerate(range(group.start, group.stop)):
             if buffers is None:
-                gates = self.recurrent[d].add(gate_inputs[d][offset], hidden[d])  # (R, 4C)
+                gates = self.recurrent[d].add(gate_inputs[d][offset], hidden[index])  # (R, 4C)
             else:  # int8: the block's sums scaled, then the recurrent product added, in the kept buffers
                 sums, scale, bias = gate_inputs[d]
                 gates = self.inputs[d].finish(sums[offset], scale[offset], bias, out=buffers[2][d])
-                gates = self.recurrent[d].add(gates, hidden[d], out=gates, sums=buffers[1])
+                gates = self.recurrent[d].add(gates, hidden[index], out=gates, sums=buffers[1])
             if state.wide_gates is not None:
                 gates = state.wide_gates[d].copy_(gates)
             lstm_cell.cell_step(lstm_cell.activate_doubled_gates_(gates), state.cell[d], cell_clip,
                                 cell_next=state.cell[d], cell_output=state.cell_output[d],
                                 tanh=lstm_cell.tanh_via_sigmoid)
-            output[d] = self.projections[d](state.cell_output[d].to(self.dtype))  # (R, P)
+            output[index] = self.projections[d](state.cell_output[d].to(self.dtype))  # (R, P)
 
 
 class BatchedStreamProducts(NamedTuple):
@@ -198,8 +207,10 @@ class BatchedStreamProducts(NamedTuple):
         flat = block_inputs.to(self.dtype).reshape(n_dirs, n_steps * rows, dim)  # (D, k*R, P)
         return torch.baddbmm(bias, flat, self.input_weight).view(n_dirs, n_steps, rows, -1)
 
+    groups = (slice(0, 2),)  # both directions in each product (`run_block`)
+
     def step(self, gate_inputs: torch.Tensor, offset: int, hidden: torch.Tensor, state: StreamState,
-             output: torch.Tensor, cell_clip: float) -> None:
+             output: torch.Tensor, cell_clip: float, group: slice) -> None:
         gates = torch.baddbmm(gate_inputs[:, offset], hidden, self.recurrent_weight)  # (D, R, 4C)
         if state.wide_gates is not None:
             gates = state.wide_gates.copy_(gates)
