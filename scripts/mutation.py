@@ -88,7 +88,7 @@ MUTANTS = [
            CELL_TESTS),
     # the inference engine (inference/engine.py): what it passes to the cell, and its streams' resets
     Mutant("engine: projection clip removed", "inference/engine.py",
-           "hidden = lstm_cell.clip_(output, proj_clip)", "hidden = output", CELL_TESTS),
+           "hidden = lstm_cell.clip_(output[group], proj_clip)", "hidden = output[group]", CELL_TESTS),
     Mutant("engine: cell clip removed", "inference/engine.py",
            "lstm_cell.cell_step(lstm_cell.activate_doubled_gates_(gates), state.cell[d], cell_clip,",
            "lstm_cell.cell_step(lstm_cell.activate_doubled_gates_(gates), state.cell[d], 0.0,", CELL_TESTS),
@@ -102,7 +102,7 @@ MUTANTS = [
     Mutant("engine reset: the hidden state carried into the next sentence of a row", "inference/engine.py",
            "hidden = hidden * keep[offset]  # not in place", "hidden = hidden  # not in place", STREAMS),
     Mutant("engine reset: the cell state carried into the next sentence of a row", "inference/engine.py",
-           "state.cell.mul_(keep[offset])", "state.cell.mul_(1.0)", STREAMS),
+           "cell.mul_(keep[offset])", "cell.mul_(1.0)", STREAMS),
     Mutant("engine reset: no step marked as a sentence's start", "inference/streams.py",
            "torch.from_numpy(starts), starts.any(axis=1).tolist())",
            "torch.from_numpy(starts), [False] * len(starts))", STREAMS),
