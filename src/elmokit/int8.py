@@ -89,8 +89,10 @@ class Int8Linear:
         self.weight_t = quantized.mT  # (in, out): a transposed view, the layout torch._int_mm reads fastest
         self.packed = None
         kernel = int8_kernel()
-        if kernel == "auto" or kept_buffers:
-            kernel = "int_mm" if kept_buffers else choose_kernel(self, quantized, rows or 1)
+        if kept_buffers:  # `integer_sums` writes into the caller's buffers: torch._int_mm only
+            kernel = "int_mm"
+        elif kernel == "auto":
+            kernel = choose_kernel(self, quantized, rows or 1)
         if kernel == "onednn":
             if self.packed is None:
                 self.pack(quantized, rows or 1)
@@ -263,8 +265,9 @@ def module_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 def quantize_modules(modules, device: torch.device) -> None:
     """Mark an LSTM's layers (BiLstmLayer) for int8 products and the token encoder's modules (its
-    char CNN, `module_linear`'s Linears) for bfloat16 ones: `dtype="int8"` (the weights stay float32; the copies are made where the
-    products are built). The CPU only, one with VNNI or AMX: a ValueError says why not otherwise."""
+    char CNN, `module_linear`'s Linears) for bfloat16 ones: `dtype="int8"` (the weights stay float32;
+    the copies are made where the products are built). The CPU only, one with VNNI or AMX: a
+    ValueError says why not otherwise."""
     if device.type != "cpu":
         raise ValueError(f"dtype int8 runs on the CPU only (its products are the CPU's VNNI/AMX "
                          f"int8 kernels), not on {device}; on a GPU use bfloat16")
