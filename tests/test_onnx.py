@@ -20,6 +20,7 @@ import torch
 
 from elmokit import BiLM, ElmoEmbedder
 from elmokit.cli import main
+from elmokit.int8 import int8_native, is_int8
 from elmokit.model import cell as lstm_cell
 from elmokit.model.builtin import builtin_model_dir
 from elmokit.model.loading import load_model
@@ -194,6 +195,21 @@ def test_a_changed_gate_order_is_refused_and_nothing_is_written(tiny_model, tmp_
         onnx_export.export_onnx(tiny_model, path)
     assert str(caught.value).startswith(f"{path} (not written): ")
     assert path.read_bytes() == written and sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
+
+
+@needs_onnx
+@pytest.mark.skipif(not int8_native(), reason="dtype int8 needs a CPU with VNNI or AMX-INT8")
+def test_a_model_placed_in_int8_exports_its_float32_weights(tiny_model, tmp_path):
+    """A biLM that `dtype="int8"` marked exports (its graph in float32, as its weights are) and
+    matches the float32 model within the tolerance; the model itself stays marked."""
+    from elmokit.inference.onnx_export import export_onnx
+
+    float32 = copy.deepcopy(tiny_model)
+    marked = ElmoEmbedder(module=tiny_model, dtype="int8").bilm
+    path = tmp_path / "int8.onnx"
+    export_onnx(marked, path)
+    assert_parity(float32, path, sizes=(1, 7))
+    assert is_int8(marked.lstm.layers[0])
 
 
 @pytest.fixture(scope="module")

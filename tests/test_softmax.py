@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from elmokit.training import softmax
 from tests.test_lm import VOCAB, make_model, plain_sampled_nll, random_streams, window
@@ -14,7 +15,7 @@ from tests.test_lm import VOCAB, make_model, plain_sampled_nll, random_streams, 
 @pytest.mark.parametrize("n_samples", [0, 25])
 def test_one_pass_softmax_matches_cross_entropy(n_samples, monkeypatch):
     """nll_sums (logits a block at a time, gradients in the forward pass) equals the plain
-    log-softmax computation (target_nll, plain_sampled_nll): the loss and every gradient, full and sampled
+    log-softmax computation (F.cross_entropy of the logits, plain_sampled_nll): the loss and every gradient, full and sampled
     (the same sample drawn from the same RNG state)."""
     monkeypatch.setattr(softmax, "LOGIT_BUDGET", 64 * VOCAB)  # blocks of 64 rows
     model = make_model(n_samples=n_samples).train()
@@ -26,13 +27,37 @@ def test_one_pass_softmax_matches_cross_entropy(n_samples, monkeypatch):
         if fused:
             loss = model.nll_sums([hidden], [targets], sampled=True)[0]
         else:
-            loss = (plain_sampled_nll(model, hidden, targets) if n_samples else model.target_nll(hidden, targets)).sum()
+            loss = (plain_sampled_nll(model, hidden, targets).sum() if n_samples
+                    else F.cross_entropy(model.softmax(hidden), targets, reduction="sum"))
         grads = torch.autograd.grad(2.5 * loss, [hidden, model.softmax.weight, model.softmax.bias])
         results.append((loss, grads))
     (loss, grads), (ref_loss, ref_grads) = results
     torch.testing.assert_close(loss, ref_loss, atol=1e-4, rtol=1e-6)
     for grad, ref in zip(grads, ref_grads):
         torch.testing.assert_close(grad, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows, logits", [(300, 1 << 20), (300, 64 * 8), (7, 16)])
+def test_scoring_nll_matches_cross_entropy(rows, logits, monkeypatch):
+    """full_softmax_nll (scoring: the vocabulary a slice at a time, the online log-sum-exp) equals
+    F.cross_entropy per row: one slice, several slices in row blocks of 64 (8 and 11 columns, the
+    last slice short), 20 slices of 2 columns, and logits far from zero (a running maximum that grows from
+    slice to slice); full_softmax_nll_sum without gradients is its sum, target_nll the same rows."""
+    monkeypatch.setattr(softmax, "SCORING_ROWS", 64)
+    monkeypatch.setattr(softmax, "SCORING_LOGITS", logits)
+    model = make_model().eval()
+    generator = torch.Generator().manual_seed(rows)
+    hidden = 30 * torch.randn(rows, 6, generator=generator)
+    targets = torch.randint(0, VOCAB, (rows,), generator=generator)
+    weight, bias = model.softmax.weight.detach(), model.softmax.bias.detach()
+    expected = F.cross_entropy(F.linear(hidden.double(), weight.double(), bias.double()), targets, reduction="none")
+    got = softmax.full_softmax_nll(hidden, weight, bias, targets)
+    assert got.dtype == torch.float32 and got.shape == (rows,)
+    torch.testing.assert_close(got.double(), expected, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(model.target_nll(hidden, targets), got)
+    with torch.no_grad():
+        total = softmax.full_softmax_nll_sum(hidden, weight, bias, targets)
+    torch.testing.assert_close(total.double(), expected.sum(), atol=1e-3, rtol=1e-6)
 
 
 @pytest.mark.parametrize("sparse", [False, True])

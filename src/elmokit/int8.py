@@ -28,7 +28,7 @@ import weakref
 
 import torch
 
-from elmokit.kernels import PackedLinear, bf16_native, linear, path_counts
+from elmokit.kernels import PackedLinear, bf16_native, linear, path_counts, weights_key
 
 KERNEL_VARIABLE = "ELMOKIT_INT8_KERNEL"  # "auto" (default: the faster at each shape), "onednn" or "int_mm"
 ZERO_POINT = 128  # of the uint8 inputs of oneDNN's quantized linear (`quantize_rows(shifted=True)`)
@@ -232,10 +232,11 @@ def stream_linear(weight: torch.Tensor, rows: int, row_scale: torch.Tensor | Non
 
 def bf16_copies(module: torch.nn.Module, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """bfloat16 copies of a marked module's weights (`quantize_modules`), made at its first call and
-    again after one of them changes (kept by module). For inference: no gradient flows through them."""
+    again after one of them changes (`kernels.weights_key`; kept by module). For inference: no
+    gradient flows through them."""
     if torch.is_grad_enabled() and any(tensor.requires_grad for tensor in tensors):
         raise ValueError("dtype int8's products are for inference only (no gradients): fine-tune in float32")
-    key = tuple((tensor.data_ptr(), tensor._version, tensor.device) for tensor in tensors)
+    key = weights_key(tensors)
     cached = _BF16_COPIES.get(module)
     if cached is None or cached[0] != key:
         _BF16_COPIES[module] = cached = (key, tuple(tensor.detach().to(torch.bfloat16) for tensor in tensors))

@@ -274,6 +274,16 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return _checked("matmul", product, lambda: torch.mm(a.float(), b.float()), lambda: torch.mm(a, b), a.dtype)
 
 
+def weights_key(tensors) -> tuple:
+    """What identifies the values of `tensors` for a copy made from them (a reordered, narrowed or
+    precomputed one: `elmokit.inference.engine.layer_products`, `elmokit.int8.bf16_copies`,
+    `elmokit.inference.cache.TokenCache`): each tensor's storage, in-place version, dtype and device.
+    An edit in place (an optimizer's step, `copy_` under `torch.no_grad()`, `load_state_dict`), a
+    new tensor or a move changes it, and the copy is made again; an edit through `.data` does not
+    (`.data` bypasses the version counter, as it bypasses autograd): after one, edit in place instead."""
+    return tuple((tensor.data_ptr(), tensor._version, tensor.dtype, tensor.device) for tensor in tensors)
+
+
 class PackedLinear:
     """Products with one weight (out, in), many times: the weight is reordered once into oneDNN's
     blocked layout, tuned for about `rows` rows (any row count gives the right result).
@@ -282,7 +292,7 @@ class PackedLinear:
     Without gradients only (inference, and training's hand-written forward passes; inputs of the
     weight's dtype and device): the reordered copy does not follow later changes to `weight`, so
     build it where the weight is fixed (`elmokit.inference.engine.layer_products` keys its cache
-    on the weights' versions; training's recurrence builds one a pass).
+    on `weights_key`; training's recurrence builds one a pass).
     """
 
     def __init__(self, weight: torch.Tensor, rows: int, row_scale: torch.Tensor | None = None):

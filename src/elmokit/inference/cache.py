@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from elmokit.inference.elmo import boundary_rows, module_device
+from elmokit.kernels import weights_key
 from elmokit.model.bilm import BiLM
 from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN
 
@@ -21,6 +22,9 @@ class TokenCache:
     words already seen. Unseen words go through the encoder in one batch. Bounded: it holds at
     most `max_bytes` of vectors (65,536 words at P = 128, 16,384 at P = 512) and starts over when
     full, so a long input never makes it grow further; the frequent words come back at once.
+
+    The vectors follow the token encoder's weights: an edit in place or a move of the model
+    (`kernels.weights_key`) starts the cache over at the next call.
 
     Threads: a call that adds words may start over and overwrite any row, so `embeddings` looks
     the rows up and reads them under one lock (`rows` alone is valid until the next addition).
@@ -37,6 +41,10 @@ class TokenCache:
 
     def clear(self) -> None:
         self.index: dict[str, int] = {}
+        self.weights = self._weights_key()
+
+    def _weights_key(self) -> tuple:
+        return weights_key(self.bilm.token_encoder.parameters())
 
     def __repr__(self) -> str:
         return (f"TokenCache({len(self.index):,} of {self.max_size:,} words, {self.vectors.shape[1]} floats each, "
@@ -57,6 +65,9 @@ class TokenCache:
             return self._rows(tokens)
 
     def _rows(self, tokens: list[str]) -> np.ndarray:
+        if self._weights_key() != self.weights:  # the words' vectors were computed with other weights
+            self.vectors = self.vectors.new_empty(self.max_size, self.vectors.shape[1], device=module_device(self.bilm))
+            self.clear()
         rows = np.fromiter(map(self.index.get, tokens, itertools.repeat(-1)), np.int64, len(tokens))
         missing = rows < 0
         if missing.any():

@@ -56,7 +56,13 @@ class ElmoEmbedder:
         device: where to run ("cpu", "cuda", "cuda:N", "auto"; default: the CPU).
         dtype: torch.bfloat16 (or "bfloat16"): weights and products in bfloat16, the LSTM state and
             the outputs in float32 (stateless only; ~2x faster on a CPU with AVX512-BF16, see
-            bench/results/embed.md for speed and error). Default: the biLM's own (float32, exact).
+            bench/results/embed.md for speed and error); "int8" (the CPU, one with VNNI or
+            AMX-INT8): the LSTM's input and recurrent products in int8, the rest of the products
+            in bfloat16 (`elmokit.int8`; bench/results/int8_quality.md). Default: the biLM's own
+            (float32, exact).
+
+    The copies made from the weights (reordered products, the token cache) follow edits in
+    place and `load_state_dict` (`elmokit.kernels.weights_key`), not edits through `.data`.
     """
 
     STREAM_WINDOW = 16  # batches that `embed_sentences` runs through `embed_many` at once

@@ -30,7 +30,7 @@ import torch
 from elmokit.inference import cuda_graphs
 from elmokit.inference.streams import StreamLayout, stream_layout
 from elmokit.int8 import Int8Linear, is_int8, stream_linear
-from elmokit.kernels import PackedLinear
+from elmokit.kernels import PackedLinear, weights_key
 from elmokit.model import cell as lstm_cell
 from elmokit.model.bilm import BiLM, BiLMOutput
 from elmokit.model.lstm import BiLstm, BiLstmLayer, LstmState
@@ -225,11 +225,11 @@ class BatchedStreamProducts(NamedTuple):
 def layer_products(layer: BiLstmLayer, rows: int, batched: bool
                    ) -> DirectionStreamProducts | BatchedStreamProducts:
     """The layer's products for `rows` rows, made once and kept with the layer until a weight
-    changes (the reordered or transposed copies do not follow the weights; the batched ones, with
-    their CUDA graphs, serve every row count)."""
+    changes (`kernels.weights_key`; the reordered or transposed copies do not follow the weights;
+    the batched ones, with their CUDA graphs, serve every row count)."""
     weights = (layer.input_weight, layer.recurrent_weight, layer.projection, layer.bias)  # a graph reads the bias
     key = (batched, None if batched else rows,  # the batched copies serve every row count (oneDNN's are tuned)
-           is_int8(layer), *((weight.data_ptr(), weight._version, weight.dtype) for weight in weights))
+           is_int8(layer), weights_key(weights))
     cache = layer.__dict__.get(PACKED_KEY)
     if cache is None or cache[0] != key:
         doubled = candidate_doubled(layer)[:, None]  # (4C, 1)

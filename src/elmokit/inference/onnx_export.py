@@ -49,7 +49,8 @@ import torch
 from torch import nn
 
 from elmokit.extras import EXTRAS, require
-from elmokit.inference.elmo import run_bilm, token_layers
+from elmokit.inference.elmo import int8_modules, run_bilm, token_layers
+from elmokit.int8 import unquantize_modules
 from elmokit.io import atomic_path, check_replaceable
 from elmokit.kernels import KERNELS_VARIABLE, linear
 from elmokit.model import cell as lstm_cell
@@ -194,7 +195,8 @@ def export_onnx(bilm: BiLM, path: str | Path, *, mix_parameters: Sequence[float]
     `OnnxMismatchError` and leaves `path` untouched.
 
     Args:
-        bilm: the biLM (not changed: a float32 copy on the CPU is exported). ELMoForManyLangs
+        bilm: the biLM (not changed: a float32 copy on the CPU is exported, also of one placed in
+            bfloat16 or marked for int8 products by `dtype=`; its check compares with that copy). ELMoForManyLangs
             models are refused (their character vocabulary is not the byte scheme of `batch_to_ids`).
         path: the .onnx file to write (replaced if it exists).
         mix_parameters, mix_gamma: the optional scalar mix (`ExportableBiLM`).
@@ -217,6 +219,7 @@ def export_onnx(bilm: BiLM, path: str | Path, *, mix_parameters: Sequence[float]
         raise ValueError(f"mix_parameters and mix_gamma must be finite numbers, got {list(mix_parameters)} "
                          f"and {mix_gamma}")
     model = copy.deepcopy(bilm).float().cpu().eval().requires_grad_(False)
+    unquantize_modules(int8_modules(model))  # dtype="int8"'s marks: the graph's products are float32's
     module = ExportableBiLM(model, mix_parameters, mix_gamma).eval().requires_grad_(False)
     program = _torch_export(module)
     program.model.metadata_props.update(_metadata(model, mix_parameters, mix_gamma))

@@ -26,7 +26,7 @@ from elmokit.model.config import ElmoConfig
 from elmokit.model.lstm import LstmState
 from elmokit.model.bilm import BiLM
 from elmokit.training.recurrence import RecurrenceOptions, forward_streams
-from elmokit.training.softmax import GatherRows, full_softmax_nll_sum, sampled_softmax_nll_sum
+from elmokit.training.softmax import GatherRows, full_softmax_nll, full_softmax_nll_sum, sampled_softmax_nll_sum
 
 
 class LMOutput(NamedTuple):
@@ -234,9 +234,8 @@ class LanguageModel(nn.Module):
 
     def target_nll(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Negative log-likelihood of each target under the full softmax: hidden (N, P), targets
-        (N,) -> (N,) float32 (scoring: `elmokit.training.perplexity`)."""
-        logits = self.softmax(hidden).float()  # (N, V)
-        return F.cross_entropy(logits, targets, reduction="none")
+        (N,) -> (N,) float32, without gradients (scoring: `elmokit.training.perplexity`)."""
+        return full_softmax_nll(hidden, self.softmax.weight, self.softmax.bias, targets)
 
     def softmax_tensors(self) -> dict[str, torch.Tensor]:
         """The softmax under the names a native model directory stores it (`softmax.`)."""

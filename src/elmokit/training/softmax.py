@@ -25,6 +25,8 @@ import torch
 from elmokit.kernels import linear, matmul
 
 LOGIT_BUDGET = 1 << 24  # floats of logits held at once (64 MB): all N rows of a 10k softmax, blocks of a 100k one
+SCORING_ROWS = 512  # rows of a block of `full_softmax_nll` (scoring, no gradients)
+SCORING_LOGITS = 1 << 20  # floats of logits it holds at once (4 MB: a block's logits stay in the CPU's cache)
 
 
 class SoftmaxNllSum(torch.autograd.Function):
@@ -123,10 +125,44 @@ class GatherRows(torch.autograd.Function):
 
 def full_softmax_nll_sum(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                          targets: torch.Tensor) -> torch.Tensor:
-    """sum_i -log softmax(hidden_i W^T + b)[targets_i]: hidden (N, P), weight (V, P), bias (V,)."""
+    """sum_i -log softmax(hidden_i W^T + b)[targets_i]: hidden (N, P), weight (V, P), bias (V,).
+    Without gradients (evaluation), `full_softmax_nll`'s sum."""
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in (hidden, weight, bias))):
+        return full_softmax_nll(hidden, weight, bias, targets).sum(dtype=torch.float64).to(hidden.dtype)
     with torch.autocast(hidden.device.type, enabled=False):  # float32 logits
         return SoftmaxNllSum.apply(hidden.to(weight.dtype), weight, bias, targets, None, None,
                                    torch.is_grad_enabled())
+
+
+@torch.no_grad()
+def full_softmax_nll(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                     targets: torch.Tensor) -> torch.Tensor:
+    """-log softmax(hidden_i W^T + b)[targets_i] of each row, without gradients (scoring and
+    validation): hidden (N, P), weight (V, P), bias (V,), targets (N,) -> (N,) float32.
+
+        nll_i = logsumexp_k(hidden_i W_k + b_k) - (hidden_i W_t + b_t),   t = targets_i
+
+    The logsumexp runs over the vocabulary a slice at a time, with a running maximum and a sum
+    rescaled when the maximum grows (the online log-sum-exp), in blocks of SCORING_ROWS rows:
+    each slice's logits (SCORING_LOGITS floats) stay in the CPU's cache for the passes over them,
+    where the whole (N, V) logits of a 100k softmax are written to memory and read back four
+    times (about 1.5x the speed of `elmo perplexity` on the built-in model, 2 cores). The target's
+    logit is its own dot product (its sums in another order than the product's: ~1e-7 apart)."""
+    with torch.autocast(hidden.device.type, enabled=False):  # float32 logits
+        hidden = hidden.to(weight.dtype)
+        target_logits = torch.einsum("np,np->n", hidden, weight[targets]) + bias[targets]  # (N,)
+        totals = []
+        for block in hidden.split(SCORING_ROWS):
+            columns = max(1, SCORING_LOGITS // len(block))
+            top = block.new_full((len(block),), float("-inf"))
+            norm = block.new_zeros(len(block))
+            for first in range(0, weight.shape[0], columns):
+                logits = linear(block, weight[first:first + columns], bias[first:first + columns])  # (n, k)
+                new_top = torch.maximum(top, logits.amax(dim=1))
+                norm.mul_(torch.exp(top - new_top)).add_(logits.sub_(new_top[:, None]).exp_().sum(dim=1))
+                top = new_top
+            totals.append(norm.log_().add_(top))
+        return (torch.cat(totals) - target_logits).float() if totals else target_logits.float()
 
 
 def sampled_softmax_nll_sum(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
