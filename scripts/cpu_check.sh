@@ -7,6 +7,8 @@
 #                                        each dtype's fraction of its own ceiling (issue 41, point 2)
 #     bench/results/cpu-check-train.md   bench/train.py: gutenberg-cpu, batch 32, elmokit against
 #                                        nn.LSTM(proj_size), and with --lstm-bf16 (point 3)
+#     bench/results/cpu-check-profile.md bench/profile_embed.py: where the embedding time goes there, per
+#                                        operation (what holds a dtype below its ceiling)
 #     bench/results/cpu-check.md         this run: the CPU, torch, each part's exit status and seconds
 #
 #     bash scripts/cpu_check.sh                  (CPU_CHECK_BUDGET=SECONDS scales the parts' time limits)
@@ -52,8 +54,10 @@ source "$REPO/scripts/check_parts.sh"  # run_part, PARTS
 
 NOTE="Run by scripts/cpu_check.sh."
 STARTED="$(date -u '+%Y-%m-%d %H:%M UTC')"
-run_part embed $((BUDGET * 45 / 100)) "$PY" bench/embed.py --shapes original --batch-sizes 32 --caches off \
+run_part embed $((BUDGET * 40 / 100)) "$PY" bench/embed.py --shapes original --batch-sizes 32 --caches off \
     --limit 300 --error-models --threads 2 --note "$NOTE" --output "$RESULTS/cpu-check-embed.md"
+run_part profile $((BUDGET * 15 / 100)) "$PY" bench/profile_embed.py --limit 100 --threads 2 \
+    --note "$NOTE" --output "$RESULTS/cpu-check-profile.md"
 run_part train $((BUDGET * 55 / 100)) "$PY" bench/train.py --shapes gutenberg-cpu --batch-size 32 --threads 2 \
     --lstm-bf16 --steps 6 --warmup 2 --profile-steps 0 --note "$NOTE" --output "$RESULTS/cpu-check-train.md"
 
@@ -66,11 +70,12 @@ run_part train $((BUDGET * 55 / 100)) "$PY" bench/train.py --shapes gutenberg-cp
     echo "|---|---:|---:|"
     printf '%s\n' "${PARTS[@]}"
     echo
-    echo "The figures: bench/results/cpu-check-embed.md and bench/results/cpu-check-train.md (each written only"
-    echo "by a benchmark that finished)."
+    echo "The figures: bench/results/cpu-check-embed.md, cpu-check-profile.md and cpu-check-train.md (each"
+    echo "written only by a benchmark that finished)."
 } > "$REPORT"
 cat "$REPORT"
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
-    cp "$REPORT" "$RESULTS/cpu-check-embed.md" "$RESULTS/cpu-check-train.md" /tmp/cpu_check_*.log "$OUT"/ 2>/dev/null || true
+    cp "$REPORT" "$RESULTS/cpu-check-embed.md" "$RESULTS/cpu-check-profile.md" "$RESULTS/cpu-check-train.md" \
+        /tmp/cpu_check_*.log "$OUT"/ 2>/dev/null || true
 fi
 grep -q '| embed | 0 |' "$REPORT" && grep -q '| train | 0 |' "$REPORT"

@@ -6,6 +6,8 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -124,11 +126,12 @@ def test_contextual_layers_tell_the_senses_of_play_apart(embedder):
         assert cosine[same].mean() > cosine[different].mean() + 0.05, layer
 
 
-def test_the_readme_perplexity_is_what_a_user_gets_from_the_installed_package(tmp_path, capsys):
+def test_the_readme_perplexity_is_what_a_user_gets_from_the_installed_package(tmp_path):
     """The README's test perplexity (the card's, first 5,000 sentences of the test split) by the
-    user's commands: `elmo prepare` of the raw test text, then `elmo perplexity FILES
-    --max-sentences 5000` with no model argument. The first 3,000 raw lines (one paragraph a line,
-    split line by line) hold more than 5,000 sentences, so they give the same first 5,000."""
+    user's commands, each a process of its own as the user runs them: `elmo prepare` of the raw
+    test text, then `elmo perplexity FILES --max-sentences 5000` with no model argument. The first
+    3,000 raw lines (one paragraph a line, split line by line) hold more than 5,000 sentences, so
+    they give the same first 5,000."""
     from tests.conftest import DATA, require_shared
 
     if not _ships_softmax():
@@ -137,10 +140,15 @@ def test_the_readme_perplexity_is_what_a_user_gets_from_the_installed_package(tm
     head = tmp_path / "test-head.txt"
     with gzip.open(raw, "rt", encoding="utf-8") as lines:
         head.write_text("".join(itertools.islice(lines, 3000)), encoding="utf-8")
-    assert main(["prepare", str(head), "-o", str(tmp_path / "test"), "--quiet"]) == 0
-    capsys.readouterr()
-    assert main(["perplexity", str(tmp_path / "test" / "*.txt.gz"), "--max-sentences", "5000", "--json"]) == 0
-    scores = json.loads(capsys.readouterr().out)
+
+    def elmo(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "elmokit", *args], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+
+    elmo("prepare", str(head), "-o", str(tmp_path / "test"), "--quiet")
+    scores = json.loads(elmo("perplexity", str(tmp_path / "test" / "*.txt.gz"), "--max-sentences", "5000", "--json",
+                             "--no-progress"))
     expected = _card()["test_first_5000_sentences"]
     assert scores["n_tokens"] == expected["n_tokens"]
     for key in ("forward_ppl", "backward_ppl", "ppl"):
