@@ -71,16 +71,18 @@ def profile_one(dtype: str, limit: int, threads: int, batch_size: int) -> dict:
     events = profile.key_averages(group_by_input_shape=True)
     kinds: dict[str, float] = {}
     ops = []
+    calls = 0
     for event in events:
         if event.key.startswith(("ProfilerStep", "[memory]")) or event.self_cpu_time_total <= 0:
             continue
+        calls += event.count
         seconds = event.self_cpu_time_total / 1e6
         kinds[kind_of(event.key)] = kinds.get(kind_of(event.key), 0.0) + seconds
         ops.append({"name": event.key, "shapes": str(event.input_shapes)[:90], "calls": event.count,
                     "seconds": seconds})
     ops.sort(key=lambda op: -op["seconds"])
     return {"dtype": dtype, "wall": wall, "unprofiled": unprofiled, "kinds": kinds, "ops": ops[:25],
-            "calls": sum(event.count for event in events), "tokens": sum(map(len, sentences)),
+            "calls": calls, "tokens": sum(map(len, sentences)),
             "sentences": len(sentences)}
 
 
@@ -115,9 +117,9 @@ def write_page(args, header: str, started: str, before: str, after: str, results
     first = results[0]
     kinds = ["products", "char CNN convolution", "elementwise and casts", "other operations"]
     lines = ["# Where the embedding time goes (`bench/profile_embed.py`)", "", header,
-             f"Run of {started}; `original` shape (random weights), batch {args.batch_size}, token cache off, the first "
-             f"{first['sentences']:,} UD English EWT dev sentences ({first['tokens']:,} tokens), each dtype in its own "
-             f"process, warmed up by one run first." + (f" {args.note}" if args.note else ""), "",
+             f"Run of {started}; `original` shape (random weights), batch {args.batch_size}, token cache off, the "
+             f"first {first['sentences']:,} UD English EWT dev sentences ({first['tokens']:,} tokens), each dtype in "
+             f"its own process, warmed up by one run first." + (f" {args.note}" if args.note else ""), "",
              f"Machine load: before, {before}. After, {after}.", "",
              "Each operation's own time on the main thread (parallel regions included), by kind; 'between "
              "operations' is the wall time under the profiler minus the operations' own time (Python, dispatch, "
@@ -127,7 +129,8 @@ def write_page(args, header: str, started: str, before: str, after: str, results
              "|---|---:|---:|---:|" + "---:|" * (len(kinds) + 1)]
     for result in results:
         wall = result["wall"]
-        cells = [f"{result['kinds'].get(kind, 0.0):.2f} ({result['kinds'].get(kind, 0.0) / wall:.0%})" for kind in kinds]
+        seconds = [result["kinds"].get(kind, 0.0) for kind in kinds]
+        cells = [f"{value:.2f} ({value / wall:.0%})" for value in seconds]
         between = wall - sum(result["kinds"].values())
         lines.append(f"| {result['dtype']} | {result['unprofiled']:.2f} | {wall:.2f} | {result['calls']:,} | "
                      + " | ".join(cells) + f" | {between:.2f} ({between / wall:.0%}) |")

@@ -54,9 +54,9 @@ source "$REPO/scripts/check_parts.sh"  # run_part, PARTS
 
 NOTE="Run by scripts/cpu_check.sh."
 STARTED="$(date -u '+%Y-%m-%d %H:%M UTC')"
-run_part embed $((BUDGET * 40 / 100)) "$PY" bench/embed.py --shapes original --batch-sizes 32 --caches off \
+run_part embed $((BUDGET * 35 / 100)) "$PY" bench/embed.py --shapes original --batch-sizes 32 --caches off \
     --limit 300 --error-models --threads 2 --note "$NOTE" --output "$RESULTS/cpu-check-embed.md"
-run_part profile $((BUDGET * 15 / 100)) "$PY" bench/profile_embed.py --limit 100 --threads 2 \
+run_part profile $((BUDGET * 10 / 100)) "$PY" bench/profile_embed.py --limit 100 --threads 2 \
     --note "$NOTE" --output "$RESULTS/cpu-check-profile.md"
 run_part train $((BUDGET * 55 / 100)) "$PY" bench/train.py --shapes gutenberg-cpu --batch-size 32 --threads 2 \
     --lstm-bf16 --steps 6 --warmup 2 --profile-steps 0 --note "$NOTE" --output "$RESULTS/cpu-check-train.md"

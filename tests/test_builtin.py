@@ -142,7 +142,7 @@ def test_the_readme_perplexity_is_what_a_user_gets_from_the_installed_package(tm
         head.write_text("".join(itertools.islice(lines, 3000)), encoding="utf-8")
 
     def elmo(*args: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "elmokit", *args], capture_output=True, text=True)
+        done = subprocess.run([sys.executable, "-m", "elmokit", *args], capture_output=True, text=True, timeout=1800)
         assert done.returncode == 0, done.stderr[-3000:]
         return done.stdout
 

@@ -15,8 +15,8 @@ from tests.test_lm import VOCAB, make_model, plain_sampled_nll, random_streams, 
 @pytest.mark.parametrize("n_samples", [0, 25])
 def test_one_pass_softmax_matches_cross_entropy(n_samples, monkeypatch):
     """nll_sums (logits a block at a time, gradients in the forward pass) equals the plain
-    log-softmax computation (F.cross_entropy of the logits, plain_sampled_nll): the loss and every gradient, full and sampled
-    (the same sample drawn from the same RNG state)."""
+    log-softmax computation (F.cross_entropy of the logits, plain_sampled_nll): the loss and every
+    gradient, full and sampled (the same sample drawn from the same RNG state)."""
     monkeypatch.setattr(softmax, "LOGIT_BUDGET", 64 * VOCAB)  # blocks of 64 rows
     model = make_model(n_samples=n_samples).train()
     hidden = torch.randn(300, 6, requires_grad=True)  # five blocks
@@ -58,6 +58,48 @@ def test_scoring_nll_matches_cross_entropy(rows, logits, monkeypatch):
     with torch.no_grad():
         total = softmax.full_softmax_nll_sum(hidden, weight, bias, targets)
     torch.testing.assert_close(total.double(), expected.sum(), atol=1e-3, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_scoring_sums_in_float32_for_a_half_precision_softmax(dtype, monkeypatch):
+    """A softmax held in bfloat16 or float16: the products in its dtype, the log-sum-exp in float32
+    (as F.cross_entropy of the widened logits): within 1e-3 of it, and a float16 sum of 2,000
+    exp(~0) terms (past float16's 65,504 at 65,536 columns; here a slice's) does not overflow."""
+    monkeypatch.setattr(softmax, "SCORING_LOGITS", 64 * 16)  # many slices
+    generator = torch.Generator().manual_seed(3)
+    vocab = 70_000 if dtype == torch.float16 else 2_000
+    weight = (0.01 * torch.randn(vocab, 6, generator=generator)).to(dtype)
+    bias = torch.zeros(vocab, dtype=dtype)
+    hidden = torch.randn(5, 6, generator=generator)
+    targets = torch.randint(0, vocab, (5,), generator=generator)
+    expected = F.cross_entropy(F.linear(hidden.to(dtype), weight, bias).float(), targets, reduction="none")
+    got = softmax.full_softmax_nll(hidden, weight, bias, targets)
+    assert got.dtype == torch.float32 and torch.isfinite(got).all()
+    torch.testing.assert_close(got, expected, atol=1e-3, rtol=1e-4)
+
+
+def test_scoring_edge_cases():
+    """No rows (a validation window whose rows ran dry) give no NLL and a sum of 0 in the weight's
+    dtype; a target outside 0..V-1 is an error naming the range; a slice whose logits are all
+    -inf (a -inf bias) adds nothing, and a target whose logit is -inf costs +inf."""
+    weight, bias = torch.randn(10, 4), torch.zeros(10)
+    nothing = softmax.full_softmax_nll(torch.zeros(0, 4), weight, bias, torch.zeros(0, dtype=torch.long))
+    assert nothing.shape == (0,) and nothing.dtype == torch.float32
+    with torch.no_grad():
+        total = softmax.full_softmax_nll_sum(torch.zeros(0, 4, dtype=torch.bfloat16), weight, bias,
+                                             torch.zeros(0, dtype=torch.long))
+    assert total.item() == 0 and total.dtype == torch.float32
+    for bad in (-1, 10):
+        with pytest.raises(IndexError, match=r"0\.\.9"):
+            softmax.full_softmax_nll(torch.zeros(1, 4), weight, bias, torch.tensor([bad]))
+    bias[:5] = float("-inf")
+    hidden, targets = torch.randn(3, 4), torch.tensor([7, 9, 2])
+    expected = F.cross_entropy(F.linear(hidden, weight, bias), targets, reduction="none")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(softmax, "SCORING_LOGITS", 3 * 5)  # slices of 5: the first all -inf
+        got = softmax.full_softmax_nll(hidden, weight, bias, targets)
+    torch.testing.assert_close(got[:2], expected[:2])
+    assert got[2].item() == float("inf")
 
 
 @pytest.mark.parametrize("sparse", [False, True])

@@ -54,7 +54,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -274,7 +274,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return _checked("matmul", product, lambda: torch.mm(a.float(), b.float()), lambda: torch.mm(a, b), a.dtype)
 
 
-def weights_key(tensors) -> tuple:
+def weights_key(tensors: Iterable[torch.Tensor]) -> tuple:
     """What identifies the values of `tensors` for a copy made from them (a reordered, narrowed or
     precomputed one: `elmokit.inference.engine.layer_products`, `elmokit.int8.bf16_copies`,
     `elmokit.inference.cache.TokenCache`): each tensor's storage, in-place version, dtype and device.

@@ -126,9 +126,9 @@ class GatherRows(torch.autograd.Function):
 def full_softmax_nll_sum(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                          targets: torch.Tensor) -> torch.Tensor:
     """sum_i -log softmax(hidden_i W^T + b)[targets_i]: hidden (N, P), weight (V, P), bias (V,).
-    Without gradients (evaluation), `full_softmax_nll`'s sum."""
+    Without gradients (evaluation), `full_softmax_nll`'s sum; in the weight's dtype either way."""
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in (hidden, weight, bias))):
-        return full_softmax_nll(hidden, weight, bias, targets).sum(dtype=torch.float64).to(hidden.dtype)
+        return full_softmax_nll(hidden, weight, bias, targets).sum(dtype=torch.float64).to(weight.dtype)
     with torch.autocast(hidden.device.type, enabled=False):  # float32 logits
         return SoftmaxNllSum.apply(hidden.to(weight.dtype), weight, bias, targets, None, None,
                                    torch.is_grad_enabled())
@@ -138,31 +138,36 @@ def full_softmax_nll_sum(hidden: torch.Tensor, weight: torch.Tensor, bias: torch
 def full_softmax_nll(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                      targets: torch.Tensor) -> torch.Tensor:
     """-log softmax(hidden_i W^T + b)[targets_i] of each row, without gradients (scoring and
-    validation): hidden (N, P), weight (V, P), bias (V,), targets (N,) -> (N,) float32.
+    validation): hidden (N, P), weight (V, P), bias (V,), targets (N,) in 0..V-1 -> (N,) float32.
 
         nll_i = logsumexp_k(hidden_i W_k + b_k) - (hidden_i W_t + b_t),   t = targets_i
 
-    The logsumexp runs over the vocabulary a slice at a time, with a running maximum and a sum
-    rescaled when the maximum grows (the online log-sum-exp), in blocks of SCORING_ROWS rows:
-    each slice's logits (SCORING_LOGITS floats) stay in the CPU's cache for the passes over them,
-    where the whole (N, V) logits of a 100k softmax are written to memory and read back four
-    times (about 1.5x the speed of `elmo perplexity` on the built-in model, 2 cores). The target's
+    The products run in the weight's dtype, the rest in float32. The logsumexp runs over the
+    vocabulary a slice at a time, with a running maximum and a sum rescaled when the maximum grows
+    (the online log-sum-exp), in blocks of SCORING_ROWS rows: on the CPU each slice's logits
+    (SCORING_LOGITS floats) stay in cache for the passes over them, where the whole (N, V) logits
+    of a 100k softmax are written to memory and read back four times (`elmo perplexity` on the
+    built-in model ~1.5x as fast, 2 cores); elsewhere a block's logits are one slice. The target's
     logit is its own dot product (its sums in another order than the product's: ~1e-7 apart)."""
-    with torch.autocast(hidden.device.type, enabled=False):  # float32 logits
+    if len(targets) and not 0 <= int(targets.min()) <= int(targets.max()) < weight.shape[0]:
+        raise IndexError(f"targets must be word ids in 0..{weight.shape[0] - 1} (the softmax's rows), got "
+                         f"{int(targets.min())}..{int(targets.max())}")
+    with torch.autocast(hidden.device.type, enabled=False):
         hidden = hidden.to(weight.dtype)
-        target_logits = torch.einsum("np,np->n", hidden, weight[targets]) + bias[targets]  # (N,)
-        totals = []
-        for block in hidden.split(SCORING_ROWS):
-            columns = max(1, SCORING_LOGITS // len(block))
-            top = block.new_full((len(block),), float("-inf"))
-            norm = block.new_zeros(len(block))
+        target_logits = (torch.einsum("np,np->n", hidden.float(), weight[targets].float())
+                         + bias[targets].float())  # (N,)
+        totals = [target_logits.new_zeros(0)]
+        for block in hidden.split(SCORING_ROWS) if len(hidden) else ():  # (a window may hold no target)
+            columns = max(1, SCORING_LOGITS // len(block)) if block.device.type == "cpu" else weight.shape[0]
+            top = block.new_full((len(block),), torch.finfo(torch.float32).min, dtype=torch.float32)  # finite:
+            norm = torch.zeros_like(top)  # a slice of -inf logits (a -inf bias) adds 0, not NaN
             for first in range(0, weight.shape[0], columns):
-                logits = linear(block, weight[first:first + columns], bias[first:first + columns])  # (n, k)
+                logits = linear(block, weight[first:first + columns], bias[first:first + columns]).float()  # (n, k)
                 new_top = torch.maximum(top, logits.amax(dim=1))
                 norm.mul_(torch.exp(top - new_top)).add_(logits.sub_(new_top[:, None]).exp_().sum(dim=1))
                 top = new_top
             totals.append(norm.log_().add_(top))
-        return (torch.cat(totals) - target_logits).float() if totals else target_logits.float()
+        return torch.cat(totals) - target_logits
 
 
 def sampled_softmax_nll_sum(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
