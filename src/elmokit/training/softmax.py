@@ -15,6 +15,9 @@ Two forms of the same loss, `nll = logsumexp(candidates) - target logit`:
                extra column per row, the true logit (`true_logits`, differentiable); `hits`
                marks the candidate column equal to the target (-1: none), which is removed
 
+Without gradients (validation, `elmo perplexity`) the full form is `full_softmax_nll`: the
+log-sum-exp a vocabulary slice at a time (online), each slice's logits in cache.
+
 Shape notation: N rows (targets), P hidden dim, K candidates (V for the full softmax).
 """
 
