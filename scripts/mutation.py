@@ -170,6 +170,8 @@ MUTANTS = [
            "        if False:\n", ("tests/test_lm.py",)),
     Mutant("scoring softmax: the running sum not rescaled when the maximum grows", "training/softmax.py",
            "norm.mul_(torch.exp(top - new_top)).add_(", "norm.add_(", ("tests/test_softmax.py",)),
+    Mutant("scoring softmax: the target's logit without its bias", "training/softmax.py",
+           "\n                         + bias[targets].float())  # (N,)", ")  # (N,)", ("tests/test_softmax.py",)),
     Mutant("scoring softmax: the last slice of the vocabulary left out", "training/softmax.py",
            "for first in range(0, weight.shape[0], columns):",
            "for first in range(0, weight.shape[0] - columns + 1, columns):", ("tests/test_softmax.py",)),

@@ -49,12 +49,14 @@ def test_scoring_nll_matches_cross_entropy(rows, logits, monkeypatch):
     generator = torch.Generator().manual_seed(rows)
     hidden = 30 * torch.randn(rows, 6, generator=generator)
     targets = torch.randint(0, VOCAB, (rows,), generator=generator)
+    with torch.no_grad():
+        model.softmax.bias.copy_(3 * torch.randn(VOCAB, generator=generator))  # a bias that matters
     weight, bias = model.softmax.weight.detach(), model.softmax.bias.detach()
     expected = F.cross_entropy(F.linear(hidden.double(), weight.double(), bias.double()), targets, reduction="none")
     got = softmax.full_softmax_nll(hidden, weight, bias, targets)
     assert got.dtype == torch.float32 and got.shape == (rows,)
     torch.testing.assert_close(got.double(), expected, atol=1e-4, rtol=1e-5)
-    torch.testing.assert_close(model.target_nll(hidden, targets), got)
+    torch.testing.assert_close(model.target_nll(hidden, targets).double(), expected, atol=1e-4, rtol=1e-5)
     with torch.no_grad():
         total = softmax.full_softmax_nll_sum(hidden, weight, bias, targets)
     torch.testing.assert_close(total.double(), expected.sum(), atol=1e-3, rtol=1e-6)
@@ -78,7 +80,7 @@ def test_scoring_sums_in_float32_for_a_half_precision_softmax(dtype, monkeypatch
     torch.testing.assert_close(got, expected, atol=1e-3, rtol=1e-4)
 
 
-def test_scoring_edge_cases():
+def test_scoring_edge_cases(monkeypatch):
     """No rows (a validation window whose rows ran dry) give no NLL and a sum of 0 in the weight's
     dtype; a target outside 0..V-1 is an error naming the range; a slice whose logits are all
     -inf (a -inf bias) adds nothing, and a target whose logit is -inf costs +inf."""
@@ -95,9 +97,8 @@ def test_scoring_edge_cases():
     bias[:5] = float("-inf")
     hidden, targets = torch.randn(3, 4), torch.tensor([7, 9, 2])
     expected = F.cross_entropy(F.linear(hidden, weight, bias), targets, reduction="none")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(softmax, "SCORING_LOGITS", 3 * 5)  # slices of 5: the first all -inf
-        got = softmax.full_softmax_nll(hidden, weight, bias, targets)
+    monkeypatch.setattr(softmax, "SCORING_LOGITS", 3 * 5)  # slices of 5: the first all -inf
+    got = softmax.full_softmax_nll(hidden, weight, bias, targets)
     torch.testing.assert_close(got[:2], expected[:2])
     assert got[2].item() == float("inf")
 
