@@ -30,8 +30,9 @@ def test_the_forward_groups_compute_the_lstm_cell(fused_cell):
     cell_prev = torch.randn(2, n_rows, cell_dim)
     acts, cell_next, tanh_cell, cell_output = (torch.empty(2, n_rows, 4 * cell_dim), torch.empty(2, n_rows, cell_dim),
                                                torch.empty(2, n_rows, cell_dim), torch.empty(2, n_rows, cell_dim))
-    forward_cell(pre, acts, cell_prev, cell_next, tanh_cell, cell_output, 0.0)
     fused = fused_cell.fused_forward_cell(pre[0], pre[1], cell_prev)
+    products = [gates.clone() for gates in pre]
+    forward_cell(products, acts, cell_prev, cell_next, tanh_cell, cell_output, 0.0)  # doubles their candidate
     for eager, other in zip((acts, cell_next, tanh_cell, cell_output), fused):
         torch.testing.assert_close(eager, other)
     i, f, o, j = torch.stack(pre).split(cell_dim, dim=-1)  # elmokit's gate order (i, f, o, j)

@@ -37,6 +37,28 @@ def test_one_pass_softmax_matches_cross_entropy(n_samples, monkeypatch):
         torch.testing.assert_close(grad, ref, atol=1e-5, rtol=1e-5)
 
 
+def test_training_softmax_scores_a_target_the_softmax_lost():
+    """The full form reads each row's nll from its target's probability; a target whose logit is
+    far below its row's largest (probability under float32's smallest normal number, 0 here) is
+    scored from its logits instead: every row's nll and gradient as float64 cross-entropy's."""
+    torch.manual_seed(3)
+    hidden = torch.randn(6, 4, requires_grad=True)
+    weight = torch.randn(50, 4).requires_grad_()
+    bias = torch.zeros(50)
+    bias[7] = -200.0  # row 0's and row 3's target: p = exp(-200) ~ 1e-87, 0 in float32
+    bias = bias.requires_grad_()
+    targets = torch.tensor([7, 1, 2, 7, 4, 5])
+    loss = softmax.full_softmax_nll_sum(hidden, weight, bias, targets)
+    grads = torch.autograd.grad(loss, [hidden, weight, bias])
+    wide = [t.detach().double().requires_grad_() for t in (hidden, weight, bias)]
+    expected = F.cross_entropy(F.linear(*wide), targets, reduction="sum")
+    expected_grads = torch.autograd.grad(expected, wide)
+    assert loss.item() > 400  # the two lost targets count ~200 each: not inf, not 0
+    torch.testing.assert_close(loss.double(), expected, rtol=1e-6, atol=1e-4)
+    for grad, ref in zip(grads, expected_grads):
+        torch.testing.assert_close(grad.double(), ref, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("rows, logits", [(300, 1 << 20), (300, 64 * 8), (7, 16)])
 def test_scoring_nll_matches_cross_entropy(rows, logits, monkeypatch):
     """full_softmax_nll (scoring: the vocabulary a slice at a time, the online log-sum-exp) equals

@@ -66,8 +66,8 @@ class LstmLayerFunction(torch.autograd.Function):
         cell_dim = projection.shape[2]
         weights = products.weights(input_weight, recurrent_weight, projection)  # in the products' dtype
         flat_inputs = inputs.reshape(n_dirs, n_steps * n_rows, dim)
-        acts = products.gate_inputs(flat_inputs, weights[0], bias
-                                    ).view(n_dirs, n_steps, n_rows, 4 * cell_dim)  # G = X W_in^T + b, then the gates
+        step_inputs = products.gate_inputs(flat_inputs, weights[0], bias, n_steps)  # G_t = X_t W_in^T + b
+        acts = inputs.new_empty(n_dirs, n_steps, n_rows, 4 * cell_dim)  # the activated gates
         cells = inputs.new_empty(n_dirs, n_steps + 1, n_rows, cell_dim)  # c_0 .. c_U
         cells[:, 0] = cell
         tanh_cells = inputs.new_empty(n_dirs, n_steps, n_rows, cell_dim)
@@ -79,7 +79,7 @@ class LstmLayerFunction(torch.autograd.Function):
         step_acts, step_cells, step_tanh_cells = acts.unbind(1), cells.unbind(1), tanh_cells.unbind(1)
         step_outputs, step_hiddens = cell_outputs.unbind(1), hiddens.unbind(1)
         for step in range(n_steps):
-            forward_cell(recurrent(step_acts[step], step_hiddens[step]), step_acts[step], step_cells[step],
+            forward_cell(recurrent(step_inputs[step], step_hiddens[step]), step_acts[step], step_cells[step],
                          step_cells[step + 1], step_tanh_cells[step], step_outputs[step], cell_clip)
             lstm_cell.clip_(products.project(step_outputs[step], weights[2], step_hiddens[step + 1]),
                             proj_clip)  # h_t (D, B, P)
@@ -147,12 +147,16 @@ class DirectionProducts:
     def weights(self, *weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return tuple(map(self._operand, weights))
 
-    def gate_inputs(self, flat_inputs: torch.Tensor, input_weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        """(D, N, P) -> X W_in^T + b (D, N, 4C)."""
+    def gate_inputs(self, flat_inputs: torch.Tensor, input_weight: torch.Tensor, bias: torch.Tensor,
+                    n_steps: int) -> list[list[torch.Tensor]]:
+        """(D, U*B, P) -> X W_in^T + b, for each of the U steps a list of D (B, 4C) (each direction's
+        product stays its own tensor: no copy into one)."""
+        low = self._operand(flat_inputs)
         if self.dtype is None:
-            return _per_direction(len(flat_inputs), lambda d: linear(flat_inputs[d], input_weight[d], bias[d, 0]))
-        low = flat_inputs.to(self.dtype)
-        return _per_direction(len(low), lambda d: torch.add(bias[d, 0], linear(low[d], input_weight[d])))  # float32
+            sums = [linear(low[d], input_weight[d], bias[d, 0]) for d in range(len(low))]
+        else:
+            sums = [torch.add(bias[d, 0], linear(low[d], input_weight[d])) for d in range(len(low))]  # float32
+        return [list(steps) for steps in zip(*(s.view(n_steps, -1, s.shape[-1]).unbind(0) for s in sums))]
 
     def recurrent(self, recurrent_weight: torch.Tensor, n_rows: int) -> Callable:
         """(G_t (D, B, 4C), h_{t-1} (D, B, P)) -> G_t + h_{t-1} W_rec^T, a list of D (B, 4C)."""
@@ -202,10 +206,14 @@ class BatchedProducts:
         product = torch.bmm(a.to(self.dtype), b.to(self.dtype))
         return product.to(a.dtype) if out is None else out.copy_(product)
 
-    def gate_inputs(self, flat_inputs: torch.Tensor, input_weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    def gate_inputs(self, flat_inputs: torch.Tensor, input_weight: torch.Tensor, bias: torch.Tensor,
+                    n_steps: int) -> tuple[torch.Tensor, ...]:
+        """(D, U*B, P) -> X W_in^T + b, for each of the U steps a (D, B, 4C) view."""
         if self.dtype is None:
-            return torch.baddbmm(bias, flat_inputs, input_weight.mT)
-        return torch.add(bias, torch.bmm(flat_inputs.to(self.dtype), input_weight.mT))  # summed in float32
+            sums = torch.baddbmm(bias, flat_inputs, input_weight.mT)
+        else:
+            sums = torch.add(bias, torch.bmm(flat_inputs.to(self.dtype), input_weight.mT))  # summed in float32
+        return sums.view(len(sums), n_steps, -1, sums.shape[-1]).unbind(1)
 
     def recurrent(self, recurrent_weight: torch.Tensor, n_rows: int) -> Callable:
         """(G_t (D, B, 4C), h_{t-1} (D, B, P)) -> G_t + h_{t-1} W_rec^T (D, B, 4C)."""
@@ -228,16 +236,18 @@ def forward_cell(gates: list[torch.Tensor] | torch.Tensor, acts: torch.Tensor, c
                  cell_next: torch.Tensor, tanh_cell: torch.Tensor, cell_output: torch.Tensor, cell_clip: float) -> None:
     """A step's elementwise work forward, both directions, into the pass's buffers.
 
-    gates: G_t + h_{t-1} W_rec^T, (D, B, 4C) or a list of each direction's (B, 4C). Writes acts
-    (D, B, 4C) = (σ(i), σ(f), σ(o), tanh(j)), cell_next c_t = clip(f * c_{t-1} + i * j) (D, B, C),
-    tanh_cell tanh(c_t) and cell_output m_t = o * tanh(c_t).
+    gates: G_t + h_{t-1} W_rec^T, (D, B, 4C) or a list of each direction's (B, 4C), the products'
+    fresh results (their candidate's slot is doubled in place). Writes acts (D, B, 4C) =
+    (σ(i), σ(f), σ(o), tanh(j)), cell_next c_t = clip(f * c_{t-1} + i * j) (D, B, C), tanh_cell
+    tanh(c_t) and cell_output m_t = o * tanh(c_t). Every tanh is 2 σ(2x) - 1 (`tanh_via_sigmoid`:
+    torch's sigmoid is several times faster than its tanh on the CPU), as in inference.
     """
-    if isinstance(gates, torch.Tensor):
-        lstm_cell.activate_gates(gates, out=acts)
-    else:
-        for d, pre in enumerate(gates):
-            lstm_cell.activate_gates(pre, out=acts[d])
-    lstm_cell.cell_step(acts, cell_prev, cell_clip, cell_next=cell_next, tanh_cell=tanh_cell, cell_output=cell_output)
+    pairs = [(gates, acts)] if isinstance(gates, torch.Tensor) else zip(gates, acts.unbind(0))
+    for pre, out in pairs:
+        torch.sigmoid(lstm_cell.double_candidate_(pre), out=out)
+    lstm_cell.candidate_from_sigmoid_(acts)  # both directions at once
+    lstm_cell.cell_step(acts, cell_prev, cell_clip, cell_next=cell_next, tanh_cell=tanh_cell, cell_output=cell_output,
+                        tanh=lstm_cell.tanh_via_sigmoid)
 
 
 def gate_factors(acts: torch.Tensor, cells: torch.Tensor, tanh_cells: torch.Tensor
@@ -248,16 +258,21 @@ def gate_factors(acts: torch.Tensor, cells: torch.Tensor, tanh_cells: torch.Tens
 
     acts (D, U, B, 4C), cells c_0 .. c_U (D, U+1, B, C), tanh_cells (D, U, B, C)
     -> factors (D, U, B, 4, C), through_tanh (D, U, B, C)
+
+    Each is written in place into its slot, two operations a factor (σ' = σ - σ², tanh' = 1 - tanh²,
+    as `torch.addcmul`s), no temporaries.
     """
     n_dirs, n_steps, n_rows, cell_dim = tanh_cells.shape
     input_gate, forget_gate, output_gate, candidate = lstm_cell.split_gates(acts)
-    factors = torch.cat([
-        candidate * input_gate * (1 - input_gate),
-        cells[:, :-1] * forget_gate * (1 - forget_gate),
-        tanh_cells * output_gate * (1 - output_gate),
-        input_gate * (1 - candidate * candidate),
-    ], dim=-1).view(n_dirs, n_steps, n_rows, 4, cell_dim)
-    return factors, output_gate * (1 - tanh_cells * tanh_cells)
+    factors = acts.new_empty(n_dirs, n_steps, n_rows, lstm_cell.N_GATES, cell_dim)
+    slots = factors.unbind(3)
+    torch.addcmul(input_gate, input_gate, input_gate, value=-1, out=slots[0]).mul_(candidate)
+    torch.addcmul(forget_gate, forget_gate, forget_gate, value=-1, out=slots[1]).mul_(cells[:, :-1])
+    torch.addcmul(output_gate, output_gate, output_gate, value=-1, out=slots[2]).mul_(tanh_cells)
+    torch.mul(candidate, candidate, out=slots[3])
+    torch.addcmul(input_gate, input_gate, slots[3], value=-1, out=slots[3])  # i (1 - j²)
+    through_tanh = torch.mul(tanh_cells, tanh_cells)
+    return factors, torch.addcmul(output_gate, output_gate, through_tanh, value=-1, out=through_tanh)
 
 
 def backward_cell(grad_m: torch.Tensor, cell_grad: torch.Tensor, through_tanh: torch.Tensor, factors: torch.Tensor,

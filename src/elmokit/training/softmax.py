@@ -5,9 +5,10 @@ time, with the (N, V) logits never held whole.
 the backward pass, then zero-fills and scatters an (N, V) gradient and runs a log-softmax
 backward: four more passes over 25-250 MB a direction for the biLM's 640 targets a window and a
 10k-100k softmax. Here each block of rows (all of them when the logits fit `LOGIT_BUDGET`)
-computes its logits, turns them in place into probabilities, subtracts one at the target
-(d nll / d logits = softmax - onehot) and accumulates the gradients of the hidden states, the
-weight and the bias right away; the backward pass only scales them by the incoming gradient.
+computes its logits, turns them into probabilities (the full form by torch's softmax, a row at a
+time in cache; the sampled form in place), subtracts one at the target (d nll / d logits =
+softmax - onehot) and accumulates the gradients of the hidden states, the weight and the bias
+right away; the backward pass only scales them by the incoming gradient.
 
 Two forms of the same loss, `nll = logsumexp(candidates) - target logit`:
     full       candidates = every row of W; the target is a column (`targets`)
@@ -52,35 +53,10 @@ class SoftmaxNllSum(torch.autograd.Function):
         block_rows = max(64, LOGIT_BUDGET // weight.shape[0])
         for first in range(0, hidden.shape[0], block_rows):
             rows = slice(first, first + block_rows)
-            block = hidden[rows]  # (n, P)
-            logits = linear(block, weight, bias)  # (n, K); oneDNN's kernel on the CPU (bench/results/train.md)
-            row_index = torch.arange(len(block), device=hidden.device)
             if true_logits is None:
-                target_logits = logits[row_index, targets[rows]]  # (n,)
-                top = logits.amax(dim=1)
+                total += _full_block(hidden[rows], weight, bias, targets[rows], grads, rows)
             else:
-                hit = hits[rows]
-                hit_rows = (hit >= 0).nonzero().squeeze(1)
-                logits[hit_rows, hit[hit_rows]] = float("-inf")  # an accidental hit is not a negative
-                target_logits = true_logits[rows]
-                top = torch.maximum(logits.amax(dim=1), target_logits)
-            probabilities = logits.sub_(top[:, None]).exp_()  # exp(logit - max), in place
-            norm = probabilities.sum(dim=1)  # (n,)
-            if true_logits is not None:
-                target_probability = torch.exp(target_logits - top)
-                norm += target_probability
-            total += (torch.log(norm) + top - target_logits).sum(dtype=torch.float64)
-            if grads is not None:
-                grad_hidden, grad_weight, grad_bias, grad_true = grads
-                probabilities.div_(norm[:, None])  # d nll / d logit = p for every candidate ...
-                if true_logits is None:
-                    probabilities[row_index, targets[rows]] -= 1  # ... minus one at the target
-                else:
-                    grad_true[rows] = target_probability / norm - 1
-                grad_hidden[rows] = matmul(probabilities, weight)  # oneDNN's kernels on the CPU, as the logits
-                block_weight, block_bias = matmul(probabilities.t(), block), probabilities.sum(dim=0)
-                grads[1] = block_weight if grad_weight is None else grad_weight.add_(block_weight)
-                grads[2] = block_bias if grad_bias is None else grad_bias.add_(block_bias)
+                total += _sampled_block(hidden[rows], weight, bias, true_logits[rows], hits[rows], grads, rows)
         ctx.grads = grads
         return total.to(hidden.dtype)
 
@@ -90,6 +66,57 @@ class SoftmaxNllSum(torch.autograd.Function):
         ctx.grads = None
         scale = lambda grad: None if grad is None else grad * grad_total  # noqa: E731
         return scale(grad_hidden), scale(grad_weight), scale(grad_bias), None, scale(grad_true), None, None
+
+
+def _full_block(block: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, targets: torch.Tensor,
+                grads: list | None, rows: slice) -> torch.Tensor:
+    """The full form on a block of rows (n, P): its nll sum (float64); its gradients into `grads`.
+    The probabilities by torch's softmax (a row at a time in cache: one read and one write of the
+    logits), each row's nll from its target's probability."""
+    logits = linear(block, weight, bias)  # (n, V); oneDNN's kernel on the CPU (bench/results/train.md)
+    row_index = torch.arange(len(block), device=block.device)
+    target_logits = logits[row_index, targets]  # (n,)
+    probabilities = torch.softmax(logits, dim=1)
+    del logits
+    target_probabilities = probabilities[row_index, targets]
+    nll = -torch.log(target_probabilities)
+    lost = (target_probabilities < torch.finfo(torch.float32).tiny).nonzero().squeeze(1)
+    if len(lost):  # a target far below its row's largest logit, lost to the softmax: scored from the logits
+        nll[lost] = (torch.logsumexp(linear(block[lost], weight, bias).float(), dim=1)
+                     - target_logits[lost].float()).to(nll.dtype)
+    if grads is not None:
+        probabilities[row_index, targets] -= 1  # d nll / d logit = p - onehot(target)
+        _accumulate(grads, probabilities, block, weight, rows)
+    return nll.sum(dtype=torch.float64)
+
+
+def _sampled_block(block: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, true_logits: torch.Tensor,
+                   hits: torch.Tensor, grads: list | None, rows: slice) -> torch.Tensor:
+    """The sampled form on a block of rows (n, P): the candidates' logits and the true logit as one
+    more column, in place: exp(logit - max), the norm; its nll sum (float64), its gradients into
+    `grads`."""
+    logits = linear(block, weight, bias)  # (n, K)
+    hit_rows = (hits >= 0).nonzero().squeeze(1)
+    logits[hit_rows, hits[hit_rows]] = float("-inf")  # an accidental hit is not a negative
+    top = torch.maximum(logits.amax(dim=1), true_logits)
+    probabilities = logits.sub_(top[:, None]).exp_()  # exp(logit - max), in place
+    target_probability = torch.exp(true_logits - top)
+    norm = probabilities.sum(dim=1) + target_probability  # (n,)
+    if grads is not None:
+        probabilities.div_(norm[:, None])  # d nll / d logit = p for every candidate
+        grads[3][rows] = target_probability / norm - 1  # and for the true logit
+        _accumulate(grads, probabilities, block, weight, rows)
+    return (torch.log(norm) + top - true_logits).sum(dtype=torch.float64)
+
+
+def _accumulate(grads: list, grad_logits: torch.Tensor, block: torch.Tensor, weight: torch.Tensor,
+                rows: slice) -> None:
+    """Add a block's gradients, from d nll / d logits (n, K), to grads [hidden, weight, bias, true]:
+    its hidden rows' own, the weight's and the bias' summed over the blocks."""
+    grads[0][rows] = matmul(grad_logits, weight)  # oneDNN's kernels on the CPU, as the logits
+    block_weight, block_bias = matmul(grad_logits.t(), block), grad_logits.sum(dim=0)
+    grads[1] = block_weight if grads[1] is None else grads[1].add_(block_weight)
+    grads[2] = block_bias if grads[2] is None else grads[2].add_(block_bias)
 
 
 class GatherRows(torch.autograd.Function):
