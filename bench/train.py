@@ -28,7 +28,8 @@ bench/results/train.md (replaced, not appended: one run, one page).
 
     .venv/bin/python bench/train.py [--shapes gutenberg-cpu] [--steps 8] [--batch-size 32] [--bf16] [--threads 2]
     .venv/bin/python bench/train.py --shapes gutenberg-cpu --lstm-bf16 --profile-steps 0 \
-        --output bench/results/train-lstm-bf16.md      # adds elmokit (no clip) with `elmo train --lstm-bf16`
+        --output bench/results/train-lstm-bf16.md      # adds elmokit (no clip) with `elmo train --lstm-bf16`,
+                                                       # `--softmax-bf16` and both
     .venv/bin/python bench/train.py --device cuda [--shapes original] [--batch-sizes 128 512]
                                                   # a GPU: bench/train_cuda.py -> bench/results/train-cuda.md
 """
@@ -148,10 +149,12 @@ def bench_shape(name: str, config: ElmoConfig, vocab: Vocabulary, args) -> list[
     trainers = [Trainer("elmokit (clip 3)", LanguageModel(clipped(config), len(vocab), dropout=0.1), args.bf16),
                 Trainer("elmokit (no clip)", LanguageModel(unclipped(config), len(vocab), dropout=0.1), args.bf16),
                 Trainer("nn.LSTM baseline", TorchLstmLM(config, len(vocab), dropout=0.1), args.bf16)]
-    if args.lstm_bf16:  # the same model as "no clip", its LSTM's products in bfloat16 (`elmo train --lstm-bf16`)
-        low = LanguageModel(unclipped(config), len(vocab), dropout=0.1)
-        low.recurrence = RecurrenceOptions(lstm_bf16=True)
-        trainers.insert(2, Trainer("elmokit (no clip, --lstm-bf16)", low, args.bf16))
+    if args.lstm_bf16:  # the same model as "no clip", with bfloat16 products (`elmo train --lstm-bf16`,
+        for lstm, softmax in BF16_OPTIONS:  # `--softmax-bf16`, both)
+            low = LanguageModel(unclipped(config), len(vocab), dropout=0.1)
+            low.recurrence = RecurrenceOptions(lstm_bf16=lstm)
+            low.softmax_dtype = torch.bfloat16 if softmax else None
+            trainers.insert(-1, Trainer(f"elmokit (no clip, {bf16_flags(lstm, softmax)})", low, args.bf16))
     batches = LMBatcher([PTB / "ptb.train.txt.gz"], vocab, args.batch_size, args.unroll_steps, seed=0)
     flops = []
     for _ in range(args.warmup + args.steps):
@@ -189,7 +192,8 @@ def main() -> None:
     parser.add_argument("--unroll-steps", type=int, default=20)
     parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
     parser.add_argument("--lstm-bf16", action="store_true",
-                        help="also train elmokit (no clip) with the LSTM's products in bfloat16 (elmo train --lstm-bf16)")
+                        help="also train elmokit (no clip) with the LSTM's products, the softmax's, and both in "
+                             "bfloat16 (elmo train --lstm-bf16, --softmax-bf16)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--output", type=Path, default=None,
                         help="default: bench/results/train.md (train-cuda.md with --device cuda)")
@@ -365,17 +369,29 @@ def write_table(rows: list[dict], args, kernels: dict[str, float], load_before: 
     print(f"\nwrote {args.output}")
 
 
+BF16_OPTIONS = [(True, False), (False, True), (True, True)]  # (--lstm-bf16, --softmax-bf16) rows of --lstm-bf16
+
+
+def bf16_flags(lstm: bool, softmax: bool) -> str:
+    return " ".join(flag for flag, on in (("--lstm-bf16", lstm), ("--softmax-bf16", softmax)) if on)
+
+
 def lstm_bf16_lines(rows: list[dict]) -> list[str]:
-    """What --lstm-bf16 gave against float32 (the same model, no clip), in each shape."""
+    """What --lstm-bf16, --softmax-bf16 and both gave against float32 (the same model, no clip), in
+    each shape."""
     lines = [""]
     for shape in dict.fromkeys(row["shape"] for row in rows):
         by_model = {row["model"]: row for row in rows if row["shape"] == shape}
-        exact, low = by_model["elmokit (no clip)"], by_model["elmokit (no clip, --lstm-bf16)"]
-        lines.append(f"{shape}: `--lstm-bf16` (the LSTM's products' operands in bfloat16 through oneDNN, its state, "
-                     f"gates and sums float32) against float32, the same model: "
-                     f"**{low['tokens_per_s'] / exact['tokens_per_s']:.2f}x** tokens/s, "
-                     f"{low['tokens_per_cpu_s'] / exact['tokens_per_cpu_s']:.2f}x tokens per CPU second (its \"of roofline\" is "
-                     "of the float32 roofline).")
+        exact = by_model["elmokit (no clip)"]
+        for lstm, softmax in BF16_OPTIONS:
+            flags = bf16_flags(lstm, softmax)
+            low = by_model[f"elmokit (no clip, {flags})"]
+            parts = " and ".join(part for part, on in (("the LSTM's", lstm), ("the softmax's", softmax)) if on)
+            lines.append(f"{shape}: `{flags}` ({parts} "
+                         "products' operands in bfloat16 through oneDNN; state, gates, softmax and sums float32) "
+                         f"against float32, the same model: **{low['tokens_per_s'] / exact['tokens_per_s']:.2f}x** "
+                         f"tokens/s, {low['tokens_per_cpu_s'] / exact['tokens_per_cpu_s']:.2f}x tokens per CPU second "
+                         "(its \"of roofline\" is of the float32 roofline).")
     return lines
 
 

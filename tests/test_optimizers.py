@@ -56,10 +56,11 @@ def test_the_dispatcher_is_asked_per_optimizer_and_device(monkeypatch):
 # ---------------------------------------------------------------------------------------------
 # The options that change what a training step runs (training.config.TrainConfig): the optimizer,
 # how gradients are clipped, which softmax (the sampled one's gradient comes sparse), bfloat16
-# autocast, the LSTM's bfloat16 products, and the CUDA-only options (ignored off CUDA).
+# autocast, the LSTM's and the softmax's bfloat16 products, and the CUDA-only options (ignored off CUDA).
 STEP_OPTIONS = [
     {"grad_clip": 10.0, "softmax": "sampled"}, {"grad_clip": 0.0, "softmax": "full"},
     {"bf16": True}, {"lstm_bf16": True}, {"lstm_bf16": True, "grad_clip": 0.0, "softmax": "full"},
+    {"softmax_bf16": True, "softmax": "full"}, {"softmax_bf16": True, "lstm_bf16": True},
     {"tf32": True, "cuda_graph": True}, {"deterministic": True},
 ]
 
@@ -112,6 +113,10 @@ def test_every_training_step_builds_and_steps_off_the_cpu(optimizer, options, re
         layers, state = forward_streams(model.bilm.lstm, tokens, None, model.recurrence)
         assert layers[-1].dtype == state.cell.dtype == torch.float32  # the state stays float32
         layers[-1].sum().backward()
+        hidden = torch.randn(4, 6, device=device, requires_grad=True)
+        targets = torch.zeros(2, 4, dtype=torch.long, device=device)  # both parts: the softmax's step
+        sum(model.nll_sums([hidden, hidden], list(targets), sampled=config.softmax == "sampled")).backward()
+        assert hidden.grad is not None and model.softmax.weight.grad.dtype == torch.float32
         for parameter in model.parameters():
             if parameter.grad is None:  # the encoder's and the softmax's: as the rest of the step gives them
                 parameter.grad = torch.ones_like(parameter)

@@ -38,9 +38,10 @@ def test_one_pass_softmax_matches_cross_entropy(n_samples, monkeypatch):
 
 
 def test_training_softmax_scores_a_target_the_softmax_lost():
-    """The full form reads each row's nll from its target's probability; a target whose logit is
-    far below its row's largest (probability under float32's smallest normal number, 0 here) is
-    scored from its logits instead: every row's nll and gradient as float64 cross-entropy's."""
+    """The full form's nll is logsumexp - target logit, its logsumexp from the softmax's largest
+    probability: a target whose logit is far below its row's largest (probability under float32's
+    smallest number, 0 here) is scored too: every row's nll and gradient as float64
+    cross-entropy's."""
     torch.manual_seed(3)
     hidden = torch.randn(6, 4, requires_grad=True)
     weight = torch.randn(50, 4).requires_grad_()
@@ -57,6 +58,59 @@ def test_training_softmax_scores_a_target_the_softmax_lost():
     torch.testing.assert_close(loss.double(), expected, rtol=1e-6, atol=1e-4)
     for grad, ref in zip(grads, expected_grads):
         torch.testing.assert_close(grad.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_training_softmax_in_bfloat16_products(sampled, monkeypatch):
+    """product_dtype bfloat16 (--softmax-bf16): the loss and gradients are those of the three
+    products with operands rounded to bfloat16 and results rounded to bfloat16 (an independent
+    float64 computation of exactly that), the bias, the softmax and the sums float32; within a
+    bfloat16 rounding of float32's, and not float32's."""
+    monkeypatch.setattr(softmax, "LOGIT_BUDGET", 64 * 40)  # blocks of 64 rows: the sums over blocks too
+    torch.manual_seed(4)
+    hidden = torch.randn(150, 16, requires_grad=True)
+    weight = (0.5 * torch.randn(40, 16)).requires_grad_()
+    bias = torch.randn(40).requires_grad_()
+    targets = torch.randint(0, 40, (150,))
+    true_logits = torch.randn(150, requires_grad=True)
+    hits = torch.where(torch.rand(150) < 0.3, torch.randint(0, 40, (150,)), -1)
+    inputs = [hidden, weight, bias] + ([true_logits] if sampled else [])
+
+    def loss_and_grads(product_dtype):
+        if sampled:
+            loss = softmax.sampled_softmax_nll_sum(hidden, weight, bias, true_logits, hits, product_dtype)
+        else:
+            loss = softmax.full_softmax_nll_sum(hidden, weight, bias, targets, product_dtype)
+        return loss, torch.autograd.grad(loss, inputs)
+
+    def rounded(tensor):  # to bfloat16 and back, in float64
+        return tensor.detach().to(torch.bfloat16).double()
+
+    logits = rounded(rounded(hidden) @ rounded(weight).T) + bias.detach().double()
+    if sampled:  # the true logit first, a hit removed
+        logits[hits >= 0, hits[hits >= 0]] = float("-inf")
+        logits = torch.cat([true_logits.detach().double()[:, None], logits], dim=1)
+        columns = torch.zeros(150, dtype=torch.long)
+    else:
+        columns = targets
+    expected_loss = F.cross_entropy(logits, columns, reduction="sum")
+    grad_logits = torch.softmax(logits, dim=1) - F.one_hot(columns, logits.shape[1])
+    grad_candidates = grad_logits[:, 1:] if sampled else grad_logits
+    blocks = [slice(first, first + 64) for first in range(0, 150, 64)]  # each block's weight gradient rounded
+    expected = [rounded(rounded(grad_candidates) @ rounded(weight)),
+                sum(rounded(rounded(grad_candidates[rows]).T @ rounded(hidden[rows])) for rows in blocks),
+                grad_candidates.sum(0)]
+    if sampled:
+        expected.append(grad_logits[:, 0])
+    loss, grads = loss_and_grads(torch.bfloat16)
+    exact_loss, exact_grads = loss_and_grads(None)
+    assert loss.dtype == torch.float32 and all(grad.dtype == torch.float32 for grad in grads)
+    torch.testing.assert_close(loss.double(), expected_loss, rtol=1e-5, atol=1e-4)
+    for grad, want in zip(grads, expected):  # measured here: equal, or 1e-7 for the float32 sums
+        torch.testing.assert_close(grad.double(), want, rtol=2 ** -7, atol=1e-5)  # a bfloat16 rounding's flip
+    for grad, exact in zip(grads[:2], exact_grads[:2]):  # within bfloat16's error of float32, not float32
+        assert 1e-4 < float((grad - exact).norm() / exact.norm()) < 1e-2
+    assert 0 < abs(loss.item() - exact_loss.item()) < 1e-2 * exact_loss.item()
 
 
 @pytest.mark.parametrize("rows, logits", [(300, 1 << 20), (300, 64 * 8), (7, 16)])

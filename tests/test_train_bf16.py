@@ -65,21 +65,26 @@ OPTIONS = ["--epochs", "1", "--max-tokens", "600", "--eval-every", "1000", "--ch
 
 @pytest.fixture(scope="module")
 def reference_runs(corpus, tmp_path_factory):  # noqa: F811
-    """The same 30 steps (seed, windows, dropout, samples) in float32 and with --lstm-bf16."""
+    """The same 30 steps (seed, windows, dropout, samples) in float32, with --lstm-bf16 and with
+    --softmax-bf16."""
     root = tmp_path_factory.mktemp("runs")
     base = ["train", "--config", str(corpus["train_json"]), *OPTIONS]
     assert main([*base, "--output-dir", str(root / "float32")]) == 0
     assert main([*base, "--lstm-bf16", "--output-dir", str(root / "bf16")]) == 0
+    assert main([*base, "--softmax-bf16", "--output-dir", str(root / "softmax-bf16")]) == 0
     return root
 
 
-def test_training_steps_with_lstm_bf16_track_float32s_losses(reference_runs):
-    exact, low = losses(reference_runs / "float32"), losses(reference_runs / "bf16")
+@pytest.mark.parametrize("run, bound", [("bf16", 2e-3), ("softmax-bf16", 2e-3)])  # measured: 1.4e-4, 1.1e-4
+def test_training_steps_with_bf16_products_track_float32s_losses(reference_runs, run, bound):
+    exact, low = losses(reference_runs / "float32"), losses(reference_runs / run)
     assert exact.keys() == low.keys() and len(exact) == 30
     differences = [abs(low[step] - exact[step]) / exact[step] for step in exact]
-    assert max(differences) < 2e-3, max(differences)  # measured: 1.4e-4
+    assert max(differences) < bound, max(differences)
     assert max(differences) > 0  # the bfloat16 products ran
     assert sum(list(low.values())[-5:]) < sum(list(low.values())[:5])  # and it learns
+    config = json.loads((reference_runs / run / "train_config.json").read_text())
+    assert (config["lstm_bf16"], config["softmax_bf16"]) == (run == "bf16", run == "softmax-bf16")
 
 
 def test_lstm_bf16_is_saved_with_the_run_and_resumed(corpus, reference_runs, tmp_path, monkeypatch):  # noqa: F811
@@ -103,7 +108,8 @@ def test_lstm_bf16_is_saved_with_the_run_and_resumed(corpus, reference_runs, tmp
     assert losses(tmp_path / "stopped") == losses(reference_runs / "bf16")
 
 
-def test_lstm_bf16_on_a_cpu_without_native_bfloat16_is_warned_about(monkeypatch):
+@pytest.mark.parametrize("option", ["lstm_bf16", "softmax_bf16"])
+def test_bf16_products_on_a_cpu_without_native_bfloat16_are_warned_about(monkeypatch, option):
     from elmokit.training import build
     from elmokit.training.config import TrainConfig
     from tests.test_lm import make_model
@@ -112,8 +118,10 @@ def test_lstm_bf16_on_a_cpu_without_native_bfloat16_is_warned_about(monkeypatch)
     monkeypatch.setattr(kernels, "bf16_native", lambda: True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        build.configure_device(TrainConfig(lstm_bf16=True), model, torch.device("cpu"))  # no warning
-    assert model.recurrence.lstm_bf16
+        build.configure_device(TrainConfig(**{option: True}), model, torch.device("cpu"))  # no warning
+    assert model.recurrence.lstm_bf16 == (option == "lstm_bf16")
+    assert model.softmax_dtype == (torch.bfloat16 if option == "softmax_bf16" else None)
     monkeypatch.setattr(kernels, "bf16_native", lambda: False)
-    with pytest.warns(UserWarning, match="slower than float32 on this CPU"):
-        build.configure_device(TrainConfig(lstm_bf16=True), model, torch.device("cpu"))
+    flag = "--" + option.replace("_", "-")
+    with pytest.warns(UserWarning, match=f"slower than float32 on this CPU.*without {flag}"):
+        build.configure_device(TrainConfig(**{option: True}), model, torch.device("cpu"))

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 
@@ -106,3 +107,11 @@ def _one_thread_after_fork() -> None:
 def dtype_name(dtype: torch.dtype) -> str:
     """"float32" / "bfloat16"."""
     return str(dtype).removeprefix("torch.")
+
+
+def without_autocast(device_type: str) -> contextlib.AbstractContextManager:
+    """A region where autocast is off for `device_type` (the weights' own dtypes), also on a device
+    that has no autocast (meta: `torch.autocast` refuses it)."""
+    if torch.amp.is_autocast_available(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from elmokit.devices import without_autocast
 from elmokit.int8 import bf16_copies, module_linear, narrows
 from elmokit.kernels import linear, matmul
 from elmokit.model.chars import N_CHAR_IDS
@@ -107,7 +108,7 @@ class CharConvMaxPool(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, char_ids, embedding, *kernels):
-        with torch.autocast(char_ids.device.type, enabled=False):  # the weights' dtype, also under autocast
+        with without_autocast(char_ids.device.type):  # the weights' dtype, also under autocast
             pooled, windows = CharConvMaxPool._pool(char_ids, embedding, kernels)
         ctx.save_for_backward(char_ids, embedding, *kernels, *windows)
         return pooled
@@ -125,7 +126,7 @@ class CharConvMaxPool(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_pooled):
-        with torch.autocast(grad_pooled.device.type, enabled=False):
+        with without_autocast(grad_pooled.device.type):
             return CharConvMaxPool._gradients(ctx, grad_pooled)
 
     @staticmethod

@@ -84,12 +84,14 @@ def build_optimizer(config: TrainConfig, model: torch.nn.Module) -> torch.optim.
 
 def configure_device(config: TrainConfig, model: LanguageModel, device: torch.device) -> None:
     """The run's device options: how the LSTM's products run (`RecurrenceOptions`: both
-    directions batched off the CPU, `lstm_bf16`, `cuda_graph` on a CUDA GPU), and on a CUDA GPU
+    directions batched off the CPU, `lstm_bf16`, `cuda_graph` on a CUDA GPU), the training
+    softmax's products' dtype (`softmax_bf16`: `LanguageModel.softmax_dtype`), and on a CUDA GPU
     whether float32 products may use TF32 (`tf32`; off by default, so that a GPU computes what the
     CPU does: torch's matmuls default to full float32, its cuDNN convolutions to TF32). The
     CUDA-only options are ignored elsewhere, with a warning."""
     cuda = device.type == "cuda"
     model.recurrence = RecurrenceOptions(lstm_bf16=config.lstm_bf16, cuda_graph=config.cuda_graph and cuda)
+    model.softmax_dtype = torch.bfloat16 if config.softmax_bf16 else None
     if cuda:
         torch.set_float32_matmul_precision("high" if config.tf32 else "highest")
         torch.backends.cudnn.allow_tf32 = config.tf32
@@ -97,12 +99,15 @@ def configure_device(config: TrainConfig, model: LanguageModel, device: torch.de
         asked = " and ".join(name for name in ("tf32", "cuda_graph") if getattr(config, name))
         warnings.warn(f"{asked} apply to a CUDA GPU only; the run is on {device}, where they change nothing",
                       stacklevel=2)
-    if config.lstm_bf16 and device.type == "cpu":
+    asked = [name for name in ("lstm_bf16", "softmax_bf16") if getattr(config, name)]
+    if asked and device.type == "cpu":
         from elmokit.kernels import bf16_native
 
         if not bf16_native():
-            warnings.warn("lstm_bf16 is slower than float32 on this CPU (no native bfloat16 products: AVX512-BF16 "
-                          "or AMX); train without --lstm-bf16", stacklevel=2)
+            flags = " and ".join(f"--{name.replace('_', '-')}" for name in asked)
+            warnings.warn(f"{' and '.join(asked)} {'is' if len(asked) == 1 else 'are'} slower than float32 on this "
+                          f"CPU (no native bfloat16 products: AVX512-BF16 or AMX); train without {flags}",
+                          stacklevel=2)
 
 
 def train_batches(config: TrainConfig, vocab, epoch: int, dist_: Dist):

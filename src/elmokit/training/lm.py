@@ -136,6 +136,8 @@ class LanguageModel(nn.Module):
     added in place into it (`GatherRows`) instead of building a new dense (V, P) gradient a step.
     `recurrence` (default `RecurrenceOptions()`), set by the trainer: how the LSTM's products run
     (batched directions, bfloat16 products, CUDA graphs; `elmokit.training.recurrence`).
+    `softmax_dtype` (default None), set by the trainer: torch.bfloat16 for the training softmax's
+    products with bfloat16 operands (`elmokit.training.softmax.Products`; scoring stays float32).
     """
 
     TYPE_BUCKET = 32  # the token encoder runs on the window's distinct tokens, padded to a multiple of this
@@ -150,6 +152,7 @@ class LanguageModel(nn.Module):
         self.sampler = LogUniformSampler(vocab_size) if self.n_samples else None
         self.sparse_softmax_grad = False
         self.recurrence = RecurrenceOptions()
+        self.softmax_dtype: torch.dtype | None = None
         with torch.no_grad():  # as bilm-tf: normal(0, 1/sqrt(P)) weights, zero bias
             nn.init.normal_(self.softmax.weight, 0.0, 1.0 / math.sqrt(projection_dim))
             nn.init.zeros_(self.softmax.bias)
@@ -211,7 +214,8 @@ class LanguageModel(nn.Module):
         """
         weight, bias = self.softmax.weight, self.softmax.bias
         if not (sampled and self.sampler is not None):
-            return [full_softmax_nll_sum(hidden, weight, bias, part) for hidden, part in zip(hiddens, targets)]
+            return [full_softmax_nll_sum(hidden, weight, bias, part, self.softmax_dtype)
+                    for hidden, part in zip(hiddens, targets)]
         draws = [self.sampler.sample(self.n_samples) for _ in hiddens]  # (K,) ids and tries, in part order
         pieces = [piece for (negatives, _), part in zip(draws, targets) for piece in (negatives.to(part.device), part)]
         sizes = [len(piece) for piece in pieces]
@@ -229,7 +233,7 @@ class LanguageModel(nn.Module):
             column = torch.full((self.vocab_size,), -1, dtype=torch.long, device=hidden.device)
             column[negatives] = torch.arange(len(negatives), device=hidden.device)
             sums.append(sampled_softmax_nll_sum(hidden, negative_weight, negative_bias - log_q(negatives, n_tries),
-                                                true_logits, column[part]))
+                                                true_logits, column[part], self.softmax_dtype))
         return sums
 
     def target_nll(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

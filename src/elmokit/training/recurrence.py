@@ -37,13 +37,13 @@ Shape notation: D 2 directions, U steps, B rows, P projection dim, C cell dim.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from elmokit.devices import without_autocast
 from elmokit.kernels import PackedLinear, linear, matmul
 from elmokit.training import cuda_graphs
 from elmokit.model import cell as lstm_cell
@@ -327,7 +327,7 @@ def lstm_layer(inputs: torch.Tensor, hidden: torch.Tensor, cell: torch.Tensor, i
     """One layer, both directions, time-major: see `LstmLayerFunction` (`products`: the
     `DirectionProducts` of the CPU by default)."""
     kind = inputs.device.type  # float32 state and products under autocast (see train --bf16); meta has none
-    with torch.autocast(kind, enabled=False) if torch.amp.is_autocast_available(kind) else contextlib.nullcontext():
+    with without_autocast(kind):
         return LstmLayerFunction.apply(inputs.contiguous(), hidden, cell, input_weight, recurrent_weight, bias,
                                        projection, float(cell_clip), float(proj_clip), products)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from elmokit.devices import without_autocast
 from elmokit.kernels import linear, matmul
 
 LOGIT_BUDGET = 1 << 24  # floats of logits held at once (64 MB): all N rows of a 10k softmax, blocks of a 100k one
@@ -37,26 +38,29 @@ class SoftmaxNllSum(torch.autograd.Function):
     """Summed negative log-likelihood; see the module docstring for the two forms.
 
     apply(hidden (N, P), weight (K, P), bias (K,), targets (N,) or None, true_logits (N,) or None,
-          hits (N,) or None, grad_enabled) -> scalar; `grad_enabled`: torch.is_grad_enabled() of the
-    caller (a Function's forward always runs without grad mode, and its `needs_input_grad` follows
-    the inputs' requires_grad alone: under torch.no_grad the gradients would be computed for nothing)
+          hits (N,) or None, grad_enabled, product_dtype) -> scalar; `grad_enabled`:
+    torch.is_grad_enabled() of the caller (a Function's forward always runs without grad mode, and
+    its `needs_input_grad` follows the inputs' requires_grad alone: under torch.no_grad the
+    gradients would be computed for nothing); `product_dtype`: None, or torch.bfloat16 for the three
+    products' operands in bfloat16 (`Products`)
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, true_logits, hits, grad_enabled):
+    def forward(ctx, hidden, weight, bias, targets, true_logits, hits, grad_enabled, product_dtype=None):
         needs_grad = grad_enabled and (any(ctx.needs_input_grad[:3]) or ctx.needs_input_grad[4])
         total = hidden.new_zeros((), dtype=torch.float64)
         grads = None
         if needs_grad:
             grads = [torch.empty_like(hidden), None, None,  # weight and bias: the first block's, then sums
                      None if true_logits is None else torch.empty_like(true_logits)]
+        products = Products(weight, bias, product_dtype)
         block_rows = max(64, LOGIT_BUDGET // weight.shape[0])
         for first in range(0, hidden.shape[0], block_rows):
             rows = slice(first, first + block_rows)
             if true_logits is None:
-                total += _full_block(hidden[rows], weight, bias, targets[rows], grads, rows)
+                total += _full_block(hidden[rows], products, targets[rows], grads, rows)
             else:
-                total += _sampled_block(hidden[rows], weight, bias, true_logits[rows], hits[rows], grads, rows)
+                total += _sampled_block(hidden[rows], products, true_logits[rows], hits[rows], grads, rows)
         ctx.grads = grads
         return total.to(hidden.dtype)
 
@@ -65,39 +69,67 @@ class SoftmaxNllSum(torch.autograd.Function):
         grad_hidden, grad_weight, grad_bias, grad_true = ctx.grads
         ctx.grads = None
         scale = lambda grad: None if grad is None else grad * grad_total  # noqa: E731
-        return scale(grad_hidden), scale(grad_weight), scale(grad_bias), None, scale(grad_true), None, None
+        return scale(grad_hidden), scale(grad_weight), scale(grad_bias), None, scale(grad_true), None, None, None
 
 
-def _full_block(block: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, targets: torch.Tensor,
-                grads: list | None, rows: slice) -> torch.Tensor:
+class Products:
+    """The softmax's three products over a block of rows: the logits x W^T + b, and from the
+    gradient of the logits G (n, K) the hidden rows' gradient G W and the weight's G^T x. With
+    `dtype` bfloat16 (`elmo train --softmax-bf16`) their operands are rounded to bfloat16 (the
+    weight once a call) and their results widened to float32: the bias is added in float32, the
+    softmax, the nll and every sum over rows and blocks stay float32."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, dtype: torch.dtype | None = None):
+        self.weight, self.bias = weight, bias
+        self.dtype = None if dtype in (None, weight.dtype) else dtype
+        self.low_weight = weight if self.dtype is None else weight.to(self.dtype)
+
+    def logits(self, block: torch.Tensor) -> torch.Tensor:
+        """(n, P) -> (n, K) in the weight's dtype."""
+        if self.dtype is None:
+            return linear(block, self.weight, self.bias)  # oneDNN's kernel on the CPU (bench/results/train.md)
+        return torch.add(self.bias, linear(block.to(self.dtype), self.low_weight))
+
+    def accumulate(self, grads: list, grad_logits: torch.Tensor, block: torch.Tensor, rows: slice) -> None:
+        """Add a block's gradients, from d nll / d logits (n, K), to grads [hidden, weight, bias,
+        true]: its hidden rows' own, the weight's and the bias' summed over the blocks."""
+        low_grad, low_block = (grad_logits, block) if self.dtype is None else (
+            grad_logits.to(self.dtype), block.to(self.dtype))
+        grads[0][rows] = matmul(low_grad, self.low_weight)  # oneDNN's kernels on the CPU, as the logits
+        block_weight = matmul(low_grad.t(), low_block).to(grads[0].dtype)
+        block_bias = grad_logits.sum(dim=0)
+        grads[1] = block_weight if grads[1] is None else grads[1].add_(block_weight)
+        grads[2] = block_bias if grads[2] is None else grads[2].add_(block_bias)
+
+
+def _full_block(block: torch.Tensor, products: Products, targets: torch.Tensor, grads: list | None,
+                rows: slice) -> torch.Tensor:
     """The full form on a block of rows (n, P): its nll sum (float64); its gradients into `grads`.
     The probabilities by torch's softmax (a row at a time in cache: one read and one write of the
-    logits), each row's nll from its target's probability."""
-    logits = linear(block, weight, bias)  # (n, V); oneDNN's kernel on the CPU (bench/results/train.md)
+    logits); each row's nll = logsumexp - target logit, where logsumexp = top - log p(top) (the
+    largest probability, at the largest logit `top`, is 1 / sum exp(logit - top)): exact also for a
+    target whose own probability is below what float32 holds, and no data-dependent branch."""
+    logits = products.logits(block)  # (n, V)
     row_index = torch.arange(len(block), device=block.device)
-    target_logits = logits[row_index, targets]  # (n,)
+    top, target_logits = logits.amax(dim=1), logits[row_index, targets]  # (n,)
     probabilities = torch.softmax(logits, dim=1)
     del logits
-    target_probabilities = probabilities[row_index, targets]
-    nll = -torch.log(target_probabilities)
-    lost = (target_probabilities < torch.finfo(torch.float32).tiny).nonzero().squeeze(1)
-    if len(lost):  # a target far below its row's largest logit, lost to the softmax: scored from the logits
-        nll[lost] = (torch.logsumexp(linear(block[lost], weight, bias).float(), dim=1)
-                     - target_logits[lost].float()).to(nll.dtype)
+    nll = top - target_logits - torch.log(probabilities.amax(dim=1))
     if grads is not None:
         probabilities[row_index, targets] -= 1  # d nll / d logit = p - onehot(target)
-        _accumulate(grads, probabilities, block, weight, rows)
+        products.accumulate(grads, probabilities, block, rows)
     return nll.sum(dtype=torch.float64)
 
 
-def _sampled_block(block: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, true_logits: torch.Tensor,
-                   hits: torch.Tensor, grads: list | None, rows: slice) -> torch.Tensor:
+def _sampled_block(block: torch.Tensor, products: Products, true_logits: torch.Tensor, hits: torch.Tensor,
+                   grads: list | None, rows: slice) -> torch.Tensor:
     """The sampled form on a block of rows (n, P): the candidates' logits and the true logit as one
     more column, in place: exp(logit - max), the norm; its nll sum (float64), its gradients into
     `grads`."""
-    logits = linear(block, weight, bias)  # (n, K)
-    hit_rows = (hits >= 0).nonzero().squeeze(1)
-    logits[hit_rows, hits[hit_rows]] = float("-inf")  # an accidental hit is not a negative
+    logits = products.logits(block)  # (n, K)
+    row_index = torch.arange(len(block), device=block.device)
+    removed = torch.zeros(len(block), dtype=logits.dtype, device=block.device).masked_fill_(hits >= 0, float("-inf"))
+    logits[row_index, hits.clamp(min=0)] += removed  # an accidental hit is not a negative (-inf; + 0 elsewhere)
     top = torch.maximum(logits.amax(dim=1), true_logits)
     probabilities = logits.sub_(top[:, None]).exp_()  # exp(logit - max), in place
     target_probability = torch.exp(true_logits - top)
@@ -105,18 +137,8 @@ def _sampled_block(block: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     if grads is not None:
         probabilities.div_(norm[:, None])  # d nll / d logit = p for every candidate
         grads[3][rows] = target_probability / norm - 1  # and for the true logit
-        _accumulate(grads, probabilities, block, weight, rows)
+        products.accumulate(grads, probabilities, block, rows)
     return (torch.log(norm) + top - true_logits).sum(dtype=torch.float64)
-
-
-def _accumulate(grads: list, grad_logits: torch.Tensor, block: torch.Tensor, weight: torch.Tensor,
-                rows: slice) -> None:
-    """Add a block's gradients, from d nll / d logits (n, K), to grads [hidden, weight, bias, true]:
-    its hidden rows' own, the weight's and the bias' summed over the blocks."""
-    grads[0][rows] = matmul(grad_logits, weight)  # oneDNN's kernels on the CPU, as the logits
-    block_weight, block_bias = matmul(grad_logits.t(), block), grad_logits.sum(dim=0)
-    grads[1] = block_weight if grads[1] is None else grads[1].add_(block_weight)
-    grads[2] = block_bias if grads[2] is None else grads[2].add_(block_bias)
 
 
 class GatherRows(torch.autograd.Function):
@@ -154,14 +176,15 @@ class GatherRows(torch.autograd.Function):
 
 
 def full_softmax_nll_sum(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-                         targets: torch.Tensor) -> torch.Tensor:
+                         targets: torch.Tensor, product_dtype: torch.dtype | None = None) -> torch.Tensor:
     """sum_i -log softmax(hidden_i W^T + b)[targets_i]: hidden (N, P), weight (V, P), bias (V,).
-    Without gradients (evaluation), `full_softmax_nll`'s sum; in the weight's dtype either way."""
+    Without gradients (evaluation), `full_softmax_nll`'s sum (float32 products whatever
+    `product_dtype`); in the weight's dtype either way. `product_dtype`: see `Products`."""
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in (hidden, weight, bias))):
         return full_softmax_nll(hidden, weight, bias, targets).sum(dtype=torch.float64).to(weight.dtype)
-    with torch.autocast(hidden.device.type, enabled=False):  # float32 logits
+    with without_autocast(hidden.device.type):  # float32 logits
         return SoftmaxNllSum.apply(hidden.to(weight.dtype), weight, bias, targets, None, None,
-                                   torch.is_grad_enabled())
+                                   torch.is_grad_enabled(), product_dtype)
 
 
 @torch.no_grad()
@@ -182,7 +205,7 @@ def full_softmax_nll(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     if len(targets) and not 0 <= int(targets.min()) <= int(targets.max()) < weight.shape[0]:
         raise IndexError(f"targets must be word ids in 0..{weight.shape[0] - 1} (the softmax's rows), got "
                          f"{int(targets.min())}..{int(targets.max())}")
-    with torch.autocast(hidden.device.type, enabled=False):
+    with without_autocast(hidden.device.type):
         hidden = hidden.to(weight.dtype)
         target_logits = (torch.einsum("np,np->n", hidden.float(), weight[targets].float())
                          + bias[targets].float())  # (N,)
@@ -201,9 +224,11 @@ def full_softmax_nll(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
 
 
 def sampled_softmax_nll_sum(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-                            true_logits: torch.Tensor, hits: torch.Tensor) -> torch.Tensor:
+                            true_logits: torch.Tensor, hits: torch.Tensor,
+                            product_dtype: torch.dtype | None = None) -> torch.Tensor:
     """sum_i -log softmax([true_i, hidden_i W^T + b])[0], candidate `hits[i]` (>= 0) removed:
-    hidden (N, P), weight (K, P) and bias (K,) of the sampled candidates, true_logits (N,)."""
-    with torch.autocast(hidden.device.type, enabled=False):  # float32 logits
+    hidden (N, P), weight (K, P) and bias (K,) of the sampled candidates, true_logits (N,).
+    `product_dtype`: see `Products`."""
+    with without_autocast(hidden.device.type):  # float32 logits
         return SoftmaxNllSum.apply(hidden.to(weight.dtype), weight, bias, None, true_logits.to(weight.dtype), hits,
-                                   torch.is_grad_enabled())
+                                   torch.is_grad_enabled(), product_dtype)
