@@ -437,3 +437,19 @@ def test_a_training_step_runs_every_product_through_onednn(n_samples):
     operators = {event.key: event.count for event in prof.key_averages()}
     assert operators.get("mkldnn::_linear_pointwise", 0) > 0
     assert not plain_products & operators.keys(), {k: operators[k] for k in plain_products & operators.keys()}
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_layer_of_no_steps_returns_its_state(batched):
+    """U = 0 steps (an empty window): no outputs, the final state the initial one, both products."""
+    from elmokit.training.recurrence import RecurrenceOptions, lstm_layer
+
+    cell_dim, dim, rows = 8, 4, 3
+    hidden, cell = torch.randn(2, rows, dim), torch.randn(2, rows, cell_dim)
+    weights = (torch.randn(2, 4 * cell_dim, dim), torch.randn(2, 4 * cell_dim, dim), torch.randn(2, 1, 4 * cell_dim),
+               torch.randn(2, dim, cell_dim))
+    products = RecurrenceOptions(batched=batched).products(torch.device("cpu"))
+    outputs, final_hidden, final_cell = lstm_layer(torch.randn(2, 0, rows, dim), hidden, cell, *weights,
+                                                   products=products)
+    assert outputs.shape == (2, 0, rows, dim)
+    assert torch.equal(final_hidden, hidden) and torch.equal(final_cell, cell)

@@ -245,3 +245,17 @@ def test_no_gradient_is_computed_without_grad_mode(n_samples):
             model.nll_sums([hidden], [targets], sampled=True)
         counts[grad] = sum(event.count for event in prof.key_averages() if event.key in products)
     assert counts == {True: 3, False: 1}
+
+
+def test_a_sampled_hit_is_removed_whatever_its_logit():
+    """A hit's logit is set to -inf, not added to: a candidate whose logit overflowed to +inf,
+    a hit in every row, is removed as any other (the loss as with a finite logit there)."""
+    torch.manual_seed(6)
+    hidden, weight, true_logits = torch.randn(3, 4), torch.randn(5, 4), torch.randn(3)
+    hits = torch.tensor([0, 0, 0])
+    finite = torch.zeros(5)
+    overflowed = finite.clone()
+    overflowed[0] = float("inf")
+    expected = softmax.sampled_softmax_nll_sum(hidden, weight, finite, true_logits, hits)
+    got = softmax.sampled_softmax_nll_sum(hidden, weight, overflowed, true_logits, hits)
+    assert torch.isfinite(expected) and torch.equal(got, expected)

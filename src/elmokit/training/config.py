@@ -87,9 +87,10 @@ class TrainConfig:
                                     "or AMX; one batched product on a GPU), its cell and recurrent state, gates, "
                                     "sums and master weights in float32")
     softmax_bf16: bool = _field(False, "the training softmax's products in bfloat16 (the logits, the hidden states' "
-                                       "and the weight's gradients: oneDNN's kernels on a CPU with AVX512-BF16 or "
-                                       "AMX); the bias, the softmax, the loss and every gradient sum in float32; "
-                                       "evaluation stays float32")
+                                       "and the weight's gradients, operands and results rounded to bfloat16, "
+                                       "summed in float32 inside oneDNN's kernels on a CPU with AVX512-BF16 or "
+                                       "AMX); the bias, the softmax and the loss in float32; evaluation stays "
+                                       "float32")
     tf32: bool = _field(False, "CUDA only: float32 products on TF32 tensor cores (torch.backends "
                                "allow_tf32; faster, ~1e-3 relative error a product); ignored on the CPU")
     cuda_graph: bool = _field(False, "CUDA only: replay each LSTM layer's forward and backward from CUDA graphs "

@@ -28,9 +28,10 @@ on every device the products' operands optionally in bfloat16 (`lstm_bf16`): `Re
 difference: the steps, the elementwise work and the gradients are one code for every device.
 The forward pass is `elmokit.model.cell`'s (gates in its order (i, f, o, j), the forget-gate
 offset already in `bias`, its `cell_step` and `clip_`, its `run_layers` for dropout and the
-residual); the backward pass is their derivative written out (tests/test_lm.py checks it against
-autograd through the step loop of `elmokit.model.lstm`, which runs the same functions). Clipping
-follows `torch.clamp`: the gradient passes where the value was not clipped.
+residual), every tanh as 2 σ(2x) - 1 as in inference (`forward_cell`); the backward pass is their
+derivative written out (tests/test_lm.py checks it against autograd through the step loop of
+`elmokit.model.lstm`, which runs the same functions with torch.tanh: a few float32 ulps apart).
+Clipping follows `torch.clamp`: the gradient passes where the value was not clipped.
 
 Shape notation: D 2 directions, U steps, B rows, P projection dim, C cell dim.
 """
@@ -66,7 +67,7 @@ class LstmLayerFunction(torch.autograd.Function):
         cell_dim = projection.shape[2]
         weights = products.weights(input_weight, recurrent_weight, projection)  # in the products' dtype
         flat_inputs = inputs.reshape(n_dirs, n_steps * n_rows, dim)
-        step_inputs = products.gate_inputs(flat_inputs, weights[0], bias, n_steps)  # G_t = X_t W_in^T + b
+        step_inputs = products.gate_inputs(flat_inputs, weights[0], bias, n_steps, n_rows)  # G_t = X_t W_in^T + b
         acts = inputs.new_empty(n_dirs, n_steps, n_rows, 4 * cell_dim)  # the activated gates
         cells = inputs.new_empty(n_dirs, n_steps + 1, n_rows, cell_dim)  # c_0 .. c_U
         cells[:, 0] = cell
@@ -148,7 +149,7 @@ class DirectionProducts:
         return tuple(map(self._operand, weights))
 
     def gate_inputs(self, flat_inputs: torch.Tensor, input_weight: torch.Tensor, bias: torch.Tensor,
-                    n_steps: int) -> list[list[torch.Tensor]]:
+                    n_steps: int, n_rows: int) -> list[list[torch.Tensor]]:
         """(D, U*B, P) -> X W_in^T + b, for each of the U steps a list of D (B, 4C) (each direction's
         product stays its own tensor: no copy into one)."""
         low = self._operand(flat_inputs)
@@ -156,7 +157,7 @@ class DirectionProducts:
             sums = [linear(low[d], input_weight[d], bias[d, 0]) for d in range(len(low))]
         else:
             sums = [torch.add(bias[d, 0], linear(low[d], input_weight[d])) for d in range(len(low))]  # float32
-        return [list(steps) for steps in zip(*(s.view(n_steps, -1, s.shape[-1]).unbind(0) for s in sums))]
+        return [list(steps) for steps in zip(*(s.view(n_steps, n_rows, s.shape[-1]).unbind(0) for s in sums))]
 
     def recurrent(self, recurrent_weight: torch.Tensor, n_rows: int) -> Callable:
         """(G_t (D, B, 4C), h_{t-1} (D, B, P)) -> G_t + h_{t-1} W_rec^T, a list of D (B, 4C)."""
@@ -207,13 +208,13 @@ class BatchedProducts:
         return product.to(a.dtype) if out is None else out.copy_(product)
 
     def gate_inputs(self, flat_inputs: torch.Tensor, input_weight: torch.Tensor, bias: torch.Tensor,
-                    n_steps: int) -> tuple[torch.Tensor, ...]:
+                    n_steps: int, n_rows: int) -> tuple[torch.Tensor, ...]:
         """(D, U*B, P) -> X W_in^T + b, for each of the U steps a (D, B, 4C) view."""
         if self.dtype is None:
             sums = torch.baddbmm(bias, flat_inputs, input_weight.mT)
         else:
             sums = torch.add(bias, torch.bmm(flat_inputs.to(self.dtype), input_weight.mT))  # summed in float32
-        return sums.view(len(sums), n_steps, -1, sums.shape[-1]).unbind(1)
+        return sums.view(len(sums), n_steps, n_rows, sums.shape[-1]).unbind(1)
 
     def recurrent(self, recurrent_weight: torch.Tensor, n_rows: int) -> Callable:
         """(G_t (D, B, 4C), h_{t-1} (D, B, P)) -> G_t + h_{t-1} W_rec^T (D, B, 4C)."""

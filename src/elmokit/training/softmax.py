@@ -29,7 +29,8 @@ import torch
 from elmokit.devices import without_autocast
 from elmokit.kernels import linear, matmul
 
-LOGIT_BUDGET = 1 << 24  # floats of logits held at once (64 MB): all N rows of a 10k softmax, blocks of a 100k one
+LOGIT_BUDGET = 1 << 24  # floats of a block's logits (64 MB; the full form holds its probabilities beside them,
+# the peak twice that): all N rows of a 10k softmax, blocks of a 100k one
 SCORING_ROWS = 512  # rows of a block of `full_softmax_nll` (scoring, no gradients)
 SCORING_LOGITS = 1 << 20  # floats of logits it holds at once (4 MB: a block's logits stay in the CPU's cache)
 
@@ -76,8 +77,11 @@ class Products:
     """The softmax's three products over a block of rows: the logits x W^T + b, and from the
     gradient of the logits G (n, K) the hidden rows' gradient G W and the weight's G^T x. With
     `dtype` bfloat16 (`elmo train --softmax-bf16`) their operands are rounded to bfloat16 (the
-    weight once a call) and their results widened to float32: the bias is added in float32, the
-    softmax, the nll and every sum over rows and blocks stay float32."""
+    weight once a call: a (V, P) copy), their products summed in float32 inside the kernel and
+    returned in bfloat16 (oneDNN's products give their operands' dtype), then widened: the
+    logits, the hidden rows' gradient and each block's weight gradient carry a bfloat16 rounding;
+    the bias is added in float32, and the softmax, the nll, the bias gradient and the sum of the
+    blocks' weight gradients are float32."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor, dtype: torch.dtype | None = None):
         self.weight, self.bias = weight, bias
@@ -127,9 +131,9 @@ def _sampled_block(block: torch.Tensor, products: Products, true_logits: torch.T
     more column, in place: exp(logit - max), the norm; its nll sum (float64), its gradients into
     `grads`."""
     logits = products.logits(block)  # (n, K)
-    row_index = torch.arange(len(block), device=block.device)
-    removed = torch.zeros(len(block), dtype=logits.dtype, device=block.device).masked_fill_(hits >= 0, float("-inf"))
-    logits[row_index, hits.clamp(min=0)] += removed  # an accidental hit is not a negative (-inf; + 0 elsewhere)
+    row_index, columns = torch.arange(len(block), device=block.device), hits.clamp(min=0)
+    logits[row_index, columns] = torch.where(hits >= 0, float("-inf"), logits[row_index, columns])  # an accidental
+    # hit is not a negative (no data-dependent shape: each row's column written, the others with their own value)
     top = torch.maximum(logits.amax(dim=1), true_logits)
     probabilities = logits.sub_(top[:, None]).exp_()  # exp(logit - max), in place
     target_probability = torch.exp(true_logits - top)
