@@ -1,5 +1,5 @@
-"""`elmo train --lstm-bf16` against float32 over a real training budget: is the loss curve within
-float32's own run-to-run noise? (issue 41, point 3)
+"""`elmo train --lstm-bf16` (or `--flags`: `--softmax-bf16`, both) against float32 over a real
+training budget: is the loss curve within float32's own run-to-run noise? (issue 41, point 3)
 
 Three `elmo train` runs of the gutenberg-cpu shape on PTB (full softmax over its 10k words, Adagrad
 0.2, batch 32 x 20, dropout 0.1, `--max-tokens` 2M training tokens, validation on ptb.valid every
@@ -7,7 +7,8 @@ Three `elmo train` runs of the gutenberg-cpu shape on PTB (full softmax over its
 
     float32, seed 0      the reference
     float32, seed 1      another float32 run: other initial weights, dropout and data order
-    --lstm-bf16, seed 0  the reference's seed, the LSTM's products in bfloat16
+    FLAGS, seed 0        the reference's seed, with `--flags` (default --lstm-bf16: the LSTM's
+                         products in bfloat16)
 
 The noise band is what separates the two float32 runs. bfloat16 passes where, over every whole window
 of `--window` training tokens after the first (the first holds the steep start, where a few steps'
@@ -20,6 +21,8 @@ metrics.jsonl files once all three have finished (or now, with `--report`, from 
 
     nohup .venv/bin/python bench/train_bf16_curve.py --work runs/bf16-curve --threads 1 --jobs 3 > runs/bf16-curve.log 2>&1 &
     .venv/bin/python bench/train_bf16_curve.py --work runs/bf16-curve --report     # the page only
+    nohup .venv/bin/python bench/train_bf16_curve.py --work runs/bf16-both-curve --threads 1 --jobs 3 \
+        --flags="--lstm-bf16 --softmax-bf16" --output bench/results/train-bf16-both-curve.md > runs/bf16-both-curve.log 2>&1 &
 """
 
 from __future__ import annotations
@@ -38,12 +41,12 @@ sys.path.insert(0, str(REPO / "bench"))
 from machine import page_header  # noqa: E402  bench/machine.py: the machine and its rooflines
 
 PTB = Path(os.environ.get("PTB_DATA", REPO.parent / "shared" / "data" / "ptb"))
-RUNS = {"float32, seed 0": ("f32-seed0", 0, False), "float32, seed 1": ("f32-seed1", 1, False),
-        "--lstm-bf16, seed 0": ("bf16-seed0", 0, True)}
-REFERENCE, OTHER, BF16 = RUNS
+REFERENCE, OTHER = "float32, seed 0", "float32, seed 1"
+RUNS = {REFERENCE: ("f32-seed0", 0, []), OTHER: ("f32-seed1", 1, [])}  # name: (folder, seed, flags); main adds BF16
+BF16 = ""  # the bfloat16 run's name: "<flags>, seed 0"
 
 
-def train(work: Path, folder: str, seed: int, lstm_bf16: bool, args) -> None:
+def train(work: Path, folder: str, seed: int, flags: list[str], args) -> None:
     elmo = Path(sys.executable).with_name("elmo")
     command = [str(elmo), "train", "--auto-resume", "--output-dir", str(work / folder),
                "--train", str(PTB / "ptb.train.txt.gz"), "--valid", str(PTB / "ptb.valid.txt"),
@@ -51,8 +54,7 @@ def train(work: Path, folder: str, seed: int, lstm_bf16: bool, args) -> None:
                "--softmax", "full", "--optimizer", "adagrad", "--lr", "0.2", "--batch-size", "32",
                "--unroll-steps", "20", "--dropout", "0.1", "--max-tokens", str(args.max_tokens),
                "--eval-every", str(args.eval_every), "--log-every", "10", "--checkpoint-every", "250",
-               "--threads", str(args.threads), "--seed", str(seed), "--no-progress",
-               "--lstm-bf16" if lstm_bf16 else "--no-lstm-bf16"]
+               "--threads", str(args.threads), "--seed", str(seed), "--no-progress", *flags]
     print(" ".join(command), flush=True)
     subprocess.run(command, check=True)
 
@@ -91,13 +93,14 @@ def report(work: Path, args) -> list[str]:
              for name, (lines, _) in metrics.items()}
     tokens = {name: lines[-1]["tokens"] for name, (lines, _) in metrics.items()}
     holds = gap <= noise and ppl_gap <= ppl_noise
-    out = ["# `--lstm-bf16` against float32 over 2M training tokens (bench/train_bf16_curve.py)", ""]
+    out = [f"# `{args.flags}` against float32 over 2M training tokens (bench/train_bf16_curve.py)", ""]
     out += [page_header("cpu", args.threads)]
     out += ["", f"gutenberg-cpu shape on PTB (ptb.train, full softmax over its {vocab_size(work):,} words), Adagrad 0.2, "
             f"batch 32 x 20, dropout 0.1, {args.threads} thread(s) a run, {args.jobs} run(s) at a time; validation "
             f"on ptb.valid (full softmax) every {args.eval_every} steps. Training tokens read: "
             + "; ".join(f"{name}: {count:,}" for name, count in tokens.items()) + ". Other work shared the machine "
             "during the runs (the speeds below are not benchmarks: bench/results/train-lstm-bf16.md is).", "",
+            f"The bfloat16 run: `elmo train {args.flags}`.", "",
             f"Mean training loss by window of {args.window:,} tokens:", "",
             "| tokens | " + " | ".join(RUNS) + " | float32 seed 1 - seed 0 | bf16 - float32 seed 0 |",
             "|---:|" + "---:|" * (len(RUNS) + 2)]
@@ -113,7 +116,8 @@ def report(work: Path, args) -> list[str]:
             + ("within the noise." if holds else "**outside the noise**."), "",
             "Mean tokens/s a run (log lines after the first; shared machine, see above): "
             + "; ".join(f"{name}: {value:,.0f}" for name, value in speed.items()) + ".", "",
-            f"    .venv/bin/python bench/train_bf16_curve.py --work {args.work} --threads {args.threads} --jobs {args.jobs}"]
+            f"    .venv/bin/python bench/train_bf16_curve.py --work {args.work} --threads {args.threads} --jobs {args.jobs}"
+            + ("" if args.flags == "--lstm-bf16" else f' --flags="{args.flags}" --output {args.output}')]
     return out
 
 
@@ -131,7 +135,14 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=200_000)
     parser.add_argument("--report", action="store_true", help="only write the page from the runs as they are")
     parser.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "train-lstm-bf16-curve.md")
+    parser.add_argument("--flags", default="--lstm-bf16",
+                        help='the bfloat16 run\'s elmo train flags (quoted: --flags="--lstm-bf16 --softmax-bf16")')
     args = parser.parse_args()
+    global BF16
+    BF16 = f"{args.flags}, seed 0"
+    folder = "bf16-seed0" if args.flags == "--lstm-bf16" else "bf16-" + "-".join(
+        flag.removeprefix("--").removesuffix("-bf16") for flag in args.flags.split()) + "-seed0"
+    RUNS[BF16] = (folder, 0, args.flags.split())
     args.work.mkdir(parents=True, exist_ok=True)
     if not args.report:
         if not (args.work / "vocab.txt").is_file():
