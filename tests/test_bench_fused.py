@@ -23,7 +23,8 @@ def fused_cell():
         yield importlib.import_module("fused_cell")
 
 
-def test_the_forward_groups_compute_the_lstm_cell(fused_cell):
+@pytest.mark.parametrize("via_sigmoid", [None, False])  # the CPU's default, and the other devices'
+def test_the_forward_groups_compute_the_lstm_cell(fused_cell, via_sigmoid):
     torch.manual_seed(0)
     n_rows, cell_dim = 3, 5
     pre = [torch.randn(n_rows, 4 * cell_dim), torch.randn(n_rows, 4 * cell_dim)]
@@ -32,7 +33,8 @@ def test_the_forward_groups_compute_the_lstm_cell(fused_cell):
                                                torch.empty(2, n_rows, cell_dim), torch.empty(2, n_rows, cell_dim))
     fused = fused_cell.fused_forward_cell(pre[0], pre[1], cell_prev)
     products = [gates.clone() for gates in pre]
-    forward_cell(products, acts, cell_prev, cell_next, tanh_cell, cell_output, 0.0)  # doubles their candidate
+    forward_cell(products, acts, cell_prev, cell_next, tanh_cell, cell_output, 0.0, via_sigmoid)  # may double
+    # the products' candidate slot
     for eager, other in zip((acts, cell_next, tanh_cell, cell_output), fused):
         torch.testing.assert_close(eager, other)
     i, f, o, j = torch.stack(pre).split(cell_dim, dim=-1)  # elmokit's gate order (i, f, o, j)

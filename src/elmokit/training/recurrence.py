@@ -28,7 +28,7 @@ on every device the products' operands optionally in bfloat16 (`lstm_bf16`): `Re
 difference: the steps, the elementwise work and the gradients are one code for every device.
 The forward pass is `elmokit.model.cell`'s (gates in its order (i, f, o, j), the forget-gate
 offset already in `bias`, its `cell_step` and `clip_`, its `run_layers` for dropout and the
-residual), every tanh as 2 σ(2x) - 1 as in inference (`forward_cell`); the backward pass is their
+residual), on the CPU every tanh as 2 σ(2x) - 1 as in inference (`forward_cell`); the backward pass is their
 derivative written out (tests/test_lm.py checks it against autograd through the step loop of
 `elmokit.model.lstm`, which runs the same functions with torch.tanh: a few float32 ulps apart).
 Clipping follows `torch.clamp`: the gradient passes where the value was not clipped.
@@ -234,16 +234,25 @@ class BatchedProducts:
 
 
 def forward_cell(gates: list[torch.Tensor] | torch.Tensor, acts: torch.Tensor, cell_prev: torch.Tensor,
-                 cell_next: torch.Tensor, tanh_cell: torch.Tensor, cell_output: torch.Tensor, cell_clip: float) -> None:
+                 cell_next: torch.Tensor, tanh_cell: torch.Tensor, cell_output: torch.Tensor, cell_clip: float,
+                 via_sigmoid: bool | None = None) -> None:
     """A step's elementwise work forward, both directions, into the pass's buffers.
 
     gates: G_t + h_{t-1} W_rec^T, (D, B, 4C) or a list of each direction's (B, 4C), the products'
-    fresh results (their candidate's slot is doubled in place). Writes acts (D, B, 4C) =
+    fresh results (on the CPU their candidate's slot is doubled in place). Writes acts (D, B, 4C) =
     (σ(i), σ(f), σ(o), tanh(j)), cell_next c_t = clip(f * c_{t-1} + i * j) (D, B, C), tanh_cell
-    tanh(c_t) and cell_output m_t = o * tanh(c_t). Every tanh is 2 σ(2x) - 1 (`tanh_via_sigmoid`:
-    torch's sigmoid is several times faster than its tanh on the CPU), as in inference.
+    tanh(c_t) and cell_output m_t = o * tanh(c_t). `via_sigmoid` (None: on the CPU) makes every tanh
+    2 σ(2x) - 1 (`tanh_via_sigmoid`, as in inference: torch's sigmoid on the CPU is ~3x faster than
+    its tanh, so one sigmoid covers the four gates); else torch.tanh (on a GPU both are
+    memory-bound: the extra operations would only cost).
     """
     pairs = [(gates, acts)] if isinstance(gates, torch.Tensor) else zip(gates, acts.unbind(0))
+    if not (acts.device.type == "cpu" if via_sigmoid is None else via_sigmoid):
+        for pre, out in pairs:
+            lstm_cell.activate_gates(pre, out=out)
+        lstm_cell.cell_step(acts, cell_prev, cell_clip, cell_next=cell_next, tanh_cell=tanh_cell,
+                            cell_output=cell_output)
+        return
     for pre, out in pairs:
         torch.sigmoid(lstm_cell.double_candidate_(pre), out=out)
     lstm_cell.candidate_from_sigmoid_(acts)  # both directions at once
