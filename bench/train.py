@@ -97,15 +97,28 @@ class TorchLstmLM(nn.Module):
 
 
 class Trainer:
-    """One model, its optimizer and its carried state."""
+    """One model, its optimizer and its carried state; `kernels`: ELMOKIT_KERNELS for its steps
+    ("torch": torch's own products, MKL's in float32, instead of oneDNN's), or None (as set)."""
 
-    def __init__(self, name: str, model: nn.Module, bf16: bool):
-        self.name, self.model, self.bf16 = name, model.train(), bf16
+    def __init__(self, name: str, model: nn.Module, bf16: bool, kernels: str | None = None):
+        self.name, self.model, self.bf16, self.kernels = name, model.train(), bf16, kernels
         fused = isinstance(model, LanguageModel)  # elmokit's trainer uses torch's fused Adam (train.build_optimizer)
         self.optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=fused)
         self.state, self.times, self.cpu_times = None, [], []
 
     def step(self, batch) -> None:
+        previous = os.environ.get(elmokit_kernels.KERNELS_VARIABLE)
+        if self.kernels is not None:
+            os.environ[elmokit_kernels.KERNELS_VARIABLE] = self.kernels
+        try:
+            self._step(batch)
+        finally:
+            if self.kernels is not None:
+                os.environ.pop(elmokit_kernels.KERNELS_VARIABLE, None)
+                if previous is not None:
+                    os.environ[elmokit_kernels.KERNELS_VARIABLE] = previous
+
+    def _step(self, batch) -> None:
         start, start_cpu = time.perf_counter(), time.process_time()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
             if isinstance(self.model, LanguageModel):
@@ -155,6 +168,9 @@ def bench_shape(name: str, config: ElmoConfig, vocab: Vocabulary, args) -> list[
             low.recurrence = RecurrenceOptions(lstm_bf16=lstm)
             low.softmax_dtype = torch.bfloat16 if softmax else None
             trainers.insert(-1, Trainer(f"elmokit (no clip, {bf16_flags(lstm, softmax)})", low, args.bf16))
+    if args.torch_kernels:  # the same model as "no clip", every product through torch's kernels (MKL's in float32)
+        trainers.insert(-1, Trainer("elmokit (no clip, ELMOKIT_KERNELS=torch)",
+                                    LanguageModel(unclipped(config), len(vocab), dropout=0.1), args.bf16, "torch"))
     batches = LMBatcher([PTB / "ptb.train.txt.gz"], vocab, args.batch_size, args.unroll_steps, seed=0)
     flops = []
     for _ in range(args.warmup + args.steps):
@@ -194,6 +210,9 @@ def main() -> None:
     parser.add_argument("--lstm-bf16", action="store_true",
                         help="also train elmokit (no clip) with the LSTM's products, the softmax's, and both in "
                              "bfloat16 (elmo train --lstm-bf16, --softmax-bf16)")
+    parser.add_argument("--torch-kernels", action="store_true",
+                        help="also train elmokit (no clip) with ELMOKIT_KERNELS=torch: every product through torch's "
+                             "kernels (MKL's in float32) instead of oneDNN's, which CPU gives which faster")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--output", type=Path, default=None,
                         help="default: bench/results/train.md (train-cuda.md with --device cuda)")

@@ -6,7 +6,8 @@
 #     bench/results/cpu-check-embed.md   bench/embed.py: `original`, batch 32, float32 / bfloat16 / int8,
 #                                        each dtype's fraction of its own ceiling (issue 41, point 2)
 #     bench/results/cpu-check-train.md   bench/train.py: gutenberg-cpu, batch 32, elmokit against
-#                                        nn.LSTM(proj_size), and with --lstm-bf16 (point 3)
+#                                        nn.LSTM(proj_size), with --lstm-bf16, --softmax-bf16, both, and
+#                                        with torch's kernels instead of oneDNN's (point 3)
 #     bench/results/cpu-check-profile.md bench/profile_embed.py: where the embedding time goes there, per
 #                                        operation (what holds a dtype below its ceiling)
 #     bench/results/cpu-check.md         this run: the CPU, torch, each part's exit status and seconds
@@ -59,7 +60,8 @@ run_part embed $((BUDGET * 35 / 100)) "$PY" bench/embed.py --shapes original --b
 run_part profile $((BUDGET * 10 / 100)) "$PY" bench/profile_embed.py --limit 100 --threads 2 \
     --note "$NOTE" --output "$RESULTS/cpu-check-profile.md"
 run_part train $((BUDGET * 55 / 100)) "$PY" bench/train.py --shapes gutenberg-cpu --batch-size 32 --threads 2 \
-    --lstm-bf16 --steps 6 --warmup 2 --profile-steps 0 --note "$NOTE" --output "$RESULTS/cpu-check-train.md"
+    --lstm-bf16 --torch-kernels --steps 6 --warmup 2 --profile-steps 0 --note "$NOTE" \
+    --output "$RESULTS/cpu-check-train.md"
 
 {
     echo "# scripts/cpu_check.sh"
