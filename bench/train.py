@@ -30,6 +30,8 @@ bench/results/train.md (replaced, not appended: one run, one page).
     .venv/bin/python bench/train.py --shapes gutenberg-cpu --lstm-bf16 --profile-steps 0 \
         --output bench/results/train-lstm-bf16.md      # adds elmokit (no clip) with `elmo train --lstm-bf16`,
                                                        # `--softmax-bf16` and both
+    .venv/bin/python bench/train.py ... --torch-kernels  # adds elmokit (no clip) with ELMOKIT_KERNELS=torch
+                                                       # (torch's products, MKL's in float32, not oneDNN's; CPU only)
     .venv/bin/python bench/train.py --device cuda [--shapes original] [--batch-sizes 128 512]
                                                   # a GPU: bench/train_cuda.py -> bench/results/train-cuda.md
 """
@@ -346,6 +348,8 @@ def write_table(rows: list[dict], args, kernels: dict[str, float], load_before: 
     lines = [
         "# Training speed (bench/train.py)", "", header,
         f"Load average {load_before:.1f} before, {load_after:.1f} after. {args.note}".rstrip(),
+        *([f"**oneDNN was switched off in this run** ({elmokit_kernels.switched_off()}): every row ran torch's "
+           "kernels, so its elmokit rows compare nothing of oneDNN's."] if elmokit_kernels.switched_off() else []),
         f"Batch {args.batch_size} x {args.unroll_steps} tokens, full softmax over the PTB vocabulary, Adam, "
         f"clip norm 10, {'bf16 autocast' if args.bf16 else 'float32'}; median of {args.steps} steps after "
         f"{args.warmup} warm-up steps, the models stepping in turn on the same windows.",

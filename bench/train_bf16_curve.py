@@ -117,8 +117,14 @@ def report(work: Path, args) -> list[str]:
             "Mean tokens/s a run (log lines after the first; shared machine, see above): "
             + "; ".join(f"{name}: {value:,.0f}" for name, value in speed.items()) + ".", "",
             f"    .venv/bin/python bench/train_bf16_curve.py --work {args.work} --threads {args.threads} --jobs {args.jobs}"
-            + ("" if args.flags == "--lstm-bf16" else f' --flags="{args.flags}" --output {args.output}')]
+            + ("" if args.flags == "--lstm-bf16" else f' --flags="{args.flags}" --output {shown_path(args.output)}')]
     return out
+
+
+def shown_path(path: Path) -> Path:
+    """`path` relative to the repository where it is inside it (as a page shows a command)."""
+    path = path.resolve()
+    return path.relative_to(REPO) if path.is_relative_to(REPO) else path
 
 
 def vocab_size(work: Path) -> int:
@@ -134,10 +140,21 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (each its own process)")
     parser.add_argument("--window", type=int, default=200_000)
     parser.add_argument("--report", action="store_true", help="only write the page from the runs as they are")
-    parser.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "train-lstm-bf16-curve.md")
+    parser.add_argument("--output", type=Path, default=None,
+                        help="the page (default with --flags=--lstm-bf16: bench/results/train-lstm-bf16-curve.md; "
+                             "required with other flags)")
     parser.add_argument("--flags", default="--lstm-bf16",
-                        help='the bfloat16 run\'s elmo train flags (quoted: --flags="--lstm-bf16 --softmax-bf16")')
+                        help='the bfloat16 run\'s elmo train flags (quoted: --flags="--lstm-bf16 --softmax-bf16"): '
+                             "--lstm-bf16 and/or --softmax-bf16")
     args = parser.parse_args()
+    flags = args.flags.split()
+    if not flags or not set(flags) <= {"--lstm-bf16", "--softmax-bf16"} or len(set(flags)) != len(flags):
+        parser.error(f"--flags must hold --lstm-bf16 and/or --softmax-bf16 once each, got {args.flags!r}")
+    args.flags = " ".join(flag for flag in ("--lstm-bf16", "--softmax-bf16") if flag in flags)  # one order
+    if args.output is None:
+        if args.flags != "--lstm-bf16":
+            parser.error("--output is required with --flags other than --lstm-bf16 (the default page is that run's)")
+        args.output = REPO / "bench" / "results" / "train-lstm-bf16-curve.md"
     global BF16
     BF16 = f"{args.flags}, seed 0"
     folder = "bf16-seed0" if args.flags == "--lstm-bf16" else "bf16-" + "-".join(

@@ -37,6 +37,9 @@ def test_the_forward_groups_compute_the_lstm_cell(fused_cell, via_sigmoid):
     # the products' candidate slot
     for eager, other in zip((acts, cell_next, tanh_cell, cell_output), fused):
         torch.testing.assert_close(eager, other)
+    for product, original in zip(products, pre):  # on the CPU by default one sigmoid: the candidate doubled
+        doubled = torch.cat([original[:, :3 * cell_dim], 2 * original[:, 3 * cell_dim:]], dim=1)
+        assert torch.equal(product, doubled if via_sigmoid is None else original)
     i, f, o, j = torch.stack(pre).split(cell_dim, dim=-1)  # elmokit's gate order (i, f, o, j)
     expected_cell = torch.sigmoid(f) * cell_prev + torch.sigmoid(i) * torch.tanh(j)
     torch.testing.assert_close(cell_next, expected_cell)

@@ -117,6 +117,11 @@ def bound_onednn_caches(capacity: int = CACHE_CAPACITY) -> None:
     _state["caches_set"] = True
 
 
+def switched_off() -> str | None:
+    """Why oneDNN was switched off in this process (a product that failed or differed), or None."""
+    return _state["disabled"]
+
+
 def reset() -> None:
     """Forget the checks, a switch-off and the counts (for tests)."""
     path_counts.clear()
