@@ -45,6 +45,7 @@ import os
 import statistics
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -109,16 +110,9 @@ class Trainer:
         self.state, self.times, self.cpu_times = None, [], []
 
     def step(self, batch) -> None:
-        previous = os.environ.get(elmokit_kernels.KERNELS_VARIABLE)
-        if self.kernels is not None:
-            os.environ[elmokit_kernels.KERNELS_VARIABLE] = self.kernels
-        try:
+        kernels = {} if self.kernels is None else {elmokit_kernels.KERNELS_VARIABLE: self.kernels}
+        with mock.patch.dict(os.environ, kernels):  # restored after the step, as it was
             self._step(batch)
-        finally:
-            if self.kernels is not None:
-                os.environ.pop(elmokit_kernels.KERNELS_VARIABLE, None)
-                if previous is not None:
-                    os.environ[elmokit_kernels.KERNELS_VARIABLE] = previous
 
     def _step(self, batch) -> None:
         start, start_cpu = time.perf_counter(), time.process_time()

@@ -247,17 +247,17 @@ def forward_cell(gates: list[torch.Tensor] | torch.Tensor, acts: torch.Tensor, c
     memory-bound: the extra operations would only cost).
     """
     pairs = [(gates, acts)] if isinstance(gates, torch.Tensor) else zip(gates, acts.unbind(0))
-    if not (acts.device.type == "cpu" if via_sigmoid is None else via_sigmoid):
+    if acts.device.type == "cpu" if via_sigmoid is None else via_sigmoid:
+        for pre, out in pairs:
+            torch.sigmoid(lstm_cell.double_candidate_(pre), out=out)
+        lstm_cell.candidate_from_sigmoid_(acts)  # both directions at once
+        tanh = lstm_cell.tanh_via_sigmoid
+    else:
         for pre, out in pairs:
             lstm_cell.activate_gates(pre, out=out)
-        lstm_cell.cell_step(acts, cell_prev, cell_clip, cell_next=cell_next, tanh_cell=tanh_cell,
-                            cell_output=cell_output)
-        return
-    for pre, out in pairs:
-        torch.sigmoid(lstm_cell.double_candidate_(pre), out=out)
-    lstm_cell.candidate_from_sigmoid_(acts)  # both directions at once
+        tanh = torch.tanh
     lstm_cell.cell_step(acts, cell_prev, cell_clip, cell_next=cell_next, tanh_cell=tanh_cell, cell_output=cell_output,
-                        tanh=lstm_cell.tanh_via_sigmoid)
+                        tanh=tanh)
 
 
 def gate_factors(acts: torch.Tensor, cells: torch.Tensor, tanh_cells: torch.Tensor
