@@ -456,18 +456,43 @@ def reading_lines(best: dict, ceilings: dict, errors: list, kernels: dict) -> li
                          f"**{'met' if least >= 0.75 else 'NOT met'}** ({least:.0%}, the least of the token cache "
                          "off and on).")
     amx = cpu_flags(cpu_fields().get("flags", ""))["AMX-BF16"]
-    ratios = [row["tokens_per_s"] / best[(*key[:3], "float32")]["tokens_per_s"] for key, row in best.items()
-              if key[0] == "original" and key[1] == 32 and key[3] == "bfloat16" and (*key[:3], "float32") in best]
-    if ratios:
-        lines.append(f"* Target (bfloat16 >= 3x float32 at `original`, batch 32, on an AMX CPU): "
-                     + (f"**{'met' if min(ratios) >= 3 else 'NOT met'}** ({min(ratios):.2f}x)" if amx
-                        else f"not applicable here: this CPU has no AMX ({min(ratios):.2f}x measured)") + ".")
+    for batch_size in sorted({key[1] for key in best if key[0] == "original"}):
+        ratios = [row["tokens_per_s"] / best[(*key[:3], "float32")]["tokens_per_s"] for key, row in best.items()
+                  if key[0] == "original" and key[1] == batch_size and key[3] == "bfloat16"
+                  and (*key[:3], "float32") in best]
+        if ratios and batch_size > 1:  # the issue's batch 32, and more rows where measured (not batch 1's latency)
+            lines.append(f"* Target (bfloat16 >= 3x float32 at `original`, batch {batch_size}, on an AMX CPU): "
+                         + (f"**{'met' if min(ratios) >= 3 else 'NOT met'}** ({min(ratios):.2f}x)" if amx
+                            else f"not applicable here: this CPU has no AMX ({min(ratios):.2f}x measured)") + ".")
+    lines += rows_lines(best)
     for entry in errors:
         if entry["dtype"] == "int8":
             met = entry["worst_fraction"] <= 0.05 and entry["worst_cosine"] >= 0.999
             lines.append(f"* int8 error budget on {entry['shape']}: worst {entry['worst_fraction']:.4f} of a "
                          f"sentence's layer maximum (<= 0.05), worst mean cosine {entry['worst_cosine']:.5f} "
                          f"(>= 0.999): **{'met' if met else 'NOT met'}**.")
+    return lines
+
+
+def rows_lines(best: dict) -> list[str]:
+    """Where several row counts were measured: each configuration's tokens/s at each, and the
+    rows the engine runs when none is given (`engine.default_rows` at ElmoEmbedder's budget)
+    against the others."""
+    from elmokit import ElmoConfig, ElmoEmbedder
+    from elmokit.inference.engine import default_rows
+
+    lines = []
+    for shape, cache, dtype in sorted({(key[0], key[2], key[3]) for key in best}):
+        speeds = {key[1]: row["tokens_per_s"] for key, row in sorted(best.items())
+                  if (key[0], key[2], key[3]) == (shape, cache, dtype)}
+        if len(speeds) < 2 or shape == "builtin":
+            continue
+        chosen = default_rows(ElmoConfig.from_name(shape).lstm.cell_dim, ElmoEmbedder.POSITION_BUDGET)
+        others = ", ".join(f"{rows} rows {speed:,.0f}" for rows, speed in speeds.items())
+        against = (", ".join(f"{speeds[chosen] / speed:.2f}x {rows} rows" for rows, speed in speeds.items()
+                             if rows != chosen) if chosen in speeds else "not measured")
+        lines.append(f"* `{shape}`, {dtype}, token cache {'on' if cache else 'off'}: tokens/s at {others}; the "
+                     f"engine's rows when none are given ({chosen}): {against}.")
     return lines
 
 

@@ -3,8 +3,9 @@
 # is an Intel Xeon with AMX-BF16, AMX-INT8 and AVX512-VNNI, where this project's own machine is an
 # AMD EPYC without AMX, so that is where the AMX targets can be measured. 2 threads, as the issue
 # measures; each page's header names the CPU, its flags and the rooflines of the same run:
-#     bench/results/cpu-check-embed.md   bench/embed.py: `original`, batch 32, float32 / bfloat16 / int8,
-#                                        each dtype's fraction of its own ceiling (issue 41, point 2)
+#     bench/results/cpu-check-embed.md   bench/embed.py: `original`, batch 32 and the engine's own 128 rows,
+#                                        float32 / bfloat16 / int8, each dtype's fraction of its own ceiling
+#                                        (issue 41, point 2)
 #     bench/results/cpu-check-train.md   bench/train.py: gutenberg-cpu, batch 32, elmokit against
 #                                        nn.LSTM(proj_size), with --lstm-bf16, --softmax-bf16, both, and
 #                                        with torch's kernels instead of oneDNN's (point 3)
@@ -55,8 +56,8 @@ source "$REPO/scripts/check_parts.sh"  # run_part, PARTS
 
 NOTE="Run by scripts/cpu_check.sh."
 STARTED="$(date -u '+%Y-%m-%d %H:%M UTC')"
-run_part embed $((BUDGET * 35 / 100)) "$PY" bench/embed.py --shapes original --batch-sizes 32 --caches off \
-    --limit 300 --error-models --threads 2 --note "$NOTE" --output "$RESULTS/cpu-check-embed.md"
+run_part embed $((BUDGET * 35 / 100)) "$PY" bench/embed.py --shapes original --batch-sizes 32 128 --caches off \
+    --limit 300 --sentences-per-row 4 --error-models --threads 2 --note "$NOTE" --output "$RESULTS/cpu-check-embed.md"
 run_part profile $((BUDGET * 10 / 100)) "$PY" bench/profile_embed.py --limit 100 --threads 2 \
     --note "$NOTE" --output "$RESULTS/cpu-check-profile.md"
 run_part train $((BUDGET * 55 / 100)) "$PY" bench/train.py --shapes gutenberg-cpu --batch-size 32 --threads 2 \

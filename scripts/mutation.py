@@ -353,6 +353,18 @@ MUTANTS = [
     Mutant("confidence, no CRF: padding counted in a span's product", "tasks/confidence.py",
            "torch.where(span_mask, mass, torch.ones_like(mass)).prod(dim=-1)", "mass.prod(dim=-1)",
            ("tests/test_confidence.py",)),
+    Mutant("rows: the engine's rows the power of two below, not the nearest", "inference/engine.py",
+           "by_length = 1 << round(math.log2(max(positions / STREAM_POSITIONS, 1)))",
+           "by_length = 1 << int(math.log2(max(positions / STREAM_POSITIONS, 1)))", ("tests/test_rows.py",)),
+    Mutant("rows: the gate budget left out of the engine's rows", "inference/engine.py",
+           "return min(max(by_length, FEWEST_DEFAULT_ROWS), by_memory, MAX_DEFAULT_ROWS)",
+           "return min(max(by_length, FEWEST_DEFAULT_ROWS), MAX_DEFAULT_ROWS)", ("tests/test_rows.py",)),
+    Mutant("rows: no floor for a short call", "inference/engine.py",
+           "return min(max(by_length, FEWEST_DEFAULT_ROWS), by_memory, MAX_DEFAULT_ROWS)",
+           "return min(by_length, by_memory, MAX_DEFAULT_ROWS)", ("tests/test_rows.py",)),
+    Mutant("rows: a stateful embedder's None also the engine's rows", "inference/embedder.py",
+           "return (self.DEFAULT_BATCH_SIZE if self.carried is not None", "return (self.DEFAULT_BATCH_SIZE if False",
+           ("tests/test_rows.py",)),
 ]
 
 

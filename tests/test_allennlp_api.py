@@ -3,7 +3,7 @@
 The signatures below are written from AllenNLP 0.9.0's documentation of
 `allennlp.modules.elmo.Elmo`, `allennlp.modules.elmo.batch_to_ids` and
 `allennlp.commands.elmo.ElmoEmbedder`: every parameter, in order, with its default. elmokit's
-must take the same arguments in the same positions with the same defaults (a default where
+must take the same arguments in the same positions with the same defaults (batch_size: see ROWS; a default where
 AllenNLP requires the argument is allowed; extra parameters only after AllenNLP's, keyword-only).
 AllenNLP's `ElmoEmbedder` defaults to the published `original` files; elmokit's to its built-in model.
 """
@@ -22,6 +22,8 @@ from elmokit import Elmo, ElmoEmbedder, batch_to_ids
 
 REQUIRED = inspect.Parameter.empty
 ANY = object()  # AllenNLP's default is a URL of the original model: elmokit's default differs on purpose
+ROWS = object()  # AllenNLP's 64, a speed knob: elmokit's None lets the engine choose the rows (the same vectors
+# whatever the rows); a stateful embedder's None is AllenNLP's 64 consecutive sentences (tests/test_rows.py)
 
 ALLENNLP_0_9 = {
     (None, batch_to_ids): [("batch", REQUIRED)],
@@ -35,9 +37,9 @@ ALLENNLP_0_9 = {
     (ElmoEmbedder, "batch_to_embeddings"): [("batch", REQUIRED)],
     (ElmoEmbedder, "embed_sentence"): [("sentence", REQUIRED)],
     (ElmoEmbedder, "embed_batch"): [("batch", REQUIRED)],
-    (ElmoEmbedder, "embed_sentences"): [("sentences", REQUIRED), ("batch_size", 64)],
+    (ElmoEmbedder, "embed_sentences"): [("sentences", REQUIRED), ("batch_size", ROWS)],
     (ElmoEmbedder, "embed_file"): [("input_file", REQUIRED), ("output_file_path", REQUIRED), ("output_format", "all"),
-                                   ("batch_size", 64), ("forget_sentences", False), ("use_sentence_keys", False)],
+                                   ("batch_size", ROWS), ("forget_sentences", False), ("use_sentence_keys", False)],
 }
 
 
@@ -49,7 +51,9 @@ def test_signature_matches_allennlp(owner, name):
     assert [p.name for p in parameters[:len(expected)]] == [n for n, _ in expected]
     for parameter, (_, default) in zip(parameters, expected):
         assert parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.POSITIONAL_ONLY), parameter
-        if default is not REQUIRED and default is not ANY:
+        if default is ROWS:
+            assert parameter.default is None, (parameter.name, parameter.default)
+        elif default is not REQUIRED and default is not ANY:
             assert parameter.default == default, (parameter.name, parameter.default, default)
     for extra in parameters[len(expected):]:  # elmokit's own arguments never shift AllenNLP's positions
         assert extra.kind in (extra.KEYWORD_ONLY, extra.VAR_KEYWORD), (name, extra.name)

@@ -242,6 +242,10 @@ def test_resume_at_another_batch_size_warns_and_goes_on(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="elmokit"):
         resumed = start_progress(partial, 0, {**made, "batch_size": 16}, resume=True)
     assert resumed.next_line == 10 and resumed.identity["batch_size"] == 16
-    assert "at batch size 16, where it was made at 64" in caplog.text and "not bit for bit" in caplog.text
+    assert "at 16 rows, where it was made at 64 rows" in caplog.text and "not bit for bit" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="elmokit"):  # no batch size given: the engine's rows
+        start_progress(partial, 0, {**made, "batch_size": None}, resume=True)
+    assert "at the engine's rows, where it was made at 16 rows" in caplog.text
     with pytest.raises(ValueError, match="cannot resume .* different model;"):
         start_progress(partial, 0, {**made, "model": "other", "batch_size": 8}, resume=True)

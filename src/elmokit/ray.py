@@ -50,7 +50,7 @@ from elmokit.textfiles import read_lines
 log = logging.getLogger(__name__)
 
 ACTOR_RESTARTS = 3  # a dead actor is restarted, and its batch retried, this many times
-FORWARD_ROWS = 64  # sentences per forward pass inside an actor (elmo embed's --batch-size default)
+FORWARD_ROWS = 64  # rows of the recurrence inside an actor: a Ray batch of 256 lines keeps ~4 sentences a stream
 ROWS_PER_BLOCK = 256  # input lines per block `embed_files` hands to Ray: seconds of one actor's work,
 # so that a small input still gives every actor blocks (a block goes to one actor)
 ADDED_COLUMNS = ("tokens", "embedding")

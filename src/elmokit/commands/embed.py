@@ -107,7 +107,10 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser.add_argument("--tokenize", action="store_true",
                         help="INPUT is raw text: Moses-tokenize each line (default: split on whitespace)")
     parser.add_argument("--lang", default="en", help="language for --tokenize (default: en)")
-    parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch (default: 64)")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="sentences in the recurrence at once (default: the engine's choice, 128 rows "
+                             "for a full window of sentences, fewer for a short input); with --ray, a Ray batch "
+                             "is 4x this many lines (default 256)")
     parser.add_argument("--max-length", type=int, default=256,
                         help="longest sentence embedded in one piece; longer ones go in overlapping "
                              "windows (default: 256 tokens)")
@@ -201,7 +204,8 @@ def run_on_ray(args: argparse.Namespace) -> int:
                           overwrite=args.overwrite, progress=not (args.no_progress or quiet()),
                           model=model_from_args(args),
                           tokenize=args.tokenize, lang=args.lang, layers=args.output_format,
-                          sentence_vectors=args.sentence_vectors, batch_size=4 * args.batch_size, num_gpus=gpus,
+                          sentence_vectors=args.sentence_vectors, num_gpus=gpus,
+                          **({} if args.batch_size is None else {"batch_size": 4 * args.batch_size}),
                           dtype=None if args.dtype == "float32" else args.dtype)
     log.info(f"wrote {args.output}: {summary['rows']:,} rows, {summary['tokens']:,} tokens in {summary['files']} "
              f"Parquet files, {summary['seconds']:.1f} s ({summary['tokens'] / summary['seconds']:,.0f} tokens/s)")

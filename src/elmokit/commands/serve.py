@@ -52,7 +52,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
                         help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_VARIABLE}, else no key)")
     parser.add_argument("--rows", type=int, default=64,
                         help="sentences the recurrence runs at once, each joining as soon as a row is free "
-                             "(default: 64, as embed_sentences' batch_size)")
+                             "(default: 64)")
     parser.add_argument("--max-batch-tokens", type=int, default=16384,
                         help="tokens in the recurrence at once, summed over its rows (default: 16384)")
     parser.add_argument("--max-wait-ms", type=float, default=2.0,

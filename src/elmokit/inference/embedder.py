@@ -11,6 +11,7 @@ state are behind locks).
 from __future__ import annotations
 
 import itertools
+import numbers
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -30,7 +31,7 @@ from elmokit.inference.elmo import (
     token_layers,
     run_bilm,
 )
-from elmokit.inference.engine import bilm_contextualize, contextualize_sentences
+from elmokit.inference.engine import bilm_contextualize, contextualize_sentences, default_rows
 from elmokit.inference.layers import check_output_format, shape_output
 from elmokit.inference.windows import check_sentences, check_tokens, position_windows
 from elmokit.model.bilm import BiLM, BiLMOutput
@@ -67,6 +68,7 @@ class ElmoEmbedder:
 
     STREAM_WINDOW = 16  # batches that `embed_sentences` runs through `embed_many` at once
     POSITION_BUDGET = 16_384  # positions `embed_many` runs at once (the original shape: ~200 MB of outputs)
+    DEFAULT_BATCH_SIZE = 64  # AllenNLP's: a stateful embedder's batches when no batch_size is given
 
     def __init__(self, options_file: str | Path | None = None, weight_file: str | Path | None = None,
                  cuda_device: int = -1, *, stateful: bool = False, cache_tokens: bool = True,
@@ -142,20 +144,46 @@ class ElmoEmbedder:
         check_tokens(sentence)
         return self.embed_batch([sentence])[0]
 
-    def embed_many(self, sentences: Sequence[Sequence[str]], rows: int = 64) -> list[np.ndarray]:
+    def rows_for(self, batch_size: int | None, name: str = "batch_size") -> int:
+        """What a `batch_size` argument means here: itself when given (an int >= 1, else an error
+        naming `name`); None leaves the choice to the engine: a stateless embedder's rows of the
+        recurrence for a full call of `POSITION_BUDGET` positions (`elmokit.inference.engine.default_rows`:
+        128 rows for every shape; `embed_many` takes fewer for a shorter call), a stateful one's
+        batches AllenNLP's 64 consecutive sentences. On a GPU, where more rows pay further, give
+        the rows (docs/gpu.md)."""
+        if batch_size is None:
+            return (self.DEFAULT_BATCH_SIZE if self.carried is not None
+                    else default_rows(self.bilm.lstm.cell_dim, self.POSITION_BUDGET))
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
+            raise TypeError(f"{name} must be an int >= 1 or None (the engine's choice), got {batch_size!r}")
+        if batch_size < 1:
+            raise ValueError(f"{name} must be >= 1 (or None: the engine's choice), got {batch_size}")
+        return int(batch_size)
+
+    def window_sentences(self, batch_size: int | None) -> int:
+        """Sentences `embed_sentences` hands `embed_many` at once, stateless: `STREAM_WINDOW`
+        batches of `batch_size`; with None, as many as `POSITION_BUDGET` positions hold (so that a
+        window of short sentences still fills the engine's rows, `embed_many`)."""
+        return self.rows_for(batch_size) * self.STREAM_WINDOW if batch_size is not None else self.POSITION_BUDGET // 2
+
+    def embed_many(self, sentences: Sequence[Sequence[str]], rows: int | None = None) -> list[np.ndarray]:
         """Stateless: one float32 array (L+1, n_i, 2P) per sentence, `rows` sentences in the
         recurrence at a time, each new sentence taking the row the last one freed (no row idles
-        while a long sentence finishes). The same numbers as `embed_batch`, sentence by sentence.
-        Memory is bounded: at most `POSITION_BUDGET` positions (or one sentence) run at once."""
+        while a long sentence finishes); None: the engine's choice for each group of sentences run
+        at once (`elmokit.inference.engine.default_rows`). The same numbers as `embed_batch`,
+        sentence by sentence, whatever the rows. Memory is bounded: at most `POSITION_BUDGET`
+        positions (or one sentence) run at once."""
         if self.carried is not None:
             raise ValueError("embed_many is stateless; a stateful embedder embeds with embed_batch")
         check_sentences(sentences)
+        given = None if rows is None else self.rows_for(rows, "rows")
         sizes = np.fromiter(map(len, sentences), np.int64, len(sentences)) + 2
         results: list[np.ndarray] = []
         start = 0
         while start < len(sentences):  # consecutive groups of at most POSITION_BUDGET positions
             end = max(start + 1, int(np.searchsorted(np.cumsum(sizes[start:]), self.POSITION_BUDGET, "right")) + start)
-            results.extend(self._embed_streamed(sentences[start:end], rows))
+            group_rows = given or default_rows(self.bilm.lstm.cell_dim, int(sizes[start:end].sum()))
+            results.extend(self._embed_streamed(sentences[start:end], group_rows))
             start = end
         return results
 
@@ -175,27 +203,28 @@ class ElmoEmbedder:
         return [np.stack([layer[start:start + n] for layer in layers])  # (L+1, n, 2P), its own copy
                 for start, n in zip(first.tolist(), lengths.tolist())]
 
-    def embed_sentences(self, sentences: Iterable[Sequence[str]], batch_size: int = 64) -> Iterator[np.ndarray]:
-        """A generator: the sentences in order, embedded `batch_size` at a time.
+    def embed_sentences(self, sentences: Iterable[Sequence[str]], batch_size: int | None = None
+                        ) -> Iterator[np.ndarray]:
+        """A generator: the sentences in order, embedded `batch_size` at a time (None: the
+        engine's choice, `rows_for`).
 
         Stateless, windows of up to `STREAM_WINDOW` batches and `POSITION_BUDGET` positions go
         through `embed_many` with `batch_size` rows in the recurrence (the results do not depend on the batching). Stateful,
         batches are consecutive groups, as in the original.
         """
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        rows = self.rows_for(batch_size)
         if isinstance(sentences, (str, bytes)):
             raise TypeError(f"sentences must be an iterable of token lists, got {type(sentences).__name__} "
                             f"{sentences!r:.60}")
         if self.carried is not None:
             iterator = iter(sentences)
-            while batch := list(itertools.islice(iterator, batch_size)):
+            while batch := list(itertools.islice(iterator, rows)):
                 yield from self.embed_batch(batch)
             return
-        for window in position_windows(sentences, batch_size * self.STREAM_WINDOW, self.POSITION_BUDGET):
-            yield from self.embed_many(window, rows=batch_size)
+        for window in position_windows(sentences, self.window_sentences(batch_size), self.POSITION_BUDGET):
+            yield from self.embed_many(window, rows=batch_size)  # None: the engine's rows for each window
 
-    def sentence_vectors(self, sentences: Iterable[Sequence[str]], batch_size: int = 64,
+    def sentence_vectors(self, sentences: Iterable[Sequence[str]], batch_size: int | None = None,
                          output_format: str = "average") -> np.ndarray:
         """One vector per sentence, float32 (N, 2P): the mean over its tokens of the equal-weight
         average of the layers (`output_format="average"`, TF-Hub's `default` before training), or
@@ -210,7 +239,7 @@ class ElmoEmbedder:
         return np.stack(vectors)
 
     def embed_file(self, input_file: str | Path | IO, output_file_path: str | Path, output_format: str = "all",
-                   batch_size: int = 64, forget_sentences: bool = False, use_sentence_keys: bool = False, *,
+                   batch_size: int | None = None, forget_sentences: bool = False, use_sentence_keys: bool = False, *,
                    overwrite: bool = False) -> None:
         """Embed a file of whitespace-tokenized sentences, one per line, into HDF5 (as AllenNLP's).
 

@@ -106,7 +106,11 @@ class Embedder(Protocol):
 
     def embed_batch(self, batch: Sequence[Sequence[str]]) -> list[np.ndarray]: ...
 
-    def embed_many(self, sentences: Sequence[Sequence[str]], rows: int = 64) -> list[np.ndarray]: ...
+    def embed_many(self, sentences: Sequence[Sequence[str]], rows: int | None = None) -> list[np.ndarray]: ...
+
+    def rows_for(self, batch_size: int | None) -> int: ...
+
+    def window_sentences(self, batch_size: int | None) -> int: ...
 
 
 @dataclass
@@ -120,7 +124,7 @@ class EmbedOptions:
     forget_sentences: bool = False  # no sentence_to_index
     tokenize: bool = False  # Moses-tokenize raw text instead of splitting on whitespace
     lang: str = "en"  # Moses language, with tokenize
-    batch_size: int = 64  # sentences (or windows of a long sentence) per forward pass
+    batch_size: int | None = None  # rows of the recurrence (stateful: sentences a batch); None: the engine's choice
     max_length: int = 256  # longer sentences are embedded in overlapping windows of this length
     overlap: int = 32  # context tokens kept on each side of a window's used part
     checkpoint_every: int = 2000  # sentences per segment file (the unit of --resume)
@@ -133,7 +137,7 @@ class EmbedOptions:
             raise ValueError("use-sentence-keys names HDF5 datasets or .npz members; a Parquet output keys "
                              "its rows by the `line` column and holds the text in `sentence`: drop it")
         for name in ("batch_size", "checkpoint_every"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.overlap < 0 or self.max_length <= 2 * self.overlap:
             raise ValueError(f"max-length ({self.max_length}) must be more than twice the overlap "
@@ -219,7 +223,7 @@ def split_windows(n_tokens: int, max_length: int, overlap: int) -> list[tuple[in
     return windows
 
 
-def embed_sentences(embedder: Embedder, sentences: Iterable[Sequence[str]], batch_size: int = 64,
+def embed_sentences(embedder: Embedder, sentences: Iterable[Sequence[str]], batch_size: int | None = None,
                     max_length: int = 256, overlap: int = 32) -> Iterator[np.ndarray]:
     """(L+1, n_i, 2P) float32 per sentence, in order; no sentence is ever longer than `max_length`
     for the model (see `split_windows`). Stateless, a window of `STREAM_WINDOW` batches streams
@@ -229,24 +233,26 @@ def embed_sentences(embedder: Embedder, sentences: Iterable[Sequence[str]], batc
         yield from group
 
 
-def embed_sentence_groups(embedder: Embedder, sentences: Iterable[Sequence[str]], batch_size: int = 64,
+def embed_sentence_groups(embedder: Embedder, sentences: Iterable[Sequence[str]], batch_size: int | None = None,
                           max_length: int = 256, overlap: int = 32) -> Iterator[list[np.ndarray]]:
     """`embed_sentences` as the lists of arrays that are computed at once (a window of batches):
-    what a progress bar counts, since the sentences of a group are all done at the same moment."""
+    what a progress bar counts, since the sentences of a group are all done at the same moment.
+    `batch_size` None: the engine's choice (`ElmoEmbedder.rows_for`, and `embed_many`'s for each window)."""
     stateful = embedder.carried is not None
+    rows = embedder.rows_for(batch_size)
     if stateful:  # the original's batches: `batch_size` consecutive sentences share the carried state
         iterator = iter(sentences)
-        batches = iter(lambda: list(itertools.islice(iterator, batch_size)), [])
+        batches = iter(lambda: list(itertools.islice(iterator, rows)), [])
     else:
-        batches = position_windows(sentences, batch_size * embedder.STREAM_WINDOW,
+        batches = position_windows(sentences, embedder.window_sentences(batch_size),
                                    embedder.POSITION_BUDGET)
     for batch in batches:
         pieces = [(row, piece) for row, sentence in enumerate(batch)
                   for piece in split_windows(len(sentence), max_length, overlap)]
         texts = [batch[row][start:end] for row, (start, end, _, _) in pieces]
         if stateful:
-            layers = [array for first in range(0, len(texts), batch_size)
-                      for array in embedder.embed_batch(texts[first:first + batch_size])]
+            layers = [array for first in range(0, len(texts), rows)
+                      for array in embedder.embed_batch(texts[first:first + rows])]
         else:
             layers = embedder.embed_many(texts, rows=batch_size)
         kept = [array[:, keep_from - start:keep_to - start]  # (L+1, k, 2P)
@@ -340,9 +346,10 @@ def start_progress(partial: Path, rank: int, identity: dict, resume: bool) -> Ra
             raise ValueError(f"cannot resume {partial}: it was made with a different "
                              f"{', '.join(key for key in changed if key != 'batch_size')}; "
                              "run without resume=True to start over")
-        if changed and progress.identity.get("batch_size") is not None:
-            log.warning(f"resuming {partial} at batch size {identity['batch_size']}, where it was made at "
-                        f"{progress.identity['batch_size']}: the vectors are the same up to float32 rounding "
+        if changed and "batch_size" in progress.identity:  # (older partials did not record it)
+            now, then = (f"{size} rows" if size else "the engine's rows" for size in
+                         (identity["batch_size"], progress.identity["batch_size"]))
+            log.warning(f"resuming {partial} at {now}, where it was made at {then}: the vectors are the same up to float32 rounding "
                         "(products of other shapes round differently, within 2e-6), not bit for bit")
         progress.identity = identity
     else:
