@@ -30,14 +30,14 @@ from elmokit.progress import progress_bar
 # ---------------------------------------------------------------------------------------------
 # Frozen biLM: every sentence's layers computed once
 # ---------------------------------------------------------------------------------------------
-def compute_layers(bilm: BiLM, sentences: Sequence[Sequence[str]], batch_size: int = 64,
+def compute_layers(bilm: BiLM, sentences: Sequence[Sequence[str]], batch_size: int | None = None,
                    dtype: torch.dtype = torch.float16, progress: bool = True, desc: str = "ELMo layers",
                    device: str | torch.device | None = None, bilm_dtype: str | torch.dtype | None = None
                    ) -> list[torch.Tensor]:
     """The (L+1, n, 2P) layers of each sentence from a frozen biLM, stored (on the CPU) as `dtype`.
 
-    The sentences stream through `batch_size` rows of the recurrence (`ElmoEmbedder.embed_many`):
-    exact whatever the batching, since the biLM is stateless. The biLM runs on `device` (default:
+    The sentences stream through `batch_size` rows of the recurrence (`ElmoEmbedder.embed_many`;
+    None: the engine's choice, `ElmoEmbedder.rows_for`): exact whatever the batching, since the biLM is stateless. The biLM runs on `device` (default:
     where it is; it is moved there) with its products in `bilm_dtype` (default float32; bfloat16
     runs a converted copy, the biLM itself is left as it is).
     """
@@ -46,7 +46,7 @@ def compute_layers(bilm: BiLM, sentences: Sequence[Sequence[str]], batch_size: i
         bilm = copy.deepcopy(bilm)
     embedder = ElmoEmbedder(module=bilm, device=device if device is not None else module_device(bilm),
                             dtype=bilm_dtype)
-    window = batch_size * ElmoEmbedder.STREAM_WINDOW
+    window = embedder.window_sentences(batch_size)
     layers: list[torch.Tensor] = []
     bar = progress_bar(total=len(sentences), desc=desc, unit="sent", enabled=progress, leave=False)
     for start in range(0, len(sentences), window):
