@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from elmokit import ElmoConfig, ElmoEmbedder
 from elmokit.cli import main
@@ -39,13 +40,16 @@ def test_default_rows_within_the_gate_budget_and_its_ceiling(tiny_model):
     assert engine.default_rows(1 << 16, 1 << 20) == 16  # the gate budget under the floor of 32: the budget wins
 
 
-def recorded_rows(monkeypatch) -> list[int]:
-    """The rows every call of the engine runs with, from here on."""
+def recorded_rows(monkeypatch, groups: list[int] | None = None) -> list[int]:
+    """The rows every call of the engine runs with, from here on (and into `groups`, the
+    sentences of each call)."""
     seen: list[int] = []
     real = embedder_module.contextualize_sentences
 
     def recording(bilm, token_embeddings, sizes, rows):
         seen.append(rows)
+        if groups is not None:
+            groups.append(len(sizes))
         return real(bilm, token_embeddings, sizes, rows)
 
     monkeypatch.setattr(embedder_module, "contextualize_sentences", recording)
@@ -61,7 +65,8 @@ def same_vectors(a: list[np.ndarray], b: list[np.ndarray]) -> None:
 def test_no_batch_size_runs_the_engines_rows_and_the_same_vectors(tiny_model, monkeypatch):
     embedder = ElmoEmbedder(module=tiny_model)
     explicit = list(embedder.embed_sentences(SENTENCES, batch_size=3))
-    seen = recorded_rows(monkeypatch)
+    groups: list[int] = []
+    seen = recorded_rows(monkeypatch, groups)
     same_vectors(explicit, list(embedder.embed_sentences(SENTENCES)))
     assert seen == [32]  # one call of ~2,000 positions: 15 streams of 128, so the floor of 32 rows
     seen.clear()
@@ -69,10 +74,12 @@ def test_no_batch_size_runs_the_engines_rows_and_the_same_vectors(tiny_model, mo
     embedder.embed_many(SENTENCES)
     assert len(seen) > 1 and set(seen) == {32}
     seen.clear()
-    many = SENTENCES * 10  # 3,000 sentences, ~22,000 positions: a full call of 16,384 runs 128 rows
+    groups.clear()
+    many = SENTENCES * 10  # 3,000 sentences, ~22,000 positions: a full window of 16,384 runs 128 rows...
     monkeypatch.setattr(embedder, "POSITION_BUDGET", ElmoEmbedder.POSITION_BUDGET)
     vectors = embedder.sentence_vectors(many)
-    assert seen[0] == 128 and all(rows in (32, 64, 128) for rows in seen)
+    assert seen == [128, 128]  # ...and so does the short last window: one row count a stream
+    assert groups[0] > 128 * ElmoEmbedder.STREAM_WINDOW  # the positions close a window, not 16 batches of 128
     np.testing.assert_allclose(vectors, embedder.sentence_vectors(many, batch_size=7), rtol=0, atol=2e-6)
     seen.clear()
     list(embedder.embed_sentences(SENTENCES, batch_size=5))  # given: honoured
@@ -117,7 +124,7 @@ def test_a_batch_size_that_is_no_int_is_refused(tiny_model, bad):
         list(ElmoEmbedder(module=tiny_model).embed_sentences(SENTENCES, batch_size=bad))
 
 
-def test_embed_file_and_the_cli_leave_the_rows_to_the_engine(model_dir, tmp_path, monkeypatch):
+def test_embed_file_and_the_cli_leave_the_rows_to_the_engine(model_dir, tiny_model, tmp_path, monkeypatch):
     """No --batch-size: the engine's rows, and the progress kept for a resume says so (None)."""
     text = tmp_path / "in.txt"
     text.write_text("\n".join(" ".join(s) for s in SENTENCES) + "\n")
@@ -136,6 +143,10 @@ def test_embed_file_and_the_cli_leave_the_rows_to_the_engine(model_dir, tmp_path
     assert main(["embed", str(text), str(tmp_path / "b.hdf5"), "--model", str(model_dir), "--no-progress",
                  "--batch-size", "9"]) == 0
     assert set(seen) == {9} and identities[1]["batch_size"] == 9
+    seen.clear()  # two windows in one segment: the second, short, runs the first's rows (weights reordered once)
+    text.write_text("\n".join(" ".join(s) for s in SENTENCES * 10) + "\n")
+    files.embed_file(ElmoEmbedder(module=tiny_model), text, tmp_path / "c.hdf5", files.EmbedOptions(checkpoint_every=5000))
+    assert seen == [128, 128]
 
 
 def test_the_cli_on_ray_keeps_rays_batch_unless_given(model_dir, tmp_path, monkeypatch):
@@ -151,3 +162,13 @@ def test_the_cli_on_ray_keeps_rays_batch_unless_given(model_dir, tmp_path, monke
         assert main(["embed", str(text), str(tmp_path / f"out{len(extra)}"), "--model", str(model_dir), "--ray",
                      "local", "--no-progress", *extra]) == 0
     assert "batch_size" not in calls[0] and calls[1]["batch_size"] == 64
+
+
+def test_task_features_leave_the_rows_to_the_engine(tiny_model, monkeypatch):
+    from elmokit.tasks.features import compute_layers
+
+    explicit = compute_layers(tiny_model, SENTENCES, batch_size=5, progress=False, dtype=torch.float32)
+    seen = recorded_rows(monkeypatch)
+    chosen = compute_layers(tiny_model, SENTENCES, progress=False, dtype=torch.float32)
+    assert seen == [32]  # ~2,000 positions: the floor
+    same_vectors([t.numpy() for t in explicit], [t.numpy() for t in chosen])

@@ -110,7 +110,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch-size", type=int, default=None,
                         help="sentences in the recurrence at once (default: the engine's choice, 128 rows "
                              "for a full window of sentences, fewer for a short input); with --ray, a Ray batch "
-                             "is 4x this many lines (default 256)")
+                             "is 4x this many lines (default 256) and each actor runs 64 rows")
     parser.add_argument("--max-length", type=int, default=256,
                         help="longest sentence embedded in one piece; longer ones go in overlapping "
                              "windows (default: 256 tokens)")

@@ -148,7 +148,7 @@ class ElmoEmbedder:
         """What a `batch_size` argument means here: itself when given (an int >= 1, else an error
         naming `name`); None leaves the choice to the engine: a stateless embedder's rows of the
         recurrence for a full call of `POSITION_BUDGET` positions (`elmokit.inference.engine.default_rows`:
-        128 rows for every shape; `embed_many` takes fewer for a shorter call), a stateful one's
+        128 rows for every published shape; `stream_rows` takes fewer for a shorter input), a stateful one's
         batches AllenNLP's 64 consecutive sentences. On a GPU, where more rows pay further, give
         the rows (docs/gpu.md)."""
         if batch_size is None:
@@ -163,27 +163,37 @@ class ElmoEmbedder:
     def window_sentences(self, batch_size: int | None) -> int:
         """Sentences `embed_sentences` hands `embed_many` at once, stateless: `STREAM_WINDOW`
         batches of `batch_size`; with None, as many as `POSITION_BUDGET` positions hold (so that a
-        window of short sentences still fills the engine's rows, `embed_many`)."""
-        return self.rows_for(batch_size) * self.STREAM_WINDOW if batch_size is not None else self.POSITION_BUDGET // 2
+        window of short sentences still fills the engine's rows, `stream_rows`)."""
+        if batch_size is not None:
+            return self.rows_for(batch_size) * self.STREAM_WINDOW
+        return max(1, self.POSITION_BUDGET // 2)
+
+    def stream_rows(self, sentences: Sequence[Sequence[str]]) -> int:
+        """The engine's rows for these sentences run at once (at most `POSITION_BUDGET` positions
+        count): `elmokit.inference.engine.default_rows`. A stream of windows (`embed_sentences`,
+        `elmo embed`) takes its first window's rows for every window: one row count, so the
+        layers' reordered weights (made for a row count, one set kept) are made once."""
+        positions = sum(len(sentence) + 2 for sentence in sentences)
+        return default_rows(self.bilm.lstm.cell_dim, min(positions, self.POSITION_BUDGET))
 
     def embed_many(self, sentences: Sequence[Sequence[str]], rows: int | None = None) -> list[np.ndarray]:
         """Stateless: one float32 array (L+1, n_i, 2P) per sentence, `rows` sentences in the
         recurrence at a time, each new sentence taking the row the last one freed (no row idles
         while a long sentence finishes); None: the engine's choice for each group of sentences run
-        at once (`elmokit.inference.engine.default_rows`). The same numbers as `embed_batch`,
+        at once (`stream_rows`). The same numbers as `embed_batch`,
         sentence by sentence, whatever the rows. Memory is bounded: at most `POSITION_BUDGET`
         positions (or one sentence) run at once."""
         if self.carried is not None:
             raise ValueError("embed_many is stateless; a stateful embedder embeds with embed_batch")
         check_sentences(sentences)
-        given = None if rows is None else self.rows_for(rows, "rows")
+        rows = None if rows is None else self.rows_for(rows, "rows")
         sizes = np.fromiter(map(len, sentences), np.int64, len(sentences)) + 2
         results: list[np.ndarray] = []
         start = 0
         while start < len(sentences):  # consecutive groups of at most POSITION_BUDGET positions
             end = max(start + 1, int(np.searchsorted(np.cumsum(sizes[start:]), self.POSITION_BUDGET, "right")) + start)
-            group_rows = given or default_rows(self.bilm.lstm.cell_dim, int(sizes[start:end].sum()))
-            results.extend(self._embed_streamed(sentences[start:end], group_rows))
+            group = sentences[start:end]
+            results.extend(self._embed_streamed(group, rows or self.stream_rows(group)))
             start = end
         return results
 
@@ -222,7 +232,8 @@ class ElmoEmbedder:
                 yield from self.embed_batch(batch)
             return
         for window in position_windows(sentences, self.window_sentences(batch_size), self.POSITION_BUDGET):
-            yield from self.embed_many(window, rows=batch_size)  # None: the engine's rows for each window
+            batch_size = batch_size or self.stream_rows(window)  # None: the first window's, for every window
+            yield from self.embed_many(window, rows=batch_size)
 
     def sentence_vectors(self, sentences: Iterable[Sequence[str]], batch_size: int | None = None,
                          output_format: str = "average") -> np.ndarray:

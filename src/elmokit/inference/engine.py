@@ -39,7 +39,7 @@ from elmokit.model.lstm import BiLstm, BiLstmLayer, LstmState
 GATE_BUDGET = 1 << 23  # floats of precomputed gate inputs held at once by `stream_layer` (32 MB)
 GRAPH_GATE_BUDGET = 1 << 28  # the same in a CUDA graph's block (1 GB of float32 a layer's graph)
 PACKED_KEY = "_packed_products"  # where a BiLstmLayer keeps its reordered weights (see its __getstate__)
-STREAM_POSITIONS = 128  # positions a stream carries in one call at least, for `default_rows` (~8 English sentences)
+STREAM_POSITIONS = 128  # positions a stream carries in one call, for `default_rows` (~5 sentences of 25 tokens)
 FEWEST_DEFAULT_ROWS = 32  # `default_rows`' floor (within the gate budget), however short the call
 MAX_DEFAULT_ROWS = 4096  # `default_rows`' ceiling whatever the budgets
 
@@ -280,7 +280,8 @@ def default_rows(cell_dim: int, positions: int) -> int:
     `GATE_BUDGET`: the `original` shape 256 rows) and the streams' length (about `STREAM_POSITIONS`
     positions a stream, the power of two nearest: the streams end within one sentence of each
     other, so streams of a few sentences would idle for much of the last one; a power of two, so
-    that the calls share a few row counts and their reordered weights), but never fewer than `FEWEST_DEFAULT_ROWS`
+    that calls of similar sizes run one row count: `layer_products` keeps the weights reordered for
+    one), but never fewer than `FEWEST_DEFAULT_ROWS`
     (below, a step's products wait on reading the weights; `stream_layout` makes no more streams
     than there are sentences). ElmoEmbedder's 16,384 positions a call give 128 rows; measured
     against 32 and 64 rows in bench/results/embed-rows.md. The vectors do not depend on the rows."""

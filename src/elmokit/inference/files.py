@@ -112,6 +112,8 @@ class Embedder(Protocol):
 
     def window_sentences(self, batch_size: int | None) -> int: ...
 
+    def stream_rows(self, sentences: Sequence[Sequence[str]]) -> int: ...
+
 
 @dataclass
 class EmbedOptions:
@@ -237,7 +239,8 @@ def embed_sentence_groups(embedder: Embedder, sentences: Iterable[Sequence[str]]
                           max_length: int = 256, overlap: int = 32) -> Iterator[list[np.ndarray]]:
     """`embed_sentences` as the lists of arrays that are computed at once (a window of batches):
     what a progress bar counts, since the sentences of a group are all done at the same moment.
-    `batch_size` None: the engine's choice (`ElmoEmbedder.rows_for`, and `embed_many`'s for each window)."""
+    `batch_size` None: the engine's choice (`ElmoEmbedder.rows_for`; stateless, the first window's
+    `ElmoEmbedder.stream_rows` for every window)."""
     stateful = embedder.carried is not None
     rows = embedder.rows_for(batch_size)
     if stateful:  # the original's batches: `batch_size` consecutive sentences share the carried state
@@ -254,6 +257,7 @@ def embed_sentence_groups(embedder: Embedder, sentences: Iterable[Sequence[str]]
             layers = [array for first in range(0, len(texts), rows)
                       for array in embedder.embed_batch(texts[first:first + rows])]
         else:
+            batch_size = batch_size or embedder.stream_rows(texts)  # one row count for the whole stream
             layers = embedder.embed_many(texts, rows=batch_size)
         kept = [array[:, keep_from - start:keep_to - start]  # (L+1, k, 2P)
                 for array, (_, (start, _, keep_from, keep_to)) in zip(layers, pieces)]

@@ -36,9 +36,9 @@ def compute_layers(bilm: BiLM, sentences: Sequence[Sequence[str]], batch_size: i
                    ) -> list[torch.Tensor]:
     """The (L+1, n, 2P) layers of each sentence from a frozen biLM, stored (on the CPU) as `dtype`.
 
-    The sentences stream through `batch_size` rows of the recurrence (`ElmoEmbedder.embed_many`;
-    None: the engine's choice, `ElmoEmbedder.rows_for`): exact whatever the batching, since the biLM is stateless. The biLM runs on `device` (default:
-    where it is; it is moved there) with its products in `bilm_dtype` (default float32; bfloat16
+    The sentences stream through `batch_size` rows of the recurrence (`ElmoEmbedder.embed_sentences`;
+    None: the engine's choice): exact whatever the batching, since the biLM is stateless. The biLM
+    runs on `device` (default: where it is; it is moved there) with its products in `bilm_dtype` (default float32; bfloat16
     runs a converted copy, the biLM itself is left as it is).
     """
     bilm_dtype = resolve_dtype(bilm_dtype)
@@ -46,13 +46,11 @@ def compute_layers(bilm: BiLM, sentences: Sequence[Sequence[str]], batch_size: i
         bilm = copy.deepcopy(bilm)
     embedder = ElmoEmbedder(module=bilm, device=device if device is not None else module_device(bilm),
                             dtype=bilm_dtype)
-    window = embedder.window_sentences(batch_size)
     layers: list[torch.Tensor] = []
     bar = progress_bar(total=len(sentences), desc=desc, unit="sent", enabled=progress, leave=False)
-    for start in range(0, len(sentences), window):
-        chunk = sentences[start:start + window]
-        layers.extend(torch.from_numpy(array).to(dtype) for array in embedder.embed_many(chunk, rows=batch_size))
-        bar.update(len(chunk))
+    for array in embedder.embed_sentences(sentences, batch_size):  # windows of POSITION_BUDGET positions at most
+        layers.append(torch.from_numpy(array).to(dtype))
+        bar.update(1)
     bar.close()
     return layers
 
