@@ -476,10 +476,10 @@ def reading_lines(best: dict, ceilings: dict, errors: list, kernels: dict) -> li
 
 def rows_lines(best: dict) -> list[str]:
     """Where several row counts were measured: each configuration's tokens/s at each, and the
-    rows the engine runs when none is given (`engine.default_rows` at ElmoEmbedder's budget)
+    rows the engine runs when none is given (`streams.default_rows` at ElmoEmbedder's budget)
     against the others."""
     from elmokit import ElmoConfig, ElmoEmbedder
-    from elmokit.inference.engine import default_rows
+    from elmokit.inference.streams import default_rows
 
     lines = []
     for shape, cache, dtype in sorted({(key[0], key[2], key[3]) for key in best}):

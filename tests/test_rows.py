@@ -1,5 +1,5 @@
 """The rows of the recurrence when the caller leaves the choice to the engine (batch_size=None):
-`engine.default_rows` from its budgets, what ElmoEmbedder, embed_file and `elmo embed` run with it,
+`streams.default_rows` from its budgets, what ElmoEmbedder, embed_file and `elmo embed` run with it,
 and the same vectors whatever the rows."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from elmokit import ElmoConfig, ElmoEmbedder
 from elmokit.cli import main
 from elmokit.inference import embedder as embedder_module
-from elmokit.inference import engine
+from elmokit.inference import streams
 from elmokit.inference import files
 
 WORDS = ["The", "cat", "sat", ".", "A", "dog", "Colorless", "green", "ideas", "sleep", "furiously", "x", "!"]
@@ -32,12 +32,12 @@ SENTENCES = [[WORDS[i] for i in RNG.integers(0, len(WORDS), RNG.integers(0, 12))
     ("small", 70 * 128, 64),
 ])
 def test_default_rows_follows_its_budgets(shape, positions, expected):
-    assert engine.default_rows(ElmoConfig.from_name(shape).lstm.cell_dim, positions) == expected
+    assert streams.default_rows(ElmoConfig.from_name(shape).lstm.cell_dim, positions) == expected
 
 
 def test_default_rows_within_the_gate_budget_and_its_ceiling(tiny_model):
-    assert engine.default_rows(tiny_model.lstm.cell_dim, 1 << 40) == engine.MAX_DEFAULT_ROWS
-    assert engine.default_rows(1 << 16, 1 << 20) == 16  # the gate budget under the floor of 32: the budget wins
+    assert streams.default_rows(tiny_model.lstm.cell_dim, 1 << 40) == streams.MAX_DEFAULT_ROWS
+    assert streams.default_rows(1 << 16, 1 << 20) == 16  # the gate budget under the floor of 32: the budget wins
 
 
 def recorded_rows(monkeypatch, groups: list[int] | None = None) -> list[int]:

@@ -31,7 +31,8 @@ from elmokit.inference.elmo import (
     token_layers,
     run_bilm,
 )
-from elmokit.inference.engine import bilm_contextualize, contextualize_sentences, default_rows
+from elmokit.inference.engine import bilm_contextualize, contextualize_sentences
+from elmokit.inference.streams import default_rows
 from elmokit.inference.layers import check_output_format, shape_output
 from elmokit.inference.windows import check_sentences, check_tokens, position_windows
 from elmokit.model.bilm import BiLM, BiLMOutput
@@ -147,7 +148,7 @@ class ElmoEmbedder:
     def rows_for(self, batch_size: int | None, name: str = "batch_size") -> int:
         """What a `batch_size` argument means here: itself when given (an int >= 1, else an error
         naming `name`); None leaves the choice to the engine: a stateless embedder's rows of the
-        recurrence for a full call of `POSITION_BUDGET` positions (`elmokit.inference.engine.default_rows`:
+        recurrence for a full call of `POSITION_BUDGET` positions (`elmokit.inference.streams.default_rows`:
         128 rows for every published shape; `stream_rows` takes fewer for a shorter input), a stateful one's
         batches AllenNLP's 64 consecutive sentences. On a GPU, where more rows pay further, give
         the rows (docs/gpu.md)."""
@@ -170,7 +171,7 @@ class ElmoEmbedder:
 
     def stream_rows(self, sentences: Sequence[Sequence[str]]) -> int:
         """The engine's rows for these sentences run at once (at most `POSITION_BUDGET` positions
-        count): `elmokit.inference.engine.default_rows`. A stream of windows (`embed_sentences`,
+        count): `elmokit.inference.streams.default_rows`. A stream of windows (`embed_sentences`,
         `elmo embed`) takes its first window's rows for every window: one row count, so the
         layers' reordered weights (made for a row count, one set kept) are made once."""
         positions = sum(len(sentence) + 2 for sentence in sentences)

@@ -22,26 +22,21 @@ P projection dim, C cell dim, L layers, D = 2 directions, U steps, R rows of the
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from elmokit.inference import cuda_graphs
-from elmokit.inference.streams import StreamLayout, stream_layout
+from elmokit.inference.streams import GATE_BUDGET, StreamLayout, stream_layout
 from elmokit.int8 import Int8Linear, is_int8, stream_linear
 from elmokit.kernels import PackedLinear, weights_key
 from elmokit.model import cell as lstm_cell
 from elmokit.model.bilm import BiLM, BiLMOutput
 from elmokit.model.lstm import BiLstm, BiLstmLayer, LstmState
 
-GATE_BUDGET = 1 << 23  # floats of precomputed gate inputs held at once by `stream_layer` (32 MB)
 GRAPH_GATE_BUDGET = 1 << 28  # the same in a CUDA graph's block (1 GB of float32 a layer's graph)
 PACKED_KEY = "_packed_products"  # where a BiLstmLayer keeps its reordered weights (see its __getstate__)
-STREAM_POSITIONS = 128  # positions a stream carries in one call, for `default_rows` (~5 sentences of 25 tokens)
-FEWEST_DEFAULT_ROWS = 32  # `default_rows`' floor (within the gate budget), however short the call
-MAX_DEFAULT_ROWS = 4096  # `default_rows`' ceiling whatever the budgets
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,28 +261,6 @@ def graphed_blocks(products: BatchedStreamProducts, inputs: torch.Tensor, bias: 
                                                           outputs.unbind(0), clips),
             state, steps, inputs, bias)
     return products.graphs[key]
-
-
-def default_rows(cell_dim: int, positions: int) -> int:
-    """The rows of the recurrence where the caller leaves the choice to the engine, for a call of
-    `positions` positions (at most its budget) through an LSTM of `cell_dim` cells: the most the
-    budgets allow, a power of two.
-
-    More rows make a step's products larger (a step reads the recurrent and projection weights
-    once, whatever the rows: more work for each byte read, closer to the kernel's peak, most of all
-    where the products are fast: AMX, a GPU) and share a step's fixed costs, so they pay until the
-    budgets stop them: memory (a step's gate inputs of both directions, 2 R 4C floats, within
-    `GATE_BUDGET`: the `original` shape 256 rows) and the streams' length (about `STREAM_POSITIONS`
-    positions a stream, the power of two nearest: the streams end within one sentence of each
-    other, so streams of a few sentences would idle for much of the last one; a power of two, so
-    that calls of similar sizes run one row count: `layer_products` keeps the weights reordered for
-    one), but never fewer than `FEWEST_DEFAULT_ROWS`
-    (below, a step's products wait on reading the weights; `stream_layout` makes no more streams
-    than there are sentences). ElmoEmbedder's 16,384 positions a call give 128 rows; measured
-    against 32 and 64 rows in bench/results/embed-rows.md. The vectors do not depend on the rows."""
-    by_length = 1 << round(math.log2(max(positions / STREAM_POSITIONS, 1)))  # the nearest power of two
-    by_memory = 1 << max(0, (GATE_BUDGET // (2 * 4 * cell_dim)).bit_length() - 1)  # the power of two within
-    return min(max(by_length, FEWEST_DEFAULT_ROWS), by_memory, MAX_DEFAULT_ROWS)
 
 
 def candidate_doubled(layer: BiLstmLayer) -> torch.Tensor:

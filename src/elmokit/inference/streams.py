@@ -1,14 +1,21 @@
 """Sentences laid end to end in R streams (`stream_layout`), the layout the inference engine
 (`elmokit.inference.engine`) runs: every row of the recurrence busy until the end, each sentence
-still from a zero state."""
+still from a zero state; and how many rows where the caller leaves it to the engine
+(`default_rows`)."""
 
 from __future__ import annotations
 
 import heapq
+import math
 from typing import NamedTuple
 
 import numpy as np
 import torch
+
+GATE_BUDGET = 1 << 23  # floats of precomputed gate inputs held at once by `engine.stream_layer` (32 MB)
+STREAM_POSITIONS = 128  # positions a stream carries in one call, for `default_rows` (~5 sentences of 25 tokens)
+FEWEST_DEFAULT_ROWS = 32  # `default_rows`' floor (within the gate budget), however short the call
+MAX_DEFAULT_ROWS = 4096  # `default_rows`' ceiling whatever the budgets
 
 
 class StreamLayout(NamedTuple):
@@ -50,3 +57,24 @@ def stream_layout(sizes: np.ndarray, rows: int) -> StreamLayout:
     starts[offset, stream] = True
     return StreamLayout(torch.from_numpy(forward), torch.from_numpy(backward),
                          torch.from_numpy(starts), starts.any(axis=1).tolist())
+
+
+def default_rows(cell_dim: int, positions: int) -> int:
+    """The rows of the recurrence where the caller leaves the choice to the engine, for a call of
+    `positions` positions (at most its budget) through an LSTM of `cell_dim` cells: the most the
+    budgets allow, a power of two.
+
+    More rows make a step's products larger (a step reads the recurrent and projection weights
+    once, whatever the rows: more work for each byte read, closer to the kernel's peak, most of all
+    where the products are fast: AMX, a GPU) and share a step's fixed costs, so they pay until the
+    budgets stop them: memory (a step's gate inputs of both directions, 2 R 4C floats, within
+    `GATE_BUDGET`: the `original` shape 256 rows) and the streams' length (about `STREAM_POSITIONS`
+    positions a stream, the power of two nearest: the streams end within one sentence of each
+    other, so streams of a few sentences would idle for much of the last one; a power of two, so
+    that calls of similar sizes run one row count: `engine.layer_products` keeps the weights
+    reordered for one), but never fewer than `FEWEST_DEFAULT_ROWS` (below, a step's products wait
+    on reading the weights; `stream_layout` makes no more streams than there are sentences). ElmoEmbedder's 16,384 positions a call give 128 rows; measured
+    against 32 and 64 rows in bench/results/embed-rows.md. The vectors do not depend on the rows."""
+    by_length = 1 << round(math.log2(max(positions / STREAM_POSITIONS, 1)))  # the nearest power of two
+    by_memory = 1 << max(0, (GATE_BUDGET // (2 * 4 * cell_dim)).bit_length() - 1)  # the power of two within
+    return min(max(by_length, FEWEST_DEFAULT_ROWS), by_memory, MAX_DEFAULT_ROWS)
