@@ -145,7 +145,8 @@ def test_embed_file_and_the_cli_leave_the_rows_to_the_engine(model_dir, tiny_mod
     assert set(seen) == {9} and identities[1]["batch_size"] == 9
     seen.clear()  # two windows in one segment: the second, short, runs the first's rows (weights reordered once)
     text.write_text("\n".join(" ".join(s) for s in SENTENCES * 10) + "\n")
-    files.embed_file(ElmoEmbedder(module=tiny_model), text, tmp_path / "c.hdf5", files.EmbedOptions(checkpoint_every=5000))
+    files.embed_file(ElmoEmbedder(module=tiny_model), text, tmp_path / "c.hdf5",
+                     files.EmbedOptions(checkpoint_every=5000))
     assert seen == [128, 128]
 
 

@@ -353,8 +353,8 @@ def start_progress(partial: Path, rank: int, identity: dict, resume: bool) -> Ra
         if changed and "batch_size" in progress.identity:  # (older partials did not record it)
             now, then = (f"{size} rows" if size else "the engine's rows" for size in
                          (identity["batch_size"], progress.identity["batch_size"]))
-            log.warning(f"resuming {partial} at {now}, where it was made at {then}: the vectors are the same up to float32 rounding "
-                        "(products of other shapes round differently, within 2e-6), not bit for bit")
+            log.warning(f"resuming {partial} at {now}, where it was made at {then}: the vectors are the same up to "
+                        "float32 rounding (products of other shapes round differently, within 2e-6), not bit for bit")
         progress.identity = identity
     else:
         progress = RankProgress(path, identity)

@@ -73,8 +73,9 @@ def default_rows(cell_dim: int, positions: int) -> int:
     other, so streams of a few sentences would idle for much of the last one; a power of two, so
     that calls of similar sizes run one row count: `engine.layer_products` keeps the weights
     reordered for one), but never fewer than `FEWEST_DEFAULT_ROWS` (below, a step's products wait
-    on reading the weights; `stream_layout` makes no more streams than there are sentences). ElmoEmbedder's 16,384 positions a call give 128 rows; measured
-    against 32 and 64 rows in bench/results/embed-rows.md. The vectors do not depend on the rows."""
+    on reading the weights; `stream_layout` makes no more streams than there are sentences).
+    ElmoEmbedder's 16,384 positions a call give 128 rows; measured against 32 and 64 rows in
+    bench/results/embed-rows.md. The vectors do not depend on the rows."""
     by_length = 1 << round(math.log2(max(positions / STREAM_POSITIONS, 1)))  # the nearest power of two
     by_memory = 1 << max(0, (GATE_BUDGET // (2 * 4 * cell_dim)).bit_length() - 1)  # the power of two within
     return min(max(by_length, FEWEST_DEFAULT_ROWS), by_memory, MAX_DEFAULT_ROWS)

@@ -38,8 +38,8 @@ def compute_layers(bilm: BiLM, sentences: Sequence[Sequence[str]], batch_size: i
 
     The sentences stream through `batch_size` rows of the recurrence (`ElmoEmbedder.embed_sentences`;
     None: the engine's choice): exact whatever the batching, since the biLM is stateless. The biLM
-    runs on `device` (default: where it is; it is moved there) with its products in `bilm_dtype` (default float32; bfloat16
-    runs a converted copy, the biLM itself is left as it is).
+    runs on `device` (default: where it is; it is moved there) with its products in `bilm_dtype`
+    (default float32; bfloat16 runs a converted copy, the biLM itself is left as it is).
     """
     bilm_dtype = resolve_dtype(bilm_dtype)
     if bilm_dtype != bilm.lstm.layers[0].input_weight.dtype:
