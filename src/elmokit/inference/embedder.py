@@ -174,16 +174,17 @@ class ElmoEmbedder:
         count): `elmokit.inference.streams.default_rows`. A stream of windows (`embed_sentences`,
         `elmo embed`) takes its first window's rows for every window: one row count, so the
         layers' reordered weights (made for a row count, one set kept) are made once."""
-        positions = sum(len(sentence) + 2 for sentence in sentences)
+        return self._rows_at(sum(len(sentence) + 2 for sentence in sentences))
+
+    def _rows_at(self, positions: int) -> int:
         return default_rows(self.bilm.lstm.cell_dim, min(positions, self.POSITION_BUDGET))
 
     def embed_many(self, sentences: Sequence[Sequence[str]], rows: int | None = None) -> list[np.ndarray]:
         """Stateless: one float32 array (L+1, n_i, 2P) per sentence, `rows` sentences in the
         recurrence at a time, each new sentence taking the row the last one freed (no row idles
         while a long sentence finishes); None: the engine's choice for each group of sentences run
-        at once (`stream_rows`). The same numbers as `embed_batch`,
-        sentence by sentence, whatever the rows. Memory is bounded: at most `POSITION_BUDGET`
-        positions (or one sentence) run at once."""
+        at once (`stream_rows`). The same numbers as `embed_batch`, sentence by sentence, whatever
+        the rows. Memory is bounded: at most `POSITION_BUDGET` positions (or one sentence) run at once."""
         if self.carried is not None:
             raise ValueError("embed_many is stateless; a stateful embedder embeds with embed_batch")
         check_sentences(sentences)
@@ -193,8 +194,8 @@ class ElmoEmbedder:
         start = 0
         while start < len(sentences):  # consecutive groups of at most POSITION_BUDGET positions
             end = max(start + 1, int(np.searchsorted(np.cumsum(sizes[start:]), self.POSITION_BUDGET, "right")) + start)
-            group = sentences[start:end]
-            results.extend(self._embed_streamed(group, rows or self.stream_rows(group)))
+            group_rows = rows or self._rows_at(int(sizes[start:end].sum()))  # the sizes already summed
+            results.extend(self._embed_streamed(sentences[start:end], group_rows))
             start = end
         return results
 
