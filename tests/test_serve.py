@@ -311,6 +311,13 @@ def test_info_says_the_model_shape_and_limits(server):
     assert info["api_key_required"] is True and info["tokenizer"] == "moses" and info["version"]
 
 
+def test_the_rows_are_the_engines_choice_for_the_batch_tokens_unless_given(server, slow_server):
+    """Without --rows the recurrence has the rows `embed_sentences` would choose for a call of
+    --max-batch-tokens positions: about 128 positions a row, a power of two, at least 32."""
+    assert server.call("GET", "/info")[1]["rows"] == 128  # 16384 positions (the default)
+    assert slow_server.call("GET", "/info")[1]["rows"] == 64  # 10000 / 128 = 78: 64 the nearest
+
+
 def test_metrics_count_requests_tokens_batches_and_latency(server):
     before = server.metric('elmo_requests_total{route="/v1/embeddings",status="200"}')
     tokens = server.metric("elmo_tokens_total")

@@ -50,9 +50,10 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080; 0: any free port)")
     parser.add_argument("--api-key",
                         help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_VARIABLE}, else no key)")
-    parser.add_argument("--rows", type=int, default=64,
+    parser.add_argument("--rows", type=int,
                         help="sentences the recurrence runs at once, each joining as soon as a row is free "
-                             "(default: 64)")
+                             "(default: the engine's choice for --max-batch-tokens positions, as "
+                             "embed_sentences chooses its rows: 128 for 16384)")
     parser.add_argument("--max-batch-tokens", type=int, default=16384,
                         help="tokens in the recurrence at once, summed over its rows (default: 16384)")
     parser.add_argument("--max-wait-ms", type=float, default=2.0,
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
 
     limits = Limits(args.max_body_bytes, args.max_inputs, args.max_input_tokens, args.max_batch_tokens,
                     args.max_queue_tokens, args.max_wait_ms, args.body_timeout)  # bad limits fail before anything loads
-    if not 1 <= args.rows <= 4096:
+    if args.rows is not None and not 1 <= args.rows <= 4096:
         raise ValueError(f"--rows must be from 1 to 4096, got {args.rows}")
     if not 0 < args.shutdown_timeout <= 3600:
         raise ValueError(f"--shutdown-timeout must be more than 0 and at most 3600 seconds, "
