@@ -19,7 +19,8 @@ a shared machine. The first answer of every run is checked against the in-proces
 
 What bounds a closed loop (each client waits for its answer before sending again) is written
 beside it: in-process embed_sentences with as many rows as sentences in flight (clients x
-sentences a request), the mean rows busy in the server (from /metrics), and the CPU seconds of
+sentences a request), and with as many rows as the server kept busy on average (a comparison
+point, not a bound), the mean rows busy in the server (from /metrics), and the CPU seconds of
 the model's process, the server's HTTP process and the load generator.
 """
 
@@ -68,10 +69,15 @@ class InProcess:
                    for v in self.embedder.embed_sentences(self.sentences, batch_size or self.batch_size)]
         return n_tokens / (time.perf_counter() - wall), n_tokens / (time.process_time() - cpu), vectors
 
+    @property
+    def rows(self) -> int:
+        """The rows of a pass without `batch_size`: --batch-size, else the engine's choice."""
+        return self.batch_size or self.embedder.stream_rows(self.sentences)
+
     def best_of(self, rows: int, repeats: int, default_speed: float) -> float:
         """The fastest tokens/s of `repeats` passes with `rows` rows (`default_speed`, the default's
         measured already, where those are the rows it ran)."""
-        if rows == (self.batch_size or self.embedder.stream_rows(self.sentences)):
+        if rows == self.rows:
             return default_speed
         return max(self.run(rows)[0] for _ in range(repeats))
 
@@ -108,7 +114,7 @@ def recurrence_counts(host: str, port: int) -> tuple[float, float, float]:
 def start_server(model: str | None, threads: int, rows: int | None,
                  extra: list[str]) -> tuple[subprocess.Popen, str, int]:
     argv = [sys.executable, "-m", "elmokit", "serve", "--port", "0", "--device", "cpu", "--threads", str(threads),
-            *(["--rows", str(rows)] if rows else []), "-q", *(["--model", model] if model else []), *extra]
+            *(["--rows", str(rows)] if rows is not None else []), "-q", *(["--model", model] if model else []), *extra]
     process = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)  # the address is a message: on stderr
     while (line := process.stderr.readline()) and not line.startswith("listening on http://"):
         sys.stderr.write(line)
@@ -204,7 +210,8 @@ def main() -> None:
     process, host, port = start_server(args.model, args.threads, args.rows, args.server_args.split())
     rows = []
     try:
-        args.server_rows = server_info(host, port)["rows"]
+        info = server_info(host, port)
+        args.server_rows, args.server_batch_tokens = info["rows"], info["limits"]["max_batch_tokens"]
         asyncio.run(load(host, port, request_bodies(sentences, "8"), 64))  # warm-up: the server's token cache
         for per_request, clients in itertools.product(args.per_request, args.clients):
             bodies = request_bodies(sentences, per_request)
@@ -244,8 +251,7 @@ def main() -> None:
     finally:
         process.terminate()
         process.wait(timeout=60)
-    write_report(args, rows, len(sentences), n_tokens, started, load_before, busy_processes(),
-                 local.embedder.stream_rows(sentences) if args.batch_size is None else args.batch_size)
+    write_report(args, rows, len(sentences), n_tokens, started, load_before, busy_processes(), local.rows)
 
 
 def stack() -> str:
@@ -263,6 +269,7 @@ def stack() -> str:
 
 def write_report(args, rows, n_sentences: int, n_tokens: int, started: str, load_before: str, load_after: str,
                  local_rows: int) -> None:
+    flags = [*(["--rows", str(args.rows)] if args.rows is not None else []), *args.server_args.split()]
     lines = [
         "# Serving benchmark (`bench/serve.py`)", "",
         page_header("cpu", args.threads),
@@ -275,10 +282,10 @@ def write_report(args, rows, n_sentences: int, n_tokens: int, started: str, load
         "load generator, against those of the in-process run) does not count time spent waiting for a core.", "",
         f"Data: UD English EWT dev, {n_sentences:,} sentences, {n_tokens:,} tokens, sent as token lists to "
         f"POST /v1/embeddings; model: {args.model or 'gutenberg-en (built in)'}; server flags: "
-        f"{'--rows ' + str(args.rows) if args.rows else 'none'}{' ' + args.server_args if args.server_args else ''} "
-        f"(so --rows {args.server_rows}, --max-batch-tokens 16384, --max-wait-ms 2 unless given). "
+        f"{' '.join(flags) or 'none'} beside --threads (so {args.server_rows} rows, --max-batch-tokens "
+        f"{args.server_batch_tokens}; --max-wait-ms 2 unless given). "
         f"In-process: `ElmoEmbedder.embed_sentences(batch_size={args.batch_size})` on the same sentences "
-        f"({'the engine chooses the rows: ' + str(local_rows) if args.batch_size is None else 'as many rows'}), run "
+        f"({'the engine chooses the rows: ' if args.batch_size is None else ''}{local_rows} rows), run "
         f"just before each served run ({args.repeats} of each per row, interleaved, the fastest of each kept).", "",
         f"Server stack: {stack()}.", "",
         f"Machine load: before, {load_before}. After, {load_after}.", "",
@@ -300,12 +307,14 @@ def write_report(args, rows, n_sentences: int, n_tokens: int, started: str, load
               "A step of the recurrence has a fixed cost besides that of its rows, so the fewer rows busy, the "
               "fewer tokens a second: each step reads every layer's weights, input and recurrent (most of its "
               "time at a few dozen rows is its products), where `embed_sentences` makes a layer's input products "
-              "for a block of steps at once and reads only the recurrent weights a step. *In-process with the rows in flight* is `embed_sentences(batch_size=` sentences in flight `)` "
+              "for a block of steps at once and reads only the recurrent weights a step. *In-process with the rows "
+              "in flight* is `embed_sentences(batch_size=` sentences in flight `)` "
               "on the same sentences, in this run: what any server could reach with that many sentences at once, "
               "had HTTP, JSON and the clients cost nothing. *In-process with the rows busy* is "
               "`embed_sentences(batch_size=` the server's mean rows busy `)`: a closed loop keeps fewer rows busy "
               "than it has sentences in flight (a request's shorter sentences end first, and its client waits "
-              "for the longest), so this is what the engine gives with the rows the clients let a server fill. "
+              "for the longest), so this is what the engine gives with the rows the clients let a server fill: a "
+              "comparison point, not a bound (the mean rounded; the server can beat it). "
               "*Rows busy* is the mean over the server's steps "
               "(from /metrics); *rows computed*, the mean rows a step computed (rows 0 up to the last busy one: "
               "an idle row below it costs as much as a busy one; the server keeps its busy rows compact, so the "

@@ -375,7 +375,10 @@ MUTANTS = [
            "return (self.DEFAULT_BATCH_SIZE if self.carried is not None", "return (self.DEFAULT_BATCH_SIZE if False",
            ("tests/test_rows.py",)),
     Mutant("rows: elmo serve's rows without --rows the old fixed 64", "serve/app.py",
-           "rows = default_rows(embedder.bilm.config.lstm.cell_dim, limits.max_batch_tokens)", "rows = 64",
+           "rows = embedder.rows_at(limits.max_batch_tokens)", "rows = 64",
+           ("tests/test_serve.py::test_the_rows_are_the_engines_choice_for_the_batch_tokens_unless_given",)),
+    Mutant("rows: elmo serve's --rows ignored (the engine's choice always)", "serve/app.py",
+           "        if rows is None:\n            rows = embedder.rows_at(", "        if True:\n            rows = embedder.rows_at(",
            ("tests/test_serve.py::test_the_rows_are_the_engines_choice_for_the_batch_tokens_unless_given",)),
 ]
 

@@ -10,6 +10,8 @@ import os
 import random
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -311,11 +313,20 @@ def test_info_says_the_model_shape_and_limits(server):
     assert info["api_key_required"] is True and info["tokenizer"] == "moses" and info["version"]
 
 
-def test_the_rows_are_the_engines_choice_for_the_batch_tokens_unless_given(server, slow_server):
+def test_the_rows_are_the_engines_choice_for_the_batch_tokens_unless_given(model, server, slow_server):
     """Without --rows the recurrence has the rows `embed_sentences` would choose for a call of
     --max-batch-tokens positions: about 128 positions a row, a power of two, at least 32."""
     assert server.call("GET", "/info")[1]["rows"] == 128  # 16384 positions (the default)
     assert slow_server.call("GET", "/info")[1]["rows"] == 64  # 10000 / 128 = 78: 64 the nearest
+    given = Server(model, "--rows", "3")
+    try:
+        assert given.call("GET", "/info")[1]["rows"] == 3
+    finally:
+        assert given.stop() == 0
+    for rows in ("0", "4097"):
+        refused = subprocess.run([sys.executable, "-m", "elmokit", "serve", "--rows", rows, "--port", "0"],
+                                 capture_output=True, text=True, timeout=120)
+        assert refused.returncode != 0 and f"--rows must be from 1 to 4096, got {rows}" in refused.stderr
 
 
 def test_metrics_count_requests_tokens_batches_and_latency(server):

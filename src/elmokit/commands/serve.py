@@ -52,8 +52,8 @@ def register(subcommands: argparse._SubParsersAction) -> None:
                         help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_VARIABLE}, else no key)")
     parser.add_argument("--rows", type=int,
                         help="sentences the recurrence runs at once, each joining as soon as a row is free "
-                             "(default: the engine's choice for --max-batch-tokens positions, as "
-                             "embed_sentences chooses its rows: 128 for 16384)")
+                             "(default: the rows embed_sentences chooses for a call of --max-batch-tokens "
+                             "positions, at most 16384 of them counted: 128)")
     parser.add_argument("--max-batch-tokens", type=int, default=16384,
                         help="tokens in the recurrence at once, summed over its rows (default: 16384)")
     parser.add_argument("--max-wait-ms", type=float, default=2.0,

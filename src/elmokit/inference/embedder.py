@@ -174,9 +174,12 @@ class ElmoEmbedder:
         count): `elmokit.inference.streams.default_rows`. A stream of windows (`embed_sentences`,
         `elmo embed`) takes its first window's rows for every window: one row count, so the
         layers' reordered weights (made for a row count, one set kept) are made once."""
-        return self._rows_at(sum(len(sentence) + 2 for sentence in sentences))
+        return self.rows_at(sum(len(sentence) + 2 for sentence in sentences))
 
-    def _rows_at(self, positions: int) -> int:
+    def rows_at(self, positions: int) -> int:
+        """The engine's rows for a call of `positions` positions at once, of which at most
+        `POSITION_BUDGET` count (a call holds no more): `elmokit.inference.streams.default_rows`.
+        `elmo serve` takes these for its `--max-batch-tokens` unless given `--rows`."""
         return default_rows(self.bilm.lstm.cell_dim, min(positions, self.POSITION_BUDGET))
 
     def embed_many(self, sentences: Sequence[Sequence[str]], rows: int | None = None) -> list[np.ndarray]:
@@ -194,7 +197,7 @@ class ElmoEmbedder:
         start = 0
         while start < len(sentences):  # consecutive groups of at most POSITION_BUDGET positions
             end = max(start + 1, int(np.searchsorted(np.cumsum(sizes[start:]), self.POSITION_BUDGET, "right")) + start)
-            group_rows = rows or self._rows_at(int(sizes[start:end].sum()))  # the sizes already summed
+            group_rows = rows or self.rows_at(int(sizes[start:end].sum()))  # the sizes already summed
             results.extend(self._embed_streamed(sentences[start:end], group_rows))
             start = end
         return results

@@ -39,7 +39,6 @@ from starlette.staticfiles import StaticFiles
 
 from elmokit import __version__
 from elmokit.inference.embedder import ElmoEmbedder
-from elmokit.inference.streams import default_rows
 from elmokit.serve.batching import Batcher, ModelFailed, QueueFull
 from elmokit.serve.explore import examples, explore
 from elmokit.serve.inputs import (
@@ -89,8 +88,8 @@ async def client_gone(request: Request) -> None:
 
 class Service:
     """What the routes share: the batcher (and through it the model's process, `rows` rows of the
-    recurrence; None: the engine's choice for `limits.max_batch_tokens` positions at once,
-    `elmokit.inference.streams.default_rows`), the limits, the metrics. The embedder goes to the model's process; this process
+    recurrence; None: the engine's for `limits.max_batch_tokens` positions, `ElmoEmbedder.rows_at`),
+    the limits, the metrics. The embedder goes to the model's process; this process
     keeps none of it (the model is not held twice)."""
 
     def __init__(self, embedder: ElmoEmbedder, model_name: str, limits: Limits, tokenize: Tokenizer,
@@ -103,7 +102,7 @@ class Service:
         self.n_layers = embedder.bilm.config.n_output_layers
         self.metrics = ServeMetrics(ROUTES)
         if rows is None:
-            rows = default_rows(embedder.bilm.config.lstm.cell_dim, limits.max_batch_tokens)
+            rows = embedder.rows_at(limits.max_batch_tokens)
         self.batcher = Batcher(embedder, rows, limits.max_input_tokens + 2, limits.max_batch_tokens,
                                limits.max_wait_ms / 1000, limits.max_queue_tokens, self.metrics.record_batch,
                                self.metrics.inference_seconds.observe)
