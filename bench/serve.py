@@ -8,9 +8,9 @@ The sentences are the 2,001 of UD English EWT dev (already tokenized: sent as to
 POST /v1/embeddings, so no tokenizer runs on either side); the model is the built-in one unless
 --model says otherwise. A bounded load generator (this process, asyncio, one keep-alive
 connection per client, every request sent once) posts them at 1, 4, 16 and 64 concurrent
-clients, 1, 1 to 4 (drawn) or 8 sentences a request, to a server on 127.0.0.1 started here with the same torch
-threads as the in-process run, its rows of the recurrence its own default unless --rows says (the
-in-process run's rows are the engine's choice unless --batch-size says).
+clients, 1, 1 to 4 (drawn) or 8 sentences a request, to a server on 127.0.0.1 started here with
+the same torch threads as the in-process run, its rows of the recurrence its own default unless
+--rows says (the in-process run's rows are the engine's choice unless --batch-size says).
 Throughput is tokens over the wall time from the first request to the last answer; latency is
 per request. Both sides run with a warm token cache (one unmeasured pass each first). In-process
 and served runs alternate (--repeats of each per row, the fastest kept), and both are also
