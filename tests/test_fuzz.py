@@ -487,7 +487,8 @@ def build_serve(choose: Choices, place: Place) -> list[str]:
     return argv + choose.pick([["--port", choose.pick(["-1", "65536", "x", "99999999999"])],
                                ["--max-inputs", choose.pick(["0", "-3"])], ["--max-wait-ms", choose.pick(["-1", "nan", "inf"])],
                                ["--threads", "0"], ["--api-key", " "], ["--max-queue-tokens", "0"],
-                               ["--max-batch-tokens", "0"], ["--max-body-bytes", "-1"]])
+                               ["--max-batch-tokens", "0"], ["--max-body-bytes", "-1"],
+                               ["--rows", choose.pick(["0", "4097"])]])
 
 
 BUILDERS = {  # subcommand -> (argument builder, examples): about a minute in all on one thread
