@@ -372,7 +372,7 @@ MUTANTS = [
            "            batch_size = batch_size or embedder.stream_rows(texts)  # one row count for the whole stream\n",
            "", ("tests/test_rows.py",)),
     Mutant("rows: a stateful embedder's None also the engine's rows", "inference/embedder.py",
-           "return (self.DEFAULT_BATCH_SIZE if self.carried is not None", "return (self.DEFAULT_BATCH_SIZE if False",
+           "return self.DEFAULT_BATCH_SIZE if self.carried is not None", "return self.DEFAULT_BATCH_SIZE if False",
            ("tests/test_rows.py",)),
     Mutant("rows: elmo serve's rows without --rows the old fixed 64", "serve/app.py",
            "rows = embedder.rows_at(limits.max_batch_tokens)", "rows = 64",

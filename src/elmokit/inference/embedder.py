@@ -153,8 +153,7 @@ class ElmoEmbedder:
         batches AllenNLP's 64 consecutive sentences. On a GPU, where more rows pay further, give
         the rows (docs/gpu.md)."""
         if batch_size is None:
-            return (self.DEFAULT_BATCH_SIZE if self.carried is not None
-                    else default_rows(self.bilm.lstm.cell_dim, self.POSITION_BUDGET))
+            return self.DEFAULT_BATCH_SIZE if self.carried is not None else self.rows_at(self.POSITION_BUDGET)
         if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
             raise TypeError(f"{name} must be an int >= 1 or None (the engine's choice), got {batch_size!r}")
         if batch_size < 1:
