@@ -216,6 +216,7 @@ def main() -> None:
         for per_request, clients in itertools.product(args.per_request, args.clients):
             bodies = request_bodies(sentences, per_request)
             best: dict = {}
+            pairs: list[float] = []  # each run's served / the in-process run just before it
             for _ in range(args.repeats):  # in-process and served interleaved: both see the same neighbours
                 wall, cpu, _ = local.run()
                 best["local"] = max(best.get("local", 0.0), wall)
@@ -229,6 +230,7 @@ def main() -> None:
                 cpu_seconds = server_cpu + client_cpu
                 vector = np.asarray(json.loads(first)["data"][0]["embedding"])
                 np.testing.assert_allclose(vector, local.vectors[0], atol=1e-5, rtol=1e-4)
+                pairs.append(n_tokens / seconds / wall)
                 if n_tokens / seconds > best.get("served", 0.0):
                     best.update(served=n_tokens / seconds, latencies=latencies, busy_rows=steps[1] / steps[0],
                                 computed_rows=steps[2] / steps[0], load=os.getloadavg()[0], seconds=seconds,
@@ -242,10 +244,10 @@ def main() -> None:
             best["busy_bound"] = local.best_of(max(1, round(best["busy_rows"])), args.repeats, best["local"])
             p50, p95, p99 = np.percentile(np.array(best["latencies"]) * 1000, [50, 95, 99])
             rows.append({"per_request": per_request, "clients": clients, "requests": len(bodies),
-                         "in_flight": in_flight, "p50": p50, "p95": p95, "p99": p99, **best})
+                         "in_flight": in_flight, "p50": p50, "p95": p95, "p99": p99, "pairs": pairs, **best})
             print(f"{clients:3d} clients x {per_request}: served {best['served']:,.0f} tokens/s, in-process "
                   f"{best['local']:,.0f} ({best['served'] / best['local']:.2f}x; with {in_flight} rows "
-                  f"{best['bound'] / best['local']:.2f}x); per CPU s {best['served_cpu']:,.0f} vs "
+                  f"{best['bound'] / best['local']:.2f}x; each pair {', '.join(f'{r:.2f}' for r in pairs)}); per CPU s {best['served_cpu']:,.0f} vs "
                   f"{best['local_cpu']:,.0f}; {best['busy_rows']:.1f} rows busy of {best['computed_rows']:.1f} computed; p50 {p50:.1f} ms, p99 {p99:.1f} ms; "
                   f"load {best['load']:.2f}", flush=True)
     finally:
@@ -290,13 +292,14 @@ def write_report(args, rows, n_sentences: int, n_tokens: int, started: str, load
         f"Server stack: {stack()}.", "",
         f"Machine load: before, {load_before}. After, {load_after}.", "",
         "| sentences / request | clients | requests | served tokens/s | in-process tokens/s | served / in-process | "
-        "served / in-process (CPU time) | p50 ms | p95 ms | p99 ms | load |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "served / in-process (CPU time) | each run: served / the in-process run before it | p50 ms | p95 ms | p99 ms | load |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         lines.append(f"| {row['per_request']} | {row['clients']} | {row['requests']:,} | {row['served']:,.0f} | "
                      f"{row['local']:,.0f} | {row['served'] / row['local']:.2f}x | "
-                     f"{row['served_cpu'] / row['local_cpu']:.2f}x | {row['p50']:.1f} | {row['p95']:.1f} | "
+                     f"{row['served_cpu'] / row['local_cpu']:.2f}x | {', '.join(f'{r:.2f}x' for r in row['pairs'])} | "
+                     f"{row['p50']:.1f} | {row['p95']:.1f} | "
                      f"{row['p99']:.1f} | {row['load']:.2f} |")
     lines += ["", "Every request is sent once; each client waits for its answer before sending the next (a "
               "closed loop). The server runs the sentences of every request in flight in one recurrence of "
