@@ -13,7 +13,7 @@ sentence waits for the whole batch.
 
 Each sentence starts from a zero state, so its vectors are those it gets alone (stateless):
 `ElmoEmbedder.embed_many`'s numbers to float32 rounding (the input and recurrent products are one
-product here, two in the engine). The formulas are `elmokit.model.cell`'s (the cell, the
+product here, two in the engine; in int8 two here too, and the engine's int8 numbers exactly). The formulas are `elmokit.model.cell`'s (the cell, the
 residual from layer 2 on); the products are oneDNN's with the weights reordered once
 (`elmokit.kernels.PackedLinear`, as the engine's; the candidate's rows doubled, `candidate_doubled`,
 so that one sigmoid covers the four gates). Weights in bfloat16 run their products in bfloat16, the state and outputs in
@@ -63,15 +63,34 @@ def token_layer(embedder: ElmoEmbedder, sentences: Sequence[Sequence[str]]) -> t
     return table[torch.from_numpy(rows).to(table.device)]
 
 
-def gate_products(layer: BiLstmLayer, rows: int) -> list[PackedLinear | Int8Linear]:
+def gate_products(layer: BiLstmLayer, rows: int) -> list[PackedLinear | "SplitGateProduct"]:
     """Each direction's input and recurrent products as one: [x | h] (R, 2P) times the two
     weights side by side (4C, 2P), the candidate's rows doubled as the engine's
     (`activate_doubled_gates_`). One oneDNN product a step instead of two: 5-8% less time a step
     with 16 to 64 rows (the engine adds the recurrent product to gate inputs it computed for a
-    block of steps at once, which a step that takes new sentences cannot do)."""
+    block of steps at once, which a step that takes new sentences cannot do). In int8, two
+    products (`SplitGateProduct`), as the engine's: one scale for a row of [x | h] would quantize
+    the smaller of the two as coarsely as the larger."""
     doubled = candidate_doubled(layer)[:, None]  # (4C, 1)
+    if is_int8(layer):
+        return [SplitGateProduct(*(stream_linear(weight[d].detach(), rows, row_scale=doubled, int8=True)
+                                   for weight in (layer.input_weight, layer.recurrent_weight)))
+                for d in range(2)]
     return [stream_linear(torch.cat([layer.input_weight[d], layer.recurrent_weight[d]], dim=1).detach(), rows,
-                          row_scale=doubled, int8=is_int8(layer)) for d in range(2)]
+                          row_scale=doubled) for d in range(2)]
+
+
+class SplitGateProduct(NamedTuple):
+    """[x | h] (R, 2P) -> x W_in^T + b + h W_rec^T (R, 4C), two int8 products, each input
+    quantized per row on its own (the engine's: `Int8Linear`)."""
+
+    input: Int8Linear
+    recurrent: Int8Linear
+
+    def __call__(self, state: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        dim = state.shape[-1] // 2
+        gates = self.input(state[:, :dim], bias)  # (R, 4C)
+        return self.recurrent.add(gates, state[:, dim:], out=gates)
 
 
 class _SpanViews(NamedTuple):
