@@ -77,7 +77,10 @@ in a log file (ELMOKIT_PROGRESS_INTERVAL), none with --no-progress or -q.
 --device: cpu, cuda, cuda:N or auto (the default: the GPU when torch sees one). --dtype
 bfloat16 runs the biLM's products in bfloat16 (the LSTM state and the outputs stay float32):
 faster on a CPU with AVX512-BF16 and on GPUs, not exact (speed and error per layer:
-bench/results/embed.md).
+bench/results/embed.md). --dtype int8 (the CPU only, one with VNNI or AMX-INT8) runs the LSTM's
+input and recurrent products in int8 and the rest of the products in bfloat16, not exact either
+(bench/results/embed.md, bench/results/int8_quality.md). --resume refuses a partial made in
+another --dtype.
 
 Memory stays bounded however long INPUT is (the peak at 1M and 2M tokens, and within a run by
 quarter of its time: bench/results/embed_memory.md): on glibc, blocks above 256 kB get their own mappings, returned when freed. That costs

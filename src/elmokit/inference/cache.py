@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from elmokit.inference.elmo import boundary_rows, module_device
+from elmokit.inference.elmo import bilm_precision, boundary_rows, module_device
 from elmokit.kernels import weights_key
 from elmokit.model.bilm import BiLM
 from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN
@@ -23,8 +23,9 @@ class TokenCache:
     most `max_bytes` of vectors (65,536 words at P = 128, 16,384 at P = 512) and starts over when
     full, so a long input never makes it grow further; the frequent words come back at once.
 
-    The vectors follow the token encoder's weights: an edit in place or a move of the model
-    (`kernels.weights_key`) starts the cache over at the next call.
+    The vectors follow the token encoder's weights and the biLM's precision: an edit in place, a
+    move of the model (`kernels.weights_key`) or another `dtype` given for it (`elmo.bilm_precision`)
+    starts the cache over at the next call.
 
     Threads: a call that adds words may start over and overwrite any row, so `embeddings` looks
     the rows up and reads them under one lock (`rows` alone is valid until the next addition).
@@ -44,7 +45,8 @@ class TokenCache:
         self.weights = self._weights_key()
 
     def _weights_key(self) -> tuple:
-        return weights_key(self.bilm.token_encoder.parameters())
+        # the precision too: dtype="int8" (from any holder of the module) moves the encoder to bfloat16 products
+        return bilm_precision(self.bilm), weights_key(self.bilm.token_encoder.parameters())
 
     def __repr__(self) -> str:
         return (f"TokenCache({len(self.index):,} of {self.max_size:,} words, {self.vectors.shape[1]} floats each, "

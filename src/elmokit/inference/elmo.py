@@ -7,9 +7,11 @@ whatever came before. `stateful=True` reproduces the original carried LSTM state
 biLM, each row of a call starts from that row's final state of the call before).
 
 Devices and precision: every class takes `device=` ("cpu", "cuda", "cuda:N", "auto"; AllenNLP's
-`cuda_device` is kept as an alias where AllenNLP has it) and `dtype=` (float32, or bfloat16 for
-faster inference: the weights and their products in bfloat16, the activations, the LSTM state and
-the outputs in float32; stateless, no gradients). See `elmokit.devices`.
+`cuda_device` is kept as an alias where AllenNLP has it) and `dtype=` (float32; bfloat16 for
+faster inference: the weights and their products in bfloat16; or int8, on a CPU with VNNI or
+AMX-INT8: float32 weights, the LSTM's input and recurrent products in int8 and the rest of the
+products in bfloat16, `elmokit.int8`; in both the activations, the LSTM state and the outputs in
+float32, stateless, no gradients). See `elmokit.devices` and `place_bilm`.
 
 Threads: one `ElmoEmbedder`, or one `Elmo` in eval mode, may be called from many threads at once
 and gives each call what a call alone would give. What they share that changes (the token cache,
@@ -30,7 +32,7 @@ from torch import nn
 
 from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN, token_mask
 from elmokit.devices import dtype_name, resolve_device, resolve_dtype
-from elmokit.int8 import quantize_modules, unquantize_modules
+from elmokit.int8 import is_int8, quantize_modules, unquantize_modules
 from elmokit.model.bilm import BiLM, BiLMOutput, LstmState
 from elmokit.model.mix import ScalarMix
 from elmokit.inference.engine import bilm_contextualize, bilm_forward
@@ -100,21 +102,38 @@ def run_bilm(bilm: BiLM, char_ids: torch.Tensor, carried: CarriedState | None) -
 def place_bilm(bilm: BiLM, device: torch.device, dtype: str | torch.dtype | None, trainable: bool,
                stateful: bool, who: str) -> BiLM:
     """Move `bilm` (in place, as `nn.Module.to`) to `device` and, unless `dtype` is None, its
-    weights to `dtype`; "int8" keeps them in float32 and marks the LSTM for int8 products and the
-    token encoder for bfloat16 ones (`int8_modules`, `elmokit.int8.quantize_modules`, the
-    CPU only). bfloat16 and int8 are for stateless inference: an error otherwise."""
+    weights to `dtype`; "int8" marks the LSTM for int8 products and the token encoder for bfloat16
+    ones (`int8_modules`, `elmokit.int8.quantize_modules`, the CPU only) on float32 weights: a biLM
+    in another dtype is refused (its weights already rounded; load it in float32). "float32" or
+    "bfloat16" removes the marks. None keeps the biLM's own precision (`bilm_precision`): its
+    weights' dtype, or int8 where an earlier `dtype="int8"` marked it, as every holder of a shared
+    module runs it. bfloat16 and int8 are for stateless inference: an error otherwise."""
     resolved = None if dtype is None else resolve_dtype(dtype)
     if resolved is not None and resolved != torch.int8:
         bilm.to(dtype=resolved)
         unquantize_modules(int8_modules(bilm))
-    weights_dtype = torch.int8 if resolved == torch.int8 else bilm.lstm.layers[0].input_weight.dtype
-    if weights_dtype != torch.float32 and (trainable or stateful):
-        raise ValueError(f"{who} with a biLM in {dtype_name(weights_dtype)} is for stateless inference: "
-                         f"use float32 to fine-tune the biLM or to carry its state")
+    weights_dtype = bilm.lstm.layers[0].input_weight.dtype
+    if resolved == torch.int8 and weights_dtype != torch.float32:
+        raise ValueError(f"{who}: dtype int8 quantizes float32 weights, and this biLM's are in "
+                         f"{dtype_name(weights_dtype)} (already rounded): load it in float32 for int8, "
+                         f"or pass dtype={dtype_name(weights_dtype)!r}")
+    precision = "int8" if resolved == torch.int8 else bilm_precision(bilm)
+    if precision != "float32" and (trainable or stateful):
+        raise ValueError(f"{who} with a biLM in {precision} is for stateless inference: "
+                         f"use float32 to fine-tune the biLM or to carry its state"
+                         + (" (dtype='float32' removes the int8 marks an earlier dtype='int8' left on "
+                            "this module)" if resolved is None and precision == "int8" else ""))
     bilm = bilm.to(device)
-    if resolved == torch.int8:
+    if precision == "int8":  # marks it (again: checks the device of a module marked earlier)
         quantize_modules(int8_modules(bilm), device)
     return bilm
+
+
+def bilm_precision(bilm: BiLM) -> str:
+    """What a biLM's products run in: "int8" where `dtype="int8"` marked it (`place_bilm`), else
+    its weights' dtype ("float32", "bfloat16"). A module has one precision for every holder."""
+    layer = bilm.lstm.layers[0]
+    return "int8" if is_int8(layer) else dtype_name(layer.input_weight.dtype)
 
 
 def int8_modules(bilm: BiLM) -> list[nn.Module]:
@@ -187,8 +206,12 @@ class Elmo(nn.Module):
         stateful: carry the LSTM state from call to call as AllenNLP's biLM did.
         module: an already loaded `BiLM` to use instead of loading one (moved and converted in place).
         device: where to run ("cpu", "cuda", "cuda:N", "auto"; default: the CPU).
-        dtype: torch.bfloat16 (or "bfloat16") for a frozen, stateless biLM in bfloat16; default:
-            the biLM's own (float32).
+        dtype: torch.bfloat16 (or "bfloat16") for a frozen, stateless biLM in bfloat16; "int8"
+            (the CPU, one with VNNI or AMX-INT8; frozen and stateless too) for the LSTM's input and
+            recurrent products in int8 and the rest in bfloat16 on float32 weights
+            (`elmokit.int8`); "float32" (exact). Default: the biLM's own precision
+            (`bilm_precision`: float32 for a model loaded here; for `module`, its weights' dtype,
+            or int8 if an earlier `dtype="int8"` marked it).
 
     Forward: `inputs` (B, T, 50) char ids (any leading dims), or `word_inputs` (B, T) ids into
     `vocab_to_cache` (0 = padding), moved to the module's device. Returns

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import numbers
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -54,14 +55,18 @@ class ElmoEmbedder:
             embedded from a fresh state, so results never depend on batching or order.
         cache_tokens: reuse the representation of words already seen (exact: the token layer is
             context-free); on by default.
-        module: an already loaded `BiLM` (moved and converted in place).
+        module: an already loaded `BiLM` (moved and converted in place: every holder of the
+            module runs it in the precision last given for it).
         device: where to run ("cpu", "cuda", "cuda:N", "auto"; default: the CPU).
         dtype: torch.bfloat16 (or "bfloat16"): weights and products in bfloat16, the LSTM state and
-            the outputs in float32 (stateless only; ~2x faster on a CPU with AVX512-BF16, see
-            bench/results/embed.md for speed and error); "int8" (the CPU, one with VNNI or
-            AMX-INT8): the LSTM's input and recurrent products in int8, the rest of the products
-            in bfloat16 (`elmokit.int8`; bench/results/int8_quality.md). Default: the biLM's own
-            (float32, exact).
+            the outputs in float32 (stateless only; faster on a CPU with AVX512-BF16: 1.53-1.65x
+            float32's tokens/s on the machine of bench/results/embed.md, which gives the speed and
+            error of each shape); "int8" (stateless, on the CPU, one with VNNI or AMX-INT8, float32
+            weights): the LSTM's input and recurrent products in int8, the rest of the products
+            in bfloat16 (`elmokit.int8`; bench/results/int8_quality.md); "float32" (exact), which
+            also undoes an earlier "int8" or "bfloat16" on `module`. Default: the biLM's own
+            precision (`elmokit.inference.elmo.bilm_precision`): float32 for a model loaded here; for
+            `module`, its weights' dtype, or int8 if an earlier `dtype="int8"` marked it.
 
     The copies made from the weights (reordered products, the token cache) follow edits in
     place and `load_state_dict` (`elmokit.kernels.weights_key`), not edits through `.data`.
@@ -147,9 +152,10 @@ class ElmoEmbedder:
 
     def rows_for(self, batch_size: int | None, name: str = "batch_size") -> int:
         """What a `batch_size` argument means here: itself when given (an int >= 1, else an error
-        naming `name`); None leaves the choice to the engine: a stateless embedder's rows of the
-        recurrence for a full call of `POSITION_BUDGET` positions (`elmokit.inference.streams.default_rows`:
-        128 rows for every published shape; `stream_rows` takes fewer for a shorter input), a stateful one's
+        naming `name`; one above sys.maxsize, more than any input holds, counts as sys.maxsize);
+        None leaves the choice to the engine: a stateless embedder's rows of the recurrence for a
+        full call of `POSITION_BUDGET` positions (`elmokit.inference.streams.default_rows`: 128 rows
+        for every published shape; `stream_rows` takes fewer for a shorter input), a stateful one's
         batches AllenNLP's 64 consecutive sentences. On a GPU, where more rows pay further, give
         the rows (docs/gpu.md)."""
         if batch_size is None:
@@ -158,7 +164,7 @@ class ElmoEmbedder:
             raise TypeError(f"{name} must be an int >= 1 or None (the engine's choice), got {batch_size!r}")
         if batch_size < 1:
             raise ValueError(f"{name} must be >= 1 (or None: the engine's choice), got {batch_size}")
-        return int(batch_size)
+        return min(int(batch_size), sys.maxsize)  # more than any input holds: a larger one means the same
 
     def window_sentences(self, batch_size: int | None) -> int:
         """Sentences `embed_sentences` hands `embed_many` at once, stateless: `STREAM_WINDOW`

@@ -29,9 +29,10 @@ dataset per key; .npz one `KEY.npy` member per key (read with `numpy.load`). `re
 
 Interruptions: nothing is ever written to OUTPUT until it is complete. Work goes to the directory
 OUTPUT.partial/, as segment files that are closed and listed in `progress-rank{r}.json` (with the
-next input line to embed, the input's size, mtime and a hash of its first MiB, the options and a
-digest of the model) every `checkpoint_every` sentences; `resume=True` continues from the last
-listed segment after a crash or a kill, and refuses a partial made from other input or options.
+next input line to embed, the input's size, mtime and a hash of its first MiB, the options, a
+digest of the model and its precision, `elmo.bilm_precision`) every `checkpoint_every` sentences;
+`resume=True` continues from the last listed segment after a crash or a kill, and refuses a
+partial made from other input, options, model or precision (float32, bfloat16 or int8).
 Without `resume`, an existing partial is discarded only with `overwrite`. Every file is flushed to
 the disk before it is renamed into place; a failed write (a full disk) is one error that keeps the
 finished segments, and `resume=True` continues (or redoes the merge) once there is space. One
@@ -59,6 +60,7 @@ import hashlib
 import itertools
 import json
 import logging
+import numbers
 import os
 import re
 import shutil
@@ -80,6 +82,7 @@ from elmokit.inference.segments import (
     SentenceRow,
     sentence_key,
 )
+from elmokit.inference.elmo import bilm_precision
 from elmokit.model.weights import model_fingerprint
 from elmokit.inference.layers import check_output_format, shape_output
 from elmokit.inference.windows import position_windows
@@ -138,6 +141,14 @@ class EmbedOptions:
         if self.file_format == "parquet" and self.use_sentence_keys:
             raise ValueError("use-sentence-keys names HDF5 datasets or .npz members; a Parquet output keys "
                              "its rows by the `line` column and holds the text in `sentence`: drop it")
+        for name in ("batch_size", "checkpoint_every", "max_length", "overlap"):
+            value = getattr(self, name)
+            if value is None and name == "batch_size":  # the engine's choice
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):  # a Python caller's: the CLI's are ints
+                what = "an int or None (the engine's choice)" if name == "batch_size" else "an int"
+                raise TypeError(f"{name} must be {what}, got {value!r}")
+            setattr(self, name, int(value))  # a numpy integer too, written as JSON in the progress record
         for name in ("batch_size", "checkpoint_every"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
@@ -341,6 +352,12 @@ def prepare_partial(partial: Path, resume: bool, overwrite: bool) -> None:
     partial.mkdir(parents=True, exist_ok=True)
 
 
+def _precisions(made: dict, now: dict) -> str:
+    """What a resume that changes the precision says: the partial's and this run's (dtype)."""
+    then = made.get("precision", "not recorded (made by an older elmokit)")
+    return f" (the partial's vectors: {then}; this run's: {now['precision']}, its dtype)"
+
+
 def start_progress(partial: Path, rank: int, identity: dict, resume: bool) -> RankProgress:
     path = partial / f"progress-rank{rank}.json"
     if resume and path.exists():
@@ -348,7 +365,8 @@ def start_progress(partial: Path, rank: int, identity: dict, resume: bool) -> Ra
         changed = sorted(key for key in identity if identity[key] != progress.identity.get(key))
         if set(changed) - {"batch_size"}:
             raise ValueError(f"cannot resume {partial}: it was made with a different "
-                             f"{', '.join(key for key in changed if key != 'batch_size')}; "
+                             f"{', '.join(key for key in changed if key != 'batch_size')}"
+                             f"{_precisions(progress.identity, identity) if 'precision' in changed else ''}; "
                              "run without resume=True to start over")
         if changed and "batch_size" in progress.identity:  # (older partials did not record it)
             now, then = (f"{size} rows" if size else "the engine's rows" for size in
@@ -417,6 +435,7 @@ def embed_file_report(embedder: Embedder, input_path: str | Path, output_path: s
         barrier()
         identity = {"input": input_fingerprint(input_path), "options": options.identity(),
                     "model": model_fingerprint(embedder.bilm), "world_size": world_size,
+                    "precision": bilm_precision(embedder.bilm),  # int8 keeps float32 weights: not in the model's
                     "batch_size": options.batch_size}  # rounding only: a resume may change it
         rank_progress = start_progress(partial, rank, identity, resume)
         n_embedded, n_tokens = _embed_rank(embedder, input_path, scan, partial, options, rank_progress, rank,
