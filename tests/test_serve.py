@@ -5,6 +5,7 @@ a full queue, and SIGTERM with requests in flight."""
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import os
 import random
@@ -23,6 +24,7 @@ from hypothesis import strategies as st
 
 from elmokit import ElmoEmbedder
 from elmokit.inference.files import make_tokenizer
+from elmokit.int8 import int8_native
 from elmokit.model.loading import load_model
 from elmokit.serve.recurrence import Recurrence, token_layer
 from tests.serving import Server, save_tiny_model
@@ -215,6 +217,7 @@ def assert_each_as_alone(sentences: list[list[str]], answers: list, embedder) ->
 # Bad input: a 4xx and a JSON error that says what was wrong
 # ---------------------------------------------------------------------------------------------
 TOO_LONG = " ".join(["word"] * 41)
+HUGE = b"1" + b"0" * 400  # a valid JSON integer (401 digits) past float's range
 BAD = [  # (route, body: an object is sent as JSON, bytes as they are; status; part of the message)
     ("/v1/embeddings", b"{\"input\": ", 400, "not valid JSON"),
     ("/v1/embeddings", b"\xff\xfe{}", 400, "not valid JSON"),
@@ -232,7 +235,7 @@ BAD = [  # (route, body: an object is sent as JSON, bytes as they are; status; p
     ("/v1/embeddings", {"input": ["ok", "   "]}, 422, "input[1] is empty"),
     ("/v1/embeddings", {"input": ["a"] * 9}, 422, "9 inputs, more than the limit of 8 (--max-inputs)"),
     ("/v1/embeddings", {"input": TOO_LONG}, 422, "41 tokens, more than the limit of 40 (--max-input-tokens)"),
-    ("/v1/embeddings", {"input": "x" * 3000}, 422, "3000 characters"),
+    ("/v1/embeddings", {"input": "x" * 3000}, 422, "3000 characters, more than the limit of 2560 characters"),
     ("/v1/embeddings", {"input": "hi", "encoding_format": "hex"}, 422, "'encoding_format' must be one of"),
     ("/v1/embeddings", {"input": "hi", "model": 3}, 422, "'model' must be a string"),
     ("/v1/embeddings", {"input": "x " * 12_000}, 413, "more than the limit of 20000 (--max-body-bytes)"),
@@ -247,6 +250,12 @@ BAD = [  # (route, body: an object is sent as JSON, bytes as they are; status; p
     ("/embed_all", {"inputs": "hi", "layers": {"weights": [1, 2]}}, 422, "a list of 3 numbers"),
     ("/embed_all", {"inputs": "hi", "layers": {"weights": [1, 2, "3"]}}, 422, "a list of 3 numbers"),
     ("/embed_all", b'{"inputs": "hi", "layers": {"weights": [1, 2, 1e400]}}', 422, "finite"),  # 1e400: inf
+    ("/embed_all", b'{"inputs": [["a"]], "layers": {"weights": [%s, 0, 0]}}' % HUGE, 422, "finite"),  # no float
+    ("/embed_all", b'{"inputs": [["a"]], "layers": -%s}' % HUGE, 422, "does not exist"),
+    ("/v1/embeddings", b'{"input": "hi", "dimensions": %s}' % HUGE, 400, "'dimensions'"),
+    ("/v1/embeddings", {"input": "hi", "dimensions": True}, 400, "'dimensions'"),
+    ("/embed", b'{"inputs": "hi", "normalize": %s}' % HUGE, 422, "'normalize' must be true or false"),
+    ("/embed_all", b'{"inputs": "hi", "encoding": %s}' % HUGE, 422, "'encoding' must be one of"),
     ("/embed_all", {"inputs": "hi", "encoding": 1}, 422, "'encoding' must be one of"),
     ("/explore", {"query": "They play chess", "word": "run", "sentences": ["a"]}, 422, "not a token of the query"),
     ("/explore", {"query": "They play chess", "word": "play", "sentences": ["a b"]}, 422, "does not occur"),
@@ -311,6 +320,71 @@ def test_info_says_the_model_shape_and_limits(server):
     assert info["shape"]["layers"] == 3 and info["shape"]["dim"] == 12 and info["shape"]["projection_dim"] == 6
     assert info["limits"]["max_inputs"] == 8 and info["limits"]["max_input_tokens"] == 40
     assert info["api_key_required"] is True and info["tokenizer"] == "moses" and info["version"]
+    assert info["dtype"] == "float32" and info["device"] == "cpu"  # --dtype's name, not torch's
+
+
+def start_serve(model, *arguments: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    """`elmo serve` started bare (no waiting for /health, unlike `Server`): the process, and the
+    address of its `listening on` line once printed (else the whole of stderr, the process ended)."""
+    env = dict(os.environ, ELMOKIT_OFFLINE="1", **(env or {}))
+    env.pop("ELMOKIT_API_KEY", None)
+    process = subprocess.Popen([sys.executable, "-m", "elmokit", "serve", "--model", str(model), "--port", "0",
+                                "--threads", "1", *arguments], stderr=subprocess.PIPE, text=True, env=env)
+    said = []
+    for line in process.stderr:
+        said.append(line)
+        if line.startswith("listening on http://"):
+            return process, line.split()[2]
+    process.wait(timeout=60)
+    return process, "".join(said)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", pytest.param("int8", marks=pytest.mark.skipif(
+    not int8_native(), reason="int8 needs a CPU with VNNI or AMX-INT8"))])
+def test_listening_means_answering_and_info_says_the_dtype_asked(model, dtype):
+    """`listening on` is printed once the model's process has the model: /health answers 200 at
+    once, without polling; /info says the dtype by --dtype's name (float32: the `server` fixture)."""
+    process, url = start_serve(model, "--dtype", dtype)
+    try:
+        assert url.startswith("http://"), url
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        answers = {}
+        for path in ("/health", "/info"):
+            connection = http.client.HTTPConnection(host, int(port), timeout=30)
+            connection.request("GET", path)
+            response = connection.getresponse()
+            answers[path] = (response.status, json.loads(response.read()))
+            connection.close()
+        assert answers["/health"] == (200, {"status": "ok"})
+        assert answers["/info"][0] == 200 and answers["/info"][1]["dtype"] == dtype
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+        process.stderr.close()
+
+
+def test_a_model_process_that_dies_loading_never_says_listening(model, tmp_path):
+    """`listening on` waits for the model's process: one that dies as it starts (a sitecustomize
+    that exits in multiprocessing's spawned children only) means no such line, and a failure."""
+    exit_if_spawned = 'import sys\nif "--multiprocessing-fork" in sys.argv:\n    sys.exit(7)\n'
+    (tmp_path / "sitecustomize.py").write_text(exit_if_spawned)
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    process, said = start_serve(model, env={"PYTHONPATH": path})
+    if said.startswith("http://"):
+        process.terminate()
+        process.wait(timeout=60)
+    process.stderr.close()
+    assert not said.startswith("http://"), "listening on was printed before the model's process had the model"
+    assert process.returncode != 0 and "the model's process exited while loading" in said, said
+
+
+def test_rings_larger_than_memory_are_refused_before_listening(model):
+    """--rows 1 with 10^12 tokens a text: rings of 3 x (10^12 + 2) x 2 x 1 x 6 float32 (134 TiB),
+    refused as an argument error naming both flags, before the model's process starts."""
+    huge = str(10**12)
+    process, said = start_serve(model, "--rows", "1", "--max-input-tokens", huge, "--max-queue-tokens", huge)
+    assert process.returncode not in (0, None) and "listening on" not in said, said
+    assert f"--max-input-tokens {huge} with --rows 1" in said and "GiB" in said and "Traceback" not in said, said
 
 
 def test_the_rows_are_the_engines_choice_for_the_batch_tokens_unless_given(model, server, slow_server):
@@ -363,8 +437,15 @@ def test_a_dead_model_process_gets_503_not_a_hang(model):
         assert status == 503 and "model's process has stopped" in answer["error"]["message"]
         status, answer, _ = served.call("POST", "/v1/embeddings", {"input": "hi"})
         assert status == 503 and answer["error"]["type"] == "unavailable"
+        refused = [line for line in served.call("GET", "/metrics")[1].splitlines()
+                   if line.startswith("elmo_refused_total")]
+        assert refused == ['elmo_refused_total{reason="503"} 1.0'], refused  # counted once, by its status
     finally:
         assert served.stop() == 0
+    said = "".join(served.stderr)  # a clean stop that says what happened, and no false "every request answered"
+    assert "Traceback" not in said and "shutdown failed" not in said, said
+    assert "the model's process had died while serving (exit code -9)" in said, said
+    assert "every accepted request was answered" not in said, said
 
 
 # ---------------------------------------------------------------------------------------------
@@ -383,10 +464,23 @@ def test_a_full_queue_answers_429(slow_server):
         "POST", "/embed_all", {"inputs": [["w"] * 30]})))
     thread.start()
     wait_for_queue(slow_server, 1)
+    refused = slow_server.metric('elmo_refused_total{reason="429"}')
     status, answer, headers = slow_server.call("POST", "/embed_all", {"inputs": [["w"] * 30]})
     assert status == 429 and "--max-queue-tokens" in answer["error"]["message"] and headers["retry-after"] == "1"
     thread.join()
     assert first["answer"][0] == 200  # the one already queued is answered
+    text = slow_server.call("GET", "/metrics")[1]
+    assert slow_server.metric('elmo_refused_total{reason="429"}') == refused + 1  # once, and by one name only
+    assert "queue_full" not in text and "model_failed" not in text
+
+
+def test_a_request_larger_than_the_queue_gets_413_not_429_nor_200(slow_server):
+    """60 tokens, the queue's limit 50: it could never be queued, even alone, so 'try again' (429)
+    would be a lie and a 200 would break the limit; 413 says so, with both numbers."""
+    status, answer, headers = slow_server.call("POST", "/embed_all", {"inputs": [["w"] * 30, ["w"] * 30]})
+    assert status == 413 and "retry-after" not in headers, answer
+    assert "60 tokens" in answer["error"]["message"] and "--max-queue-tokens 50" in answer["error"]["message"]
+    assert slow_server.call("POST", "/embed", {"inputs": [["w"] * 30, ["w"] * 20]})[0] == 200  # 50: exactly the limit
 
 
 def test_sigterm_finishes_the_accepted_requests_and_exits_0(slow_server, embedder):

@@ -295,6 +295,7 @@ def test_abandoned_requests_are_dropped_and_do_not_delay_the_next(model):
                     "--max-queue-tokens", "200000")
     try:
         steps_before = served.metric("elmo_recurrence_steps")
+        inputs_before, tokens_before = served.metric("elmo_inputs_total"), served.metric("elmo_tokens_total")
         body = json.dumps({"input": [["w"] * 500] * 64}).encode()
         clients = [socket.create_connection((served.host, served.port), timeout=30) for _ in range(3)]
         for client in clients:
@@ -313,6 +314,9 @@ def test_abandoned_requests_are_dropped_and_do_not_delay_the_next(model):
         time.sleep(0.3)
         assert served.metric("elmo_recurrence_steps") - steps_before == steps  # nothing more runs
         assert served.metric('elmo_requests_total{route="/v1/embeddings",status="499"}') == 3
+        assert served.metric("elmo_batch_tokens_sum") >= 500 + 3  # an abandoned text ran a while (its step counted)
+        assert served.metric("elmo_inputs_total") - inputs_before == 1  # but only what was answered was "embedded"
+        assert served.metric("elmo_tokens_total") - tokens_before == 3  # "a small one"
     finally:
         assert served.stop() == 0
 
@@ -346,7 +350,10 @@ def test_sigterm_with_a_dribbling_client_exits_within_the_shutdown_timeout(model
     assert time.monotonic() - started < 40
     thread.join(timeout=120)
     assert answers and answers[0].startswith(b"HTTP/1.1 503 ") and b"--shutdown-timeout" in answers[0], answers
-    assert not any("Traceback" in line for line in served.stderr), "".join(served.stderr)
+    said = "".join(served.stderr)
+    assert "Traceback" not in said, said
+    assert "stopped: 1 request still in flight at --shutdown-timeout (2 s) got 503" in said, said  # the truth
+    assert "every accepted request was answered" not in said, said
 
 
 # ---------------------------------------------------------------------------------------------

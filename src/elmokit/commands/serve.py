@@ -19,7 +19,7 @@ API_KEY_VARIABLE = "ELMOKIT_API_KEY"
 
 DESCRIPTION = f"""\
 Serve the model's contextual vectors over HTTP, on --host:--port (127.0.0.1:8080 unless told
-otherwise), and print the address (on stderr) once it listens:
+otherwise), and print the address (on stderr) once the model is loaded and requests are answered:
 
   POST /v1/embeddings  OpenAI-compatible: a vector per input text (the mean over its tokens of the
                        equal-weight average of all layers, as ElmoEmbedder gives it)
@@ -34,11 +34,12 @@ The texts of the requests in flight run in the recurrence together (--rows), in 
 model's own: a text joins as soon as a row is free, and its answer leaves at its last step
 (--max-batch-tokens, --max-wait-ms). Every text starts from a zero state: its vector never
 depends on the others it ran with. Bad requests get a 4xx and a JSON error; a full queue
-(--max-queue-tokens) answers 429; a body that takes longer than --body-timeout, 408. A request
-whose client hangs up is dropped, from the queue and the recurrence. With --api-key (or
-{API_KEY_VARIABLE}), every route but /health and the page needs 'Authorization: Bearer KEY'.
-SIGTERM (or Ctrl-C) stops accepting, finishes the requests already accepted (for at most
---shutdown-timeout seconds; those left get 503), and exits 0.
+(--max-queue-tokens) answers 429, a request of more tokens than it may hold 413; a body that
+takes longer than --body-timeout, 408. A request whose client hangs up is dropped, from the
+queue and the recurrence. With --api-key (or {API_KEY_VARIABLE}), every route but /health and
+the page needs 'Authorization: Bearer KEY'. SIGTERM (or Ctrl-C) stops accepting, finishes the
+requests already accepted (for at most --shutdown-timeout seconds; those left get 503), says
+how it stopped, and exits 0.
 Needs the serve extra: pip install 'elmokit[serve]'. docs/serve.md has examples."""
 
 
@@ -60,7 +61,8 @@ def register(subcommands: argparse._SubParsersAction) -> None:
                         help="an idle model waits for more requests until none has come for this long, at most "
                              "10x this after the first (default: 2)")
     parser.add_argument("--max-queue-tokens", type=int, default=65536,
-                        help="tokens waiting at most; past that a request gets 429 (default: 65536)")
+                        help="tokens waiting at most; past that a request gets 429, and one of more tokens "
+                             "than this, 413 (default: 65536)")
     parser.add_argument("--max-inputs", type=int, default=256, help="inputs per request at most (default: 256)")
     parser.add_argument("--max-input-tokens", type=int, default=512, help="tokens per input at most (default: 512)")
     parser.add_argument("--max-body-bytes", type=int, default=2_000_000,
@@ -133,13 +135,16 @@ def _serve(args: argparse.Namespace, limits, listener: socket.socket) -> int:
     service = Service(ElmoEmbedder(module=model_from_args(args), device=device_from_args(args), dtype=args.dtype),
                       model_name, limits, make_tokenizer(True), "moses", args.api_key, args.rows)  # no other reference:
     # the embedder leaves this process for the model's (elmokit.serve.worker) once that has loaded it
-    config = uvicorn.Config(build_app(service), log_level="warning", access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=args.shutdown_timeout)
-    server = uvicorn.Server(config)
     host, port = listener.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    print(f"listening on http://{shown}:{port} (model {model_name}; SIGTERM or Ctrl-C to stop)", file=sys.stderr,
-          flush=True)  # a message, as every other: stdout is for what a command outputs
+
+    def ready() -> None:  # the model's process has the model: /health answers 200 from now on
+        print(f"listening on http://{shown}:{port} (model {model_name}; SIGTERM or Ctrl-C to stop)", file=sys.stderr,
+              flush=True)  # a message, as every other: stdout is for what a command outputs
+
+    config = uvicorn.Config(build_app(service, ready), log_level="warning", access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=args.shutdown_timeout)
+    server = uvicorn.Server(config)
     # uvicorn re-raises the signal it caught once it has drained; no-op handlers make that an exit 0
     previous = {number: signal.signal(number, lambda *_: None) for number in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -147,5 +152,17 @@ def _serve(args: argparse.Namespace, limits, listener: socket.socket) -> int:
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
-    logging.getLogger(__name__).info("stopped: every accepted request was answered")
+    logging.getLogger(__name__).info(_how_it_stopped(service, args.shutdown_timeout))
     return 0
+
+
+def _how_it_stopped(service, shutdown_timeout: float) -> str:
+    """The last message: whether every accepted request was answered, and if not, why."""
+    said = []
+    if service.batcher.died:
+        said.append(f"the model's process had died while serving (exit code {service.batcher.exit_code}): "
+                    f"the requests in flight then, and those after, got 503")
+    if service.unanswered:
+        said.append(f"{service.unanswered} request{'s' if service.unanswered > 1 else ''} still in flight at "
+                    f"--shutdown-timeout ({shutdown_timeout:g} s) got 503, unanswered")
+    return "stopped: " + ("; ".join(said) if said else "every accepted request was answered")

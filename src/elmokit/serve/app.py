@@ -24,12 +24,14 @@ import contextlib
 import dataclasses
 import hmac
 import json
+import os
 import time
 from importlib.resources import files
 from pathlib import Path
 
 import numpy as np
 import orjson
+import torch
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -38,8 +40,10 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from elmokit import __version__
+from elmokit.devices import DTYPES
 from elmokit.inference.embedder import ElmoEmbedder
-from elmokit.serve.batching import Batcher, ModelFailed, QueueFull
+from elmokit.int8 import is_int8
+from elmokit.serve.batching import Batcher, ModelFailed, QueueFull, TooLarge
 from elmokit.serve.explore import examples, explore
 from elmokit.serve.inputs import (
     BadRequest,
@@ -103,6 +107,8 @@ class Service:
         self.metrics = ServeMetrics(ROUTES)
         if rows is None:
             rows = embedder.rows_at(limits.max_batch_tokens)
+        check_rings_fit(embedder, rows, limits.max_input_tokens)
+        self.unanswered = 0  # requests still in flight when --shutdown-timeout ran out (each answered 503)
         self.batcher = Batcher(embedder, rows, limits.max_input_tokens + 2, limits.max_batch_tokens,
                                limits.max_wait_ms / 1000, limits.max_queue_tokens, self.metrics.record_batch,
                                self.metrics.inference_seconds.observe)
@@ -118,7 +124,7 @@ class Service:
                       "lstm_layers": config.lstm.n_layers, "cell_dim": config.lstm.cell_dim,
                       "projection_dim": config.lstm.projection_dim,
                       "parameters": sum(p.numel() for p in embedder.bilm.parameters())},
-            "device": str(embedder.device), "dtype": str(next(embedder.bilm.parameters()).dtype),
+            "device": str(embedder.device), "dtype": served_dtype(embedder),
             "tokenizer": self.tokenizer_name, "limits": dataclasses.asdict(self.limits),
             "rows": self.batcher.rows,
             "api_key_required": self.api_key is not None}
@@ -178,17 +184,59 @@ class Service:
             self.metrics.abandoned.inc()
             raise ClientGone()
         try:
-            return work.result()
-        except QueueFull as full:
-            self.metrics.refused.labels("queue_full").inc()
+            answer = work.result()
+        except QueueFull as full:  # each refusal is counted once, by its status (`bad_request`)
             raise BadRequest(429, str(full), "overloaded") from None
+        except TooLarge as large:
+            raise BadRequest(413, str(large)) from None
         except ModelFailed as failed:
-            self.metrics.refused.labels("model_failed").inc()
             raise BadRequest(503, str(failed), "unavailable") from None
+        self.metrics.record_answered(sentences)  # only what reaches a client that waits for it
+        return answer
 
     def usage(self, sentences: list[list[str]]) -> dict:
         n_tokens = sum(map(len, sentences))
         return {"prompt_tokens": n_tokens, "total_tokens": n_tokens}
+
+
+def served_dtype(embedder: ElmoEmbedder) -> str:
+    """The dtype the model runs, by `elmo serve --dtype`'s name: int8 (the LSTM's products
+    quantized), else its LSTM weights' dtype (float32 or bfloat16)."""
+    layers = embedder.bilm.lstm.layers
+    if any(is_int8(layer) for layer in layers):
+        return "int8"
+    weight_dtype = layers[0].input_weight.dtype
+    return next((name for name, dtype in DTYPES.items() if dtype == weight_dtype), str(weight_dtype))
+
+
+def ring_bytes(n_layers: int, max_input_tokens: int, rows: int, projection_dim: int) -> int:
+    """Bytes of the recurrence's rings (`elmokit.serve.recurrence.Recurrence`: its inputs and each
+    layer's outputs, float32): (L+1) x (max_input_tokens + 2) x 2 directions x rows x P x 4."""
+    return n_layers * (max_input_tokens + 2) * 2 * rows * projection_dim * 4
+
+
+def device_memory(device: torch.device) -> int | None:
+    """Bytes of memory of `device`: the GPU's, or this machine's (None where it cannot be read)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_rings_fit(embedder: ElmoEmbedder, rows: int, max_input_tokens: int) -> None:
+    """ValueError, before the model's process starts, when the rings alone would take more than
+    the device's whole memory: such a server could never start."""
+    config = embedder.bilm.config
+    needed = ring_bytes(config.n_output_layers, max_input_tokens, rows, config.lstm.projection_dim)
+    memory = device_memory(embedder.device)
+    if memory is not None and needed > memory:
+        where = f"{embedder.device}'s memory" if embedder.device.type == "cuda" else "this machine's memory"
+        raise ValueError(f"--max-input-tokens {max_input_tokens} with --rows {rows}: the recurrence's rings would "
+                         f"take {needed / 2**30:.1f} GiB ((L+1) x (max-input-tokens + 2) x 2 x rows x P float32, "
+                         f"docs/serve.md), more than the {memory / 2**30:.1f} GiB of {where}: lower "
+                         f"--max-input-tokens or --rows")
 
 
 def encode(array: np.ndarray, encoding: str) -> np.ndarray | str:
@@ -290,6 +338,7 @@ async def page(request: Request) -> Response:
 # Errors, the API key and the request metrics
 # ---------------------------------------------------------------------------------------------
 async def bad_request(request: Request, error: BadRequest) -> Response:
+    """Every refusal of a route, counted once in `elmo_refused_total`, by its status."""
     request.app.state.service.metrics.refused.labels(str(error.status)).inc()
     headers = {"Retry-After": "1"} if error.status == 429 else {"Connection": "close"} if error.status == 408 else None
     return error_response(error.status, error.message, error.kind, headers, error.code)
@@ -340,6 +389,7 @@ class KeyAndMetrics:
             await self.app(scope, receive, send_and_watch)
         except asyncio.CancelledError:  # --shutdown-timeout passed before this request was answered
             if not responded:  # say so, rather than let uvicorn log a traceback and answer a bare 500
+                self.service.unanswered += 1
                 await error_response(503, "the server stopped before this request was answered "
                                           "(--shutdown-timeout)", "unavailable")(scope, receive, send_and_watch)
         finally:
@@ -366,11 +416,15 @@ API = [Route("/v1/embeddings", openai_embeddings, methods=["POST"]),
 ROUTES = {route.path for route in API}  # the metrics' route labels; any other path (/static/...) is "other"
 
 
-def build_app(service: Service) -> Starlette:
+def build_app(service: Service, on_ready=lambda: None) -> Starlette:
+    """The app; `on_ready()` is called once the model's process has the model (requests are
+    answered from then on)."""
+
     @contextlib.asynccontextmanager
     async def lifespan(app):
         await asyncio.to_thread(service.batcher.launch)  # the model's process (elmokit.serve.worker)
         service.batcher.start()
+        on_ready()
         yield
         await service.batcher.stop()
 

@@ -9,7 +9,8 @@ waiting for a batch to finish, so the rows stay as full as the requests in fligh
 sentence starts from a zero state, so its vectors never depend on the others.
 
 The queue is bounded: past `max_queue_tokens` tokens accepted and not yet answered, a new
-request is refused (`QueueFull`) rather than kept waiting. A request cancelled while it waits
+request is refused (`QueueFull`: try again) rather than kept waiting; a request of more tokens
+than that could never be queued (`TooLarge`: split it). A request cancelled while it waits
 (its client has hung up) is cancelled in the model's process too: its sentences leave the queue
 and the recurrence, so abandoned work delays nobody.
 """
@@ -36,6 +37,10 @@ STOP_TIMEOUT = 10  # seconds for it to finish once told to stop (nothing is left
 
 class QueueFull(Exception):
     """The queue holds `max_queue_tokens` tokens already: the server is overloaded."""
+
+
+class TooLarge(Exception):
+    """The request has more tokens than the whole queue may hold: it can never be queued."""
 
 
 class ModelFailed(RuntimeError):
@@ -70,6 +75,7 @@ class Batcher:
         self.queued_tokens = 0  # their tokens
         self.steps = self.row_steps = 0  # the recurrence's steps, and busy rows summed over them
         self.computed_row_steps = 0  # and the rows it computed (busy or not) summed over them
+        self.died = False  # whether the model's process died while serving (its pipe closed before "stop")
         self._ids = itertools.count()
         self._process = self._jobs = self._connection = None  # the pipe to the model's process, and back
 
@@ -108,7 +114,8 @@ class Batcher:
         requests before the lifespan ends, so nothing is left by then)."""
         if self._process is None:
             return
-        asyncio.get_running_loop().remove_reader(self._connection.fileno())
+        if not self._connection.closed:  # (`_read` closed it, and stopped reading, if the process died)
+            asyncio.get_running_loop().remove_reader(self._connection.fileno())
         try:
             self._jobs.send(("stop",))
         except OSError:  # it has gone already
@@ -120,12 +127,21 @@ class Batcher:
         self._connection.close()
         self._fail_all("the server is stopping")
 
+    @property
+    def exit_code(self) -> int | None:
+        """The model's process's exit code once it has ended (negative: the signal that killed it)."""
+        return None if self._process is None else self._process.exitcode
+
     async def submit(self, sentences: list[Sequence[str]], sentence_vectors: bool = False) -> list[np.ndarray]:
         """Embed `sentences` (token lists): one float32 array (L+1, n_i, 2P) per sentence, or with
         `sentence_vectors` its vector (2P,) (`elmokit.serve.recurrence.Recurrence.take`). QueueFull
-        when the queue has no room for them."""
+        when the queue has no room for them now, TooLarge when it never could have."""
         n_tokens = sum(map(len, sentences))
-        if self.queue and self.queued_tokens + n_tokens > self.max_queue_tokens:
+        if n_tokens > self.max_queue_tokens:
+            raise TooLarge(f"the request has {n_tokens} tokens, more than the queue may hold "
+                           f"(--max-queue-tokens {self.max_queue_tokens}): split it into requests of at most "
+                           f"{self.max_queue_tokens} tokens")
+        if self.queued_tokens + n_tokens > self.max_queue_tokens:
             raise QueueFull(f"the queue holds {self.queued_tokens} tokens, its limit is {self.max_queue_tokens} "
                             f"(--max-queue-tokens): try again shortly")
         if not self.alive:
@@ -166,6 +182,7 @@ class Batcher:
         except (EOFError, OSError):
             asyncio.get_running_loop().remove_reader(self._connection.fileno())
             self._connection.close()
+            self.died = True
             self._fail_all(f"the model's process has stopped (exit code {self._process.exitcode})")
 
     def _record(self, stats: dict) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 Tokenizer = Callable[[str], list[str]]
 CHARS_PER_TOKEN = 64  # a text longer than this many characters per allowed token is refused untokenized
+# (the tokenizer's time grows with the characters: a text that surely has too many tokens is not tokenized)
 
 
 class BadRequest(Exception):
@@ -38,6 +39,12 @@ class Limits:
     max_queue_tokens: int = 65_536
     max_wait_ms: float = 2.0
     body_timeout_s: float = 20.0  # to receive a whole body (408 past it): a client that dribbles it holds nothing
+
+    @property
+    def max_input_chars(self) -> int:
+        """Characters a raw text may have (`CHARS_PER_TOKEN` a token of --max-input-tokens); token
+        lists are bounded by --max-body-bytes (the character CNN reads a token's first 50 only)."""
+        return CHARS_PER_TOKEN * self.max_input_tokens
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_inputs", "max_input_tokens", "max_batch_tokens", "max_queue_tokens"):
@@ -104,9 +111,10 @@ def read_inputs(body: dict, field: str, limits: Limits, tokenize: Tokenizer,
     for index, item in enumerate(items):
         name = repr(field) if single else f"{field}[{index}]"
         if isinstance(item, str):
-            if len(item) > CHARS_PER_TOKEN * limits.max_input_tokens:  # surely over the limit: spare the tokenizer
-                raise BadRequest(422, f"{name} has {len(item)} characters, too long for the limit of "
-                                      f"{limits.max_input_tokens} tokens (--max-input-tokens): split the text")
+            if len(item) > limits.max_input_chars:  # surely over the token limit: spare the tokenizer
+                raise BadRequest(422, f"{name} has {len(item)} characters, more than the limit of "
+                                      f"{limits.max_input_chars} characters of a text ({CHARS_PER_TOKEN} a token of "
+                                      f"--max-input-tokens {limits.max_input_tokens}): split the text")
             tokens = tokenize(item)
         elif allow_tokens and isinstance(item, list):
             tokens = _token_list(item, name)
@@ -139,16 +147,21 @@ def read_layers(body: dict, n_layers: int) -> tuple[str, int | list[float] | Non
         return "all", None
     if isinstance(value, int) and not isinstance(value, bool):
         if not 0 <= value < n_layers:
-            raise BadRequest(422, f"'layers' {value} does not exist: the model has layers 0 to {n_layers - 1}")
+            raise BadRequest(422, f"'layers' {json.dumps(value)[:60]} does not exist: the model has layers 0 to "
+                                  f"{n_layers - 1}")
         return "one", value
     if isinstance(value, dict) and set(value) == {"weights"}:
         weights = value["weights"]
         if (not isinstance(weights, list) or len(weights) != n_layers
                 or not all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights)):
             raise BadRequest(422, f"'layers' {{\"weights\": ...}} must be a list of {n_layers} numbers, one per layer")
-        if not all(math.isfinite(w) for w in weights):
-            raise BadRequest(422, "'layers' weights must be finite numbers")
-        return "mix", [float(w) for w in weights]
+        try:  # an integer past float's range (a JSON 1 with 400 zeros) is no float: OverflowError
+            floats = [float(w) for w in weights]
+        except OverflowError:
+            floats = [math.inf]
+        if not all(map(math.isfinite, floats)):
+            raise BadRequest(422, "'layers' weights must be finite numbers, within float's range (about 1.8e308)")
+        return "mix", floats
     raise BadRequest(422, f"'layers' must be \"all\", a layer index 0 to {n_layers - 1} or "
                           f"{{\"weights\": [{n_layers} numbers]}}, got {json.dumps(value)[:60]}")
 

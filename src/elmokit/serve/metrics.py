@@ -1,7 +1,12 @@
 """The server's Prometheus metrics (`GET /metrics`), in a registry of its own (one per app):
-requests by route and status, inputs and tokens embedded, how many sentences joined the
+requests by route and status, inputs and tokens embedded and answered, how many sentences joined the
 recurrence together, time in the queue, time in the model, request latency, what is queued, how
-full the rows of the recurrence were, and refusals by reason."""
+full the rows of the recurrence were, and refusals by status.
+
+The per-step figures (the batch histograms, the queue and inference times, the steps) come from
+the model's process with its answers: they arrive when a request is answered, and include the
+steps of work later abandoned; `elmo_inputs_total` and `elmo_tokens_total` count only what was
+answered to a client still waiting for it."""
 
 from __future__ import annotations
 
@@ -36,8 +41,9 @@ class ServeMetrics:
                                 registry=r)
         self.request_seconds = Histogram("elmo_request_seconds", "time from request to response, by route",
                                          ["route"], buckets=LATENCY_BUCKETS, registry=r)
-        self.inputs = Counter("elmo_inputs", "inputs (texts or token lists) embedded", registry=r)
-        self.tokens = Counter("elmo_tokens", "tokens embedded", registry=r)
+        self.inputs = Counter("elmo_inputs", "inputs (texts or token lists) embedded and answered (abandoned "
+                              "work not counted)", registry=r)
+        self.tokens = Counter("elmo_tokens", "tokens embedded and answered (abandoned work not counted)", registry=r)
         self.batch_sentences = Histogram("elmo_batch_sentences", "sentences that joined the recurrence at one step",
                                          buckets=SIZE_BUCKETS, registry=r)
         self.batch_tokens = Histogram("elmo_batch_tokens", "tokens that joined the recurrence at one step",
@@ -46,7 +52,9 @@ class ServeMetrics:
                                        buckets=LATENCY_BUCKETS, registry=r)
         self.inference_seconds = Histogram("elmo_inference_seconds", "time from a request's first sentence "
                                            "starting to its last ending", buckets=LATENCY_BUCKETS, registry=r)
-        self.refused = Counter("elmo_refused", "requests refused, by reason", ["reason"], registry=r)
+        self.refused = Counter("elmo_refused", "requests a route refused with a JSON error, by reason: the status "
+                               "(400, 404, 408, 413, 422, 429 a full queue, 503 the model's process failed)",
+                               ["reason"], registry=r)
         self.abandoned = Counter("elmo_abandoned", "requests whose client hung up before the answer (their work "
                                  "dropped from the queue and the recurrence)", registry=r)
         self.queue_requests = Gauge("elmo_queue_requests", "requests waiting in the queue", registry=r)
@@ -67,10 +75,13 @@ class ServeMetrics:
     def record_batch(self, stats: BatchStats) -> None:
         self.batch_sentences.observe(stats.n_sentences)
         self.batch_tokens.observe(stats.n_tokens)
-        self.inputs.inc(stats.n_sentences)
-        self.tokens.inc(stats.n_tokens)
         for seconds in stats.queue_seconds:
             self.queue_seconds.observe(seconds)
+
+    def record_answered(self, sentences: list[list[str]]) -> None:
+        """A request's sentences (token lists) embedded, handed to the client that asked."""
+        self.inputs.inc(len(sentences))
+        self.tokens.inc(sum(map(len, sentences)))
 
     def route_of(self, path: str) -> str:
         return path if path in self.routes else "other"
