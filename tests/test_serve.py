@@ -299,6 +299,19 @@ def test_random_bodies_never_get_a_5xx(server, route, field, value, junk):
     assert 200 <= server.call("POST", route, raw=junk)[0] < 500
 
 
+def test_numbers_of_any_size_in_any_field_never_get_a_5xx(server):
+    """Integers past float's range (a JSON 1 with 400 zeros, either sign), infinity (1e400) and
+    booleans wherever a number might go, on every route: a 4xx that says why, or a 200, never a 500."""
+    for route in ("/v1/embeddings", "/embed", "/embed_all"):
+        for field in ("layers", "weights", "dimensions", "normalize", "encoding", "encoding_format"):
+            for value in (HUGE, b"-" + HUGE, b"1e400", b"true", b"false"):
+                sent = b'{"weights": [0, %s, 0]}' % value if field == "weights" else value
+                raw = b'{"input": "hi", "inputs": [["a"]], "%s": %s}' % (field.replace("weights", "layers").encode(),
+                                                                         sent)
+                status, answer, _ = server.call("POST", route, raw=raw)
+                assert 200 <= status < 500 and (status == 200 or "message" in answer["error"]), (raw[:80], answer)
+
+
 # ---------------------------------------------------------------------------------------------
 # The key, /health, /info, /metrics
 # ---------------------------------------------------------------------------------------------
