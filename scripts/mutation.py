@@ -232,6 +232,9 @@ MUTANTS = [
     Mutant("layers: 'top' is the token layer", "inference/layers.py",
            "return layers[..., -1, :, :]", "return layers[..., 0, :, :]",
            ("tests/test_layers.py", "tests/test_embed_cli.py::test_layouts_hdf5_npz_and_sentence_vectors")),
+    Mutant("engine: weights reordered again for a call of fewer rows", "inference/engine.py",
+           "(not batched and cache[2] < rows)", "(not batched and cache[2] != rows)",
+           ("tests/test_rows.py::test_weights_reordered_for_many_rows_serve_calls_of_fewer",)),
     # elmo serve: its recurrence (serve/recurrence.py)
     Mutant("serve recurrence: no residual on layer 2", "serve/recurrence.py",
            "if index > 0:  # the residual", "if index > 1:  # the residual", (SERVE_RECURRENCE,)),

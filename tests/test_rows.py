@@ -4,6 +4,8 @@ and the same vectors whatever the rows."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -93,6 +95,25 @@ def test_every_row_count_gives_the_same_numbers(tiny_model):
     reference = embedder.embed_many(SENTENCES, rows=1)
     for rows in (7, 32, 128, 256):
         same_vectors(reference, embedder.embed_many(SENTENCES, rows=rows))
+
+
+def test_weights_reordered_for_many_rows_serve_calls_of_fewer(tiny_model):
+    """Calls of few and of many sentences in turn (32 and 128 rows) reorder the weights once, for
+    the most rows yet; fewer rows run on them with the same numbers; more rows reorder again."""
+    from elmokit.inference import engine
+
+    embedder = ElmoEmbedder(module=tiny_model, cache_tokens=False)
+    layer = tiny_model.lstm.layers[0]
+    big = embedder.embed_many(SENTENCES, rows=128)
+    products = layer.__dict__[engine.PACKED_KEY][1]
+    small = embedder.embed_many(SENTENCES[:40], rows=32)
+    assert layer.__dict__[engine.PACKED_KEY][1] is products  # not reordered for 32 rows
+    same_vectors(small, ElmoEmbedder(module=copy.deepcopy(tiny_model), cache_tokens=False)
+                 .embed_many(SENTENCES[:40], rows=32))
+    same_vectors(big, embedder.embed_many(SENTENCES, rows=128))
+    assert layer.__dict__[engine.PACKED_KEY][1] is products
+    embedder.embed_many(SENTENCES, rows=256)
+    assert layer.__dict__[engine.PACKED_KEY][1] is not products  # more rows than reordered for: again
 
 
 def test_a_stateful_embedder_keeps_allennlps_batches_of_64(tiny_model):

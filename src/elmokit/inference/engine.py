@@ -225,12 +225,14 @@ def layer_products(layer: BiLstmLayer, rows: int, batched: bool
                    ) -> DirectionStreamProducts | BatchedStreamProducts:
     """The layer's products for `rows` rows, made once and kept with the layer until a weight
     changes (`kernels.weights_key`; the reordered or transposed copies do not follow the weights;
-    the batched ones, with their CUDA graphs, serve every row count)."""
+    the batched ones, with their CUDA graphs, serve every row count). oneDNN's are reordered for
+    about `rows` rows and kept for any call of as many rows or fewer (tuned for more rows, a product
+    of fewer runs about as fast, where one reordered for fewer rows than it gets can run at half
+    speed), so that calls of few and of many sentences in turn do not reorder the weights each call."""
     weights = (layer.input_weight, layer.recurrent_weight, layer.projection, layer.bias)  # a graph reads the bias
-    key = (batched, None if batched else rows,  # the batched copies serve every row count (oneDNN's are tuned)
-           is_int8(layer), weights_key(weights))
+    key = (batched, is_int8(layer), weights_key(weights))
     cache = layer.__dict__.get(PACKED_KEY)
-    if cache is None or cache[0] != key:
+    if cache is None or cache[0] != key or (not batched and cache[2] < rows):
         doubled = candidate_doubled(layer)[:, None]  # (4C, 1)
         dtype = layer.input_weight.dtype
         if batched:
@@ -239,7 +241,7 @@ def layer_products(layer: BiLstmLayer, rows: int, batched: bool
                                              layer.projection.mT.contiguous(), dtype, {})
         else:
             products = DirectionStreamProducts(*packed_products(layer, rows), dtype)
-        layer.__dict__[PACKED_KEY] = cache = (key, products)
+        layer.__dict__[PACKED_KEY] = cache = (key, products, rows)
     return cache[1]
 
 
