@@ -115,3 +115,13 @@ def without_autocast(device_type: str) -> contextlib.AbstractContextManager:
     if torch.amp.is_autocast_available(device_type):
         return torch.autocast(device_type, enabled=False)
     return contextlib.nullcontext()
+
+
+def memory_bytes(device: torch.device) -> int | None:
+    """Bytes of memory of `device`: the GPU's, or this machine's (None where it cannot be read)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None

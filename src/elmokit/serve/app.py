@@ -24,14 +24,12 @@ import contextlib
 import dataclasses
 import hmac
 import json
-import os
 import time
 from importlib.resources import files
 from pathlib import Path
 
 import numpy as np
 import orjson
-import torch
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -40,9 +38,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from elmokit import __version__
-from elmokit.devices import DTYPES
+from elmokit.inference.elmo import bilm_precision
 from elmokit.inference.embedder import ElmoEmbedder
-from elmokit.int8 import is_int8
 from elmokit.serve.batching import Batcher, ModelFailed, QueueFull, TooLarge
 from elmokit.serve.explore import examples, explore
 from elmokit.serve.inputs import (
@@ -56,6 +53,7 @@ from elmokit.serve.inputs import (
     read_layers,
 )
 from elmokit.serve.metrics import ServeMetrics
+from elmokit.serve.recurrence import check_rings_fit
 
 STATIC = Path(str(files("elmokit") / "serve" / "static"))
 
@@ -107,7 +105,7 @@ class Service:
         self.metrics = ServeMetrics(ROUTES)
         if rows is None:
             rows = embedder.rows_at(limits.max_batch_tokens)
-        check_rings_fit(embedder, rows, limits.max_input_tokens)
+        check_rings_fit(embedder.bilm, embedder.device, rows, limits.max_input_tokens)
         self.unanswered = 0  # requests still in flight when --shutdown-timeout ran out (each answered 503)
         self.batcher = Batcher(embedder, rows, limits.max_input_tokens + 2, limits.max_batch_tokens,
                                limits.max_wait_ms / 1000, limits.max_queue_tokens, self.metrics.record_batch,
@@ -124,7 +122,7 @@ class Service:
                       "lstm_layers": config.lstm.n_layers, "cell_dim": config.lstm.cell_dim,
                       "projection_dim": config.lstm.projection_dim,
                       "parameters": sum(p.numel() for p in embedder.bilm.parameters())},
-            "device": str(embedder.device), "dtype": served_dtype(embedder),
+            "device": str(embedder.device), "dtype": bilm_precision(embedder.bilm),
             "tokenizer": self.tokenizer_name, "limits": dataclasses.asdict(self.limits),
             "rows": self.batcher.rows,
             "api_key_required": self.api_key is not None}
@@ -197,46 +195,6 @@ class Service:
     def usage(self, sentences: list[list[str]]) -> dict:
         n_tokens = sum(map(len, sentences))
         return {"prompt_tokens": n_tokens, "total_tokens": n_tokens}
-
-
-def served_dtype(embedder: ElmoEmbedder) -> str:
-    """The dtype the model runs, by `elmo serve --dtype`'s name: int8 (the LSTM's products
-    quantized), else its LSTM weights' dtype (float32 or bfloat16)."""
-    layers = embedder.bilm.lstm.layers
-    if any(is_int8(layer) for layer in layers):
-        return "int8"
-    weight_dtype = layers[0].input_weight.dtype
-    return next((name for name, dtype in DTYPES.items() if dtype == weight_dtype), str(weight_dtype))
-
-
-def ring_bytes(n_layers: int, max_input_tokens: int, rows: int, projection_dim: int) -> int:
-    """Bytes of the recurrence's rings (`elmokit.serve.recurrence.Recurrence`: its inputs and each
-    layer's outputs, float32): (L+1) x (max_input_tokens + 2) x 2 directions x rows x P x 4."""
-    return n_layers * (max_input_tokens + 2) * 2 * rows * projection_dim * 4
-
-
-def device_memory(device: torch.device) -> int | None:
-    """Bytes of memory of `device`: the GPU's, or this machine's (None where it cannot be read)."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
-def check_rings_fit(embedder: ElmoEmbedder, rows: int, max_input_tokens: int) -> None:
-    """ValueError, before the model's process starts, when the rings alone would take more than
-    the device's whole memory: such a server could never start."""
-    config = embedder.bilm.config
-    needed = ring_bytes(config.n_output_layers, max_input_tokens, rows, config.lstm.projection_dim)
-    memory = device_memory(embedder.device)
-    if memory is not None and needed > memory:
-        where = f"{embedder.device}'s memory" if embedder.device.type == "cuda" else "this machine's memory"
-        raise ValueError(f"--max-input-tokens {max_input_tokens} with --rows {rows}: the recurrence's rings would "
-                         f"take {needed / 2**30:.1f} GiB ((L+1) x (max-input-tokens + 2) x 2 x rows x P float32, "
-                         f"docs/serve.md), more than the {memory / 2**30:.1f} GiB of {where}: lower "
-                         f"--max-input-tokens or --rows")
 
 
 def encode(array: np.ndarray, encoding: str) -> np.ndarray | str:

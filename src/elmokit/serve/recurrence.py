@@ -40,6 +40,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from elmokit.devices import memory_bytes
 from elmokit.inference.elmo import boundary_rows
 from elmokit.inference.embedder import ElmoEmbedder
 from elmokit.inference.engine import candidate_doubled
@@ -91,6 +92,24 @@ class SplitGateProduct(NamedTuple):
         dim = state.shape[-1] // 2
         gates = self.input(state[:, :dim], bias)  # (R, 4C)
         return self.recurrent.add(gates, state[:, dim:], out=gates)
+
+
+def ring_bytes(bilm: BiLM, rows: int, max_positions: int) -> int:
+    """Bytes of `Recurrence`'s rings: its inputs and each layer's outputs, float32,
+    (L+1) x H x 2 directions x R x P x 4 (docs/serve.md: H = --max-input-tokens + 2)."""
+    return bilm.config.n_output_layers * max_positions * 2 * rows * bilm.config.lstm.projection_dim * 4
+
+
+def check_rings_fit(bilm: BiLM, device: torch.device, rows: int, max_input_tokens: int) -> None:
+    """ValueError, before the server's model process starts, where the rings alone would take more
+    than the device's whole memory (`devices.memory_bytes`): such a server could never start."""
+    needed, memory = ring_bytes(bilm, rows, max_input_tokens + 2), memory_bytes(device)
+    if memory is not None and needed > memory:
+        where = f"{device}'s memory" if device.type == "cuda" else "this machine's memory"
+        raise ValueError(f"--max-input-tokens {max_input_tokens} with --rows {rows}: the recurrence's rings would "
+                         f"take {needed / 2**30:.1f} GiB ((L+1) x (max-input-tokens + 2) x 2 x rows x P float32, "
+                         f"docs/serve.md), more than the {memory / 2**30:.1f} GiB of {where}: lower "
+                         f"--max-input-tokens or --rows")
 
 
 class _SpanViews(NamedTuple):
