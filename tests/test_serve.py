@@ -496,6 +496,24 @@ def test_a_request_larger_than_the_queue_gets_413_not_429_nor_200(slow_server):
     assert slow_server.call("POST", "/embed", {"inputs": [["w"] * 30, ["w"] * 20]})[0] == 200  # 50: exactly the limit
 
 
+def test_at_the_defaults_the_largest_request_the_limits_admit_fits_the_queue():
+    """--max-inputs texts of --max-input-tokens tokens each pass the queue's check at the defaults
+    (a 413 there would refuse a request every other limit admits); one token more is TooLarge."""
+    import asyncio
+
+    from elmokit.serve.batching import Batcher, ModelFailed, TooLarge
+    from elmokit.serve.inputs import Limits
+
+    limits = Limits()
+    batcher = Batcher(None, 4, limits.max_input_tokens + 2, limits.max_batch_tokens, 0.002, limits.max_queue_tokens,
+                      lambda *_: None, lambda *_: None)  # never launched: past the queue's checks, "not alive"
+    largest = [["w"] * limits.max_input_tokens] * limits.max_inputs
+    with pytest.raises(ModelFailed):
+        asyncio.run(batcher.submit(largest))
+    with pytest.raises(TooLarge):
+        asyncio.run(batcher.submit([*largest, ["w"]]))
+
+
 def test_sigterm_finishes_the_accepted_requests_and_exits_0(slow_server, embedder):
     sentences = [["one"], ["two", "words"], ["and", "three", "more"]]
     threads, answers = ask_each_at_once(slow_server, sentences)

@@ -13,6 +13,7 @@ import torch
 
 from elmokit.commands.common import add_device_arguments, add_model_arguments, device_from_args, model_from_args
 from elmokit.extras import require
+from elmokit.serve.inputs import Limits  # plain Python: no extra needed
 from elmokit.training.config import max_threads
 
 API_KEY_VARIABLE = "ELMOKIT_API_KEY"
@@ -60,9 +61,10 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-wait-ms", type=float, default=2.0,
                         help="an idle model waits for more requests until none has come for this long, at most "
                              "10x this after the first (default: 2)")
-    parser.add_argument("--max-queue-tokens", type=int, default=65536,
+    parser.add_argument("--max-queue-tokens", type=int, default=Limits.max_queue_tokens,
                         help="tokens waiting at most; past that a request gets 429, and one of more tokens "
-                             "than this, 413 (default: 65536)")
+                             f"than this, 413 (default: {Limits.max_queue_tokens}, a request of --max-inputs x "
+                             "--max-input-tokens at their defaults)")
     parser.add_argument("--max-inputs", type=int, default=256, help="inputs per request at most (default: 256)")
     parser.add_argument("--max-input-tokens", type=int, default=512, help="tokens per input at most (default: 512)")
     parser.add_argument("--max-body-bytes", type=int, default=2_000_000,
@@ -79,8 +81,6 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from elmokit.serve.inputs import Limits
-
     limits = Limits(args.max_body_bytes, args.max_inputs, args.max_input_tokens, args.max_batch_tokens,
                     args.max_queue_tokens, args.max_wait_ms, args.body_timeout)  # bad limits fail before anything loads
     if args.rows is not None and not 1 <= args.rows <= 4096:

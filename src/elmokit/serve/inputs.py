@@ -36,7 +36,7 @@ class Limits:
     max_inputs: int = 256
     max_input_tokens: int = 512
     max_batch_tokens: int = 16_384
-    max_queue_tokens: int = 65_536
+    max_queue_tokens: int = 131_072  # max_inputs x max_input_tokens: the largest request the others admit fits
     max_wait_ms: float = 2.0
     body_timeout_s: float = 20.0  # to receive a whole body (408 past it): a client that dribbles it holds nothing
 
