@@ -30,14 +30,13 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from embed import read_conllu_forms  # bench/embed.py
+from embed import COSINE_BUDGET, ERROR_BUDGET, read_conllu_forms, sentence_errors  # bench/embed.py
 from int8_quality import TEST_SPLIT, first_sentences  # bench/int8_quality.py: gutenberg-en's test split
 from machine import busy_processes, page_header  # bench/machine.py
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
 DTYPES = ("bfloat16", "int8")
-ERROR_BUDGET, COSINE_BUDGET = 0.05, 0.999  # tests/test_int8.py's
 MAX_PARAGRAPH = 400  # tokens: WikiText-2's longer paragraphs skipped
 
 
@@ -69,20 +68,6 @@ def raw_lines(path: Path, count: int) -> list[list[str]]:
                 if len(lines) == count:
                     break
     return lines
-
-
-def sentence_errors(exact: list[np.ndarray], approximate: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Each sentence's worst layer error (fraction of that layer's largest float32 value) and worst
-    layer mean token cosine: (n,), (n,). Sentences without tokens are left out."""
-    errors, cosines = [], []
-    for layers, layers_q in zip(exact, approximate, strict=True):  # (L+1, n, 2P) each
-        if layers.shape[1] == 0:
-            continue
-        largest = np.abs(layers).max(axis=(1, 2))  # (L+1,)
-        errors.append(float((np.abs(layers - layers_q).max(axis=(1, 2)) / largest).max()))
-        dots = (layers * layers_q).sum(-1) / np.linalg.norm(layers, axis=-1) / np.linalg.norm(layers_q, axis=-1)
-        cosines.append(float(dots.mean(axis=1).min()))
-    return np.array(errors), np.array(cosines)
 
 
 def main() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import sys
 
 import numpy as np
@@ -119,15 +120,19 @@ def test_resume_refuses_a_partial_made_in_another_dtype(model_dir, tmp_path, mon
     assert output.exists()
 
 
-def test_resume_of_a_partial_without_a_recorded_precision_is_refused(tmp_path):
+def test_resume_of_a_partial_without_a_recorded_precision_warns(tmp_path, caplog):
     """A partial from before the precision was recorded may hold int8 vectors under a float32
-    model's digest: refused, saying so."""
+    model's digest: resumed (an upgrade keeps its unfinished runs), with a warning that says so;
+    one that records another precision is refused."""
     partial = tmp_path / "o.h5.partial"
     partial.mkdir()
     made = {"input": {"size": 3}, "options": {}, "model": "m", "world_size": 1, "batch_size": None}
     files.start_progress(partial, 0, made, resume=False).save()
-    with pytest.raises(ValueError, match=r"different precision \(the partial's vectors: not recorded .*"
-                                         r"this run's: float32"):
+    with caplog.at_level(logging.WARNING, logger=files.log.name):
+        files.start_progress(partial, 0, {**made, "precision": "float32"}, resume=True)
+    assert "did not record its precision, in float32" in caplog.text
+    files.start_progress(partial, 0, {**made, "precision": "int8"}, resume=False).save()
+    with pytest.raises(ValueError, match=r"different precision \(the partial's vectors: int8; this run's: float32"):
         files.start_progress(partial, 0, {**made, "precision": "float32"}, resume=True)
 
 

@@ -135,7 +135,7 @@ def test_a_batch_size_below_one_is_refused(tiny_model, bad):
         list(embedder.embed_sentences(SENTENCES, batch_size=bad))
     with pytest.raises(ValueError, match=rf"^rows must be >= 1 \(or None: the engine's choice\), got {bad}$"):
         embedder.embed_many(SENTENCES, rows=bad)
-    with pytest.raises(ValueError, match=f"batch-size must be >= 1, got {bad}"):
+    with pytest.raises(ValueError, match=rf"^batch_size \(--batch-size\) must be >= 1, got {bad}$"):
         files.EmbedOptions(batch_size=bad)
 
 

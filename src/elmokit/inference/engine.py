@@ -276,7 +276,7 @@ def packed_products(layer: BiLstmLayer, rows: int) -> tuple[list[PackedLinear], 
     """The input, recurrent and projection products of each direction, their weights
     reordered for oneDNN (the candidate's rows doubled, see `activate_doubled_gates_`), for about
     `rows` rows, or quantized to int8 for a layer that `elmokit.int8.quantize_modules` marked
-    (`layer_products` keeps them until a weight changes)."""
+    (`layer_products` keeps them until a weight changes or a call wants more rows)."""
     weights = (layer.input_weight, layer.recurrent_weight, layer.projection)
     block_rows = max(rows, GATE_BUDGET // (2 * 4 * layer.cell_dim))  # input products: a block of steps
     doubled = candidate_doubled(layer)[:, None]  # (4C, 1)

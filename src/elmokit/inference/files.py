@@ -32,7 +32,8 @@ OUTPUT.partial/, as segment files that are closed and listed in `progress-rank{r
 next input line to embed, the input's size, mtime and a hash of its first MiB, the options, a
 digest of the model and its precision, `elmo.bilm_precision`) every `checkpoint_every` sentences;
 `resume=True` continues from the last listed segment after a crash or a kill, and refuses a
-partial made from other input, options, model or precision (float32, bfloat16 or int8).
+partial made from other input, options, model or precision (float32, bfloat16 or int8; a partial
+of an older elmokit, which did not record its precision, resumes with a warning).
 Without `resume`, an existing partial is discarded only with `overwrite`. Every file is flushed to
 the disk before it is renamed into place; a failed write (a full disk) is one error that keeps the
 finished segments, and `resume=True` continues (or redoes the merge) once there is space. One
@@ -151,7 +152,7 @@ class EmbedOptions:
             setattr(self, name, int(value))  # a numpy integer too, written as JSON in the progress record
         for name in ("batch_size", "checkpoint_every"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+                raise ValueError(f"{name} (--{name.replace('_', '-')}) must be >= 1, got {getattr(self, name)}")
         if self.overlap < 0 or self.max_length <= 2 * self.overlap:
             raise ValueError(f"max-length ({self.max_length}) must be more than twice the overlap "
                              f"({self.overlap}), and the overlap >= 0")
@@ -354,8 +355,7 @@ def prepare_partial(partial: Path, resume: bool, overwrite: bool) -> None:
 
 def _precisions(made: dict, now: dict) -> str:
     """What a resume that changes the precision says: the partial's and this run's (dtype)."""
-    then = made.get("precision", "not recorded (made by an older elmokit)")
-    return f" (the partial's vectors: {then}; this run's: {now['precision']}, its dtype)"
+    return f" (the partial's vectors: {made['precision']}; this run's: {now['precision']}, its dtype)"
 
 
 def start_progress(partial: Path, rank: int, identity: dict, resume: bool) -> RankProgress:
@@ -363,6 +363,11 @@ def start_progress(partial: Path, rank: int, identity: dict, resume: bool) -> Ra
     if resume and path.exists():
         progress = RankProgress.load(path)
         changed = sorted(key for key in identity if identity[key] != progress.identity.get(key))
+        if "precision" in changed and "precision" not in progress.identity:  # an older elmokit's: float32 or int8
+            changed.remove("precision")
+            log.warning(f"resuming {partial}, made by an older elmokit that did not record its precision, in "
+                        f"{identity['precision']}: if it was made in another one (--dtype int8 or float32), its "
+                        "vectors mix the two; run without --resume to start over and be sure")
         if set(changed) - {"batch_size"}:
             raise ValueError(f"cannot resume {partial}: it was made with a different "
                              f"{', '.join(key for key in changed if key != 'batch_size')}"
