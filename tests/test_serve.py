@@ -336,6 +336,9 @@ def test_info_says_the_model_shape_and_limits(server):
     assert info["dtype"] == "float32" and info["device"] == "cpu"  # --dtype's name, not torch's
 
 
+STARTUP_SECONDS = 180  # for `elmo serve` to load a test's model and say `listening on`
+
+
 def start_serve(model, *arguments: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
     """`elmo serve` started bare (no waiting for /health, unlike `Server`): the process, and the
     address of its `listening on` line once printed (else the whole of stderr, the process ended)."""
@@ -344,10 +347,15 @@ def start_serve(model, *arguments: str, env: dict | None = None) -> tuple[subpro
     process = subprocess.Popen([sys.executable, "-m", "elmokit", "serve", "--model", str(model), "--port", "0",
                                 "--threads", "1", *arguments], stderr=subprocess.PIPE, text=True, env=env)
     said = []
-    for line in process.stderr:
-        said.append(line)
-        if line.startswith("listening on http://"):
-            return process, line.split()[2]
+    watchdog = threading.Timer(STARTUP_SECONDS, process.kill)  # a server stuck before `listening on` fails a test
+    watchdog.start()  # instead of hanging it: killed, its stderr ends
+    try:
+        for line in process.stderr:
+            said.append(line)
+            if line.startswith("listening on http://"):
+                return process, line.split()[2]
+    finally:
+        watchdog.cancel()
     process.wait(timeout=60)
     return process, "".join(said)
 
