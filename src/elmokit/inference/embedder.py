@@ -178,7 +178,8 @@ class ElmoEmbedder:
         """The engine's rows for these sentences run at once (at most `POSITION_BUDGET` positions
         count): `elmokit.inference.streams.default_rows`. A stream of windows (`embed_sentences`,
         `elmo embed`) takes its first window's rows for every window: one row count, so the
-        layers' reordered weights (made for a row count, one set kept) are made once."""
+        layers' reordered weights (made for the most rows a call has wanted, one set kept) are
+        made once."""
         return self.rows_at(sum(len(sentence) + 2 for sentence in sentences))
 
     def rows_at(self, positions: int) -> int:
