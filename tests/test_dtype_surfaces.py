@@ -136,6 +136,30 @@ def test_resume_of_a_partial_without_a_recorded_precision_warns(tmp_path, caplog
         files.start_progress(partial, 0, {**made, "precision": "float32"}, resume=True)
 
 
+@needs_int8
+def test_elmos_vocabulary_cache_follows_the_precision_another_holder_gives_the_module(tiny_model):
+    """Elmo(vocab_to_cache=...) computes its words' token layer once; where another holder then
+    switches the shared module to int8 (whose token encoder runs in bfloat16), the word path runs
+    the same numbers as the char path, not float32 token vectors into an int8 LSTM."""
+    vocabulary = ["<pad>", "The", "cat", "sat", "on", "the", "mat", "."]
+    elmo = Elmo(module=tiny_model, dropout=0.0, vocab_to_cache=vocabulary).eval()
+    sentences = [SENTENCES[0], ["the", "cat"]]
+    word_ids = torch.tensor([[vocabulary.index(word) for word in sentences[0]],
+                             [vocabulary.index("the"), vocabulary.index("cat"), 0, 0, 0, 0, 0]])
+
+    def both_paths() -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            return (elmo(word_inputs=word_ids)["elmo_representations"][0],
+                    elmo(batch_to_ids(sentences))["elmo_representations"][0])
+
+    by_words, by_chars = both_paths()
+    torch.testing.assert_close(by_words, by_chars, atol=1e-5, rtol=0)
+    ElmoEmbedder(module=tiny_model, dtype="int8")  # another holder: the module is int8 from now on
+    by_words_int8, by_chars_int8 = both_paths()
+    assert (by_chars_int8 - by_chars).abs().max() > 1e-4  # the char path did change precision
+    torch.testing.assert_close(by_words_int8, by_chars_int8, atol=1e-5, rtol=0)
+
+
 # ---------------------------------------------------------------------------------------------
 # batch sizes
 # ---------------------------------------------------------------------------------------------

@@ -243,11 +243,15 @@ class Elmo(nn.Module):
             for _ in range(num_output_representations)
         ).to(module_device(self.bilm))
         self.carried = CarriedState() if stateful else None
-        vectors = None
-        if vocab_to_cache is not None:
-            with torch.no_grad():
-                vectors = self.bilm.encode_words([BOS_TOKEN, EOS_TOKEN, *vocab_to_cache])  # (2 + V, P)
-        self.register_buffer("word_embedding", vectors, persistent=False)
+        self._vocabulary = None if vocab_to_cache is None else [BOS_TOKEN, EOS_TOKEN, *vocab_to_cache]
+        self.register_buffer("word_embedding", None, persistent=False)  # their token layer (2 + V, P)
+        self._encode_vocabulary()
+
+    @torch.no_grad()
+    def _encode_vocabulary(self) -> None:
+        self._vocabulary_precision = bilm_precision(self.bilm)  # what `word_embedding` was computed in
+        if self._vocabulary is not None:
+            self.word_embedding = self.bilm.encode_words(self._vocabulary)
 
     @classmethod
     def from_params(cls, params: Mapping) -> "Elmo":
@@ -315,6 +319,8 @@ class Elmo(nn.Module):
 
     def _run_cached(self, word_ids: torch.Tensor) -> BiLMOutput:
         """word_ids (B, T): indices into vocab_to_cache, whose entry 0 is padding (as in AllenNLP)."""
+        if bilm_precision(self.bilm) != self._vocabulary_precision:  # another holder changed it: follow, never mix
+            self._encode_vocabulary()
         lengths = (word_ids > 0).sum(dim=1)
         # table rows: 0 = <S>, 1 = </S>, 2 + i = vocab_to_cache[i]
         rows = boundary_rows(lengths.cpu().numpy(), word_ids[word_ids > 0].cpu().numpy() + 2)
