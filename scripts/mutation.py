@@ -235,6 +235,12 @@ MUTANTS = [
     Mutant("engine: weights reordered again for a call of fewer rows", "inference/engine.py",
            "(not batched and cache[2] < rows)", "(not batched and cache[2] != rows)",
            ("tests/test_rows.py::test_weights_reordered_for_many_rows_serve_calls_of_fewer",)),
+    Mutant("token cache: not started over when the module's precision changes", "inference/cache.py",
+           "return bilm_precision(self.bilm), weights_key(", "return None, weights_key(",
+           ("tests/test_dtype_surfaces.py",)),
+    Mutant("elmo serve: a request larger than the whole queue admitted", "serve/batching.py",
+           "if n_tokens > self.max_queue_tokens:", "if False:",
+           ("tests/test_serve.py::test_at_the_defaults_the_largest_request_the_limits_admit_fits_the_queue",)),
     # elmo serve: its recurrence (serve/recurrence.py)
     Mutant("serve recurrence: no residual on layer 2", "serve/recurrence.py",
            "if index > 0:  # the residual", "if index > 1:  # the residual", (SERVE_RECURRENCE,)),

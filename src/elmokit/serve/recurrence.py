@@ -13,11 +13,11 @@ sentence waits for the whole batch.
 
 Each sentence starts from a zero state, so its vectors are those it gets alone (stateless):
 `ElmoEmbedder.embed_many`'s numbers to float32 rounding (the input and recurrent products are one
-product here, two in the engine; in int8 two here too, and the engine's int8 numbers exactly). The formulas are `elmokit.model.cell`'s (the cell, the
-residual from layer 2 on); the products are oneDNN's with the weights reordered once
-(`elmokit.kernels.PackedLinear`, as the engine's; the candidate's rows doubled, `candidate_doubled`,
-so that one sigmoid covers the four gates). Weights in bfloat16 run their products in bfloat16, the state and outputs in
-float32, as in the engine.
+product here, two in the engine; in int8 two here too, giving the engine's int8 numbers exactly).
+The formulas are `elmokit.model.cell`'s (the cell, the residual from layer 2 on); the products
+are oneDNN's with the weights reordered once (`elmokit.kernels.PackedLinear`, as the engine's; the
+candidate's rows doubled, `candidate_doubled`, so that one sigmoid covers the four gates). Weights
+in bfloat16 run their products in bfloat16, the state and outputs in float32, as in the engine.
 
 A sentence of S positions (its tokens and the two boundaries) admitted at step t runs steps
 t .. t+S-2: its forward stream reads positions 0..S-2, its backward stream S-1..1, and the
