@@ -14,14 +14,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def bench_serve():
-    sys.path.insert(0, str(REPO / "bench"))  # its imports: bench/embed.py, bench/machine.py
-    try:
+    saved = list(sys.path)  # bench/serve.py puts bench/ on the path for its imports: taken off again after, or
+    try:  # bench/onnx.py would shadow the onnx package for every later test
         spec = importlib.util.spec_from_file_location("bench_serve", REPO / "bench" / "serve.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         yield module
     finally:
-        sys.path.remove(str(REPO / "bench"))
+        sys.path[:] = saved
 
 
 def sentences(*lengths: int) -> list[list[str]]:
