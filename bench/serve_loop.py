@@ -4,7 +4,8 @@ process working on the other core costs it. `elmo serve`'s model process drives
 `bench/serve.py` sends (UD English EWT dev, the built-in model unless --model, warm token cache):
 before each step the sentences waiting join the free rows (their token layers looked up, then
 admitted), the busy rows are kept compact, the step runs, and the sentences that ended are read
-(their sentence vectors, what /v1/embeddings answers), keeping --rows rows busy until the last.
+(their sentence vectors, what /v1/embeddings answers), keeping --rows rows busy until the last,
+in one recurrence built as the server builds it at its default limits (its rows, its rings).
 
     .venv/bin/python bench/serve_loop.py                  # -> bench/results/serve-loop.md
     .venv/bin/python bench/serve_loop.py --rows 27 --repeats 2 --output /tmp/loop.md
@@ -50,12 +51,20 @@ while True:
 """
 
 
-def drive(embedder, sentences: list[list[str]], rows: int) -> dict:
-    """The server's loop over `sentences` with at most `rows` busy: tokens/s, the mean step (ms)
-    and each part's share of the wall time."""
-    from elmokit.serve.recurrence import Recurrence, token_layer
+def server_recurrence(embedder):
+    """The recurrence `elmo serve` builds at its default limits (its rows and its rings' steps)."""
+    from elmokit.serve.inputs import Limits
+    from elmokit.serve.recurrence import Recurrence
 
-    recurrence = Recurrence(embedder.bilm, rows, max(map(len, sentences)) + 2)
+    limits = Limits()
+    return Recurrence(embedder.bilm, embedder.rows_at(limits.max_batch_tokens), limits.max_input_tokens + 2)
+
+
+def drive(embedder, recurrence, sentences: list[list[str]], rows: int) -> dict:
+    """The server's loop over `sentences` in `recurrence` (idle) with at most `rows` busy:
+    tokens/s, the mean step (ms) and each part's share of the wall time."""
+    from elmokit.serve.recurrence import token_layer
+
     waiting = list(reversed(sentences))
     seconds: Counter = Counter()
     steps = 0
@@ -105,19 +114,22 @@ def main() -> None:
         if result["speed"] > best.get(key, {"speed": 0.0})["speed"]:
             best[key] = result
 
-    drive(local.embedder, sentences, args.rows[0])  # warm: the loop's products and views
+    recurrence = server_recurrence(local.embedder)  # one for every pass, as the server keeps one
+    if max(args.rows) > recurrence.rows:
+        parser.error(f"--rows: the server's recurrence has {recurrence.rows} rows")
+    drive(local.embedder, recurrence, sentences, args.rows[0])  # warm: the loop's products and views
     for round_ in range(args.repeats):
         keep(("engine", None), {"speed": local.run()[0]})
         for rows in args.rows:
             keep(("engine", rows), {"speed": local.run(rows)[0]})
-            keep(("alone", rows), drive(local.embedder, sentences, rows))
+            keep(("alone", rows), drive(local.embedder, recurrence, sentences, rows))
             other = subprocess.Popen([sys.executable, "-c", JSON_WORK], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True)
             other.stdin.write(json.dumps(sentences))
             other.stdin.close()
             other.stdout.readline()  # "ready": its bodies are built
             try:
-                keep(("beside", rows), drive(local.embedder, sentences, rows))
+                keep(("beside", rows), drive(local.embedder, recurrence, sentences, rows))
             finally:
                 other.kill()
                 other.wait()
@@ -132,7 +144,9 @@ def main() -> None:
              f"{sum(map(len, sentences)):,} tokens; model: {args.model or 'gutenberg-en (built in)'}; warm token "
              f"cache; {args.repeats} rounds, the fastest of each kept.", "",
              f"Machine load: before, {load_before}. After, {busy_processes()}.", "",
-             "The loop is `elmo serve`'s model process without its pipes (`drive`): sentences join the free rows "
+             "The loop is `elmo serve`'s model process without its pipes (`drive`, in the recurrence the server "
+             f"builds at its default limits: {recurrence.rows} rows, rings of {recurrence.horizon} steps): sentences "
+             "join the free rows "
              "as rows free, every step computes the busy rows, the ended ones are read as sentence vectors. "
              "*Beside JSON*: the same loop while a second process decodes requests and encodes answers in JSON on "
              "the other core, as the server's HTTP process and the load generator do during bench/serve.py. "
