@@ -188,14 +188,12 @@ def closed_loop_rows(sentences: list[list[str]], per_request: str, clients: int)
     with a zero hop). Rows busy summed over the steps, over the steps: an upper bound, no row limit."""
     starts = np.cumsum([0, *request_sizes(per_request, len(sentences))])
     free = [0] * clients  # the step at which each client sends its next request (a heap)
-    row_steps = end = 0
+    row_steps = 0
     for start, stop in zip(starts[:-1], starts[1:]):
         steps = [len(sentence) + 1 for sentence in sentences[start:stop]]
-        sent = heapq.heappop(free)
         row_steps += sum(steps)
-        end = max(end, sent + max(steps))
-        heapq.heappush(free, sent + max(steps))
-    return row_steps / end
+        heapq.heappush(free, heapq.heappop(free) + max(steps))
+    return row_steps / max(free)  # the last answer's step
 
 
 def mean_size(per_request: str) -> float:
