@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import h5py
@@ -92,6 +93,68 @@ def test_vocab_to_cache_equals_char_inputs(tiny_model):
     cached = elmo(word_inputs=word_ids)["elmo_representations"][0]
     direct = elmo(batch_to_ids(SENTENCES))["elmo_representations"][0]
     assert torch.allclose(cached, direct, atol=1e-6)
+
+
+def _word_ids(vocab):
+    index = {word: i for i, word in enumerate(vocab)}
+    return torch.tensor([[index[t] for t in s] + [0] * (7 - len(s)) for s in SENTENCES])
+
+
+def test_vocab_to_cache_follows_the_encoders_weights(tiny_model):
+    """After `load_state_dict` of other weights, and after an in-place edit (an optimizer's step),
+    `word_inputs` give what char ids give: the cached table is computed again, never stale."""
+    vocab = ["@@PADDING@@", *sorted({t for s in SENTENCES for t in s})]
+    word_ids = _word_ids(vocab)
+    elmo = _elmo(copy.deepcopy(tiny_model), vocab_to_cache=vocab)
+    elmo(word_inputs=word_ids)  # the table in use
+    other = copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        for parameter in other.token_encoder.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    elmo.bilm.load_state_dict(other.state_dict())
+    for _ in range(2):  # reloaded; then edited in place
+        cached = elmo(word_inputs=word_ids)["elmo_representations"][0]
+        direct = elmo(batch_to_ids(SENTENCES))["elmo_representations"][0]
+        torch.testing.assert_close(cached, direct, atol=1e-6, rtol=0)
+        with torch.no_grad():
+            elmo.bilm.token_encoder.char_cnn.char_embedding.weight.mul_(1.5)
+
+
+def test_vocab_to_cache_fine_tunes_the_token_encoder_as_char_ids_do(tiny_model):
+    """With requires_grad, `word_inputs` send gradients into the token encoder: the same ones as
+    char ids of the same words."""
+    vocab = ["@@PADDING@@", *sorted({t for s in SENTENCES for t in s})]
+    grads = []
+    for by_words in (True, False):
+        elmo = _elmo(copy.deepcopy(tiny_model), vocab_to_cache=vocab, requires_grad=True)
+        inputs = {"word_inputs": _word_ids(vocab)} if by_words else {"inputs": batch_to_ids(SENTENCES)}
+        elmo(**inputs)["elmo_representations"][0].square().sum().backward()
+        grads.append({name: p.grad for name, p in elmo.bilm.token_encoder.named_parameters()})
+    assert grads[0].keys() == grads[1].keys() and all(g is not None for g in grads[0].values())
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grad, grads[1][name], atol=1e-5, rtol=1e-4)
+
+
+def test_bad_word_ids_and_char_id_shapes_say_what_was_expected(tiny_model):
+    elmo = _elmo(tiny_model, vocab_to_cache=["@@PADDING@@", "a", "b"])
+    with pytest.raises(ValueError, match=r"ids into vocab_to_cache, 0 \(padding\) to 2, got ids from 1 to 3"):
+        elmo(word_inputs=torch.tensor([[1, 3]]))
+    for shape in [(1, 4, 49), (2, 3), (1, 4, 51)]:
+        with pytest.raises(ValueError, match=r"expected char ids \(B, T, 50\)") as error:
+            elmo(torch.ones(shape, dtype=torch.long))
+        assert f"got shape {shape}" in str(error.value)
+
+
+def test_numpy_arrays_of_tokens_are_taken_as_lists(tiny_model):
+    embedder = ElmoEmbedder(module=tiny_model)
+    expected = embedder.embed_batch([list(s) for s in SENTENCES[:2]])
+    np.testing.assert_array_equal(embedder.embed_sentence(np.array(SENTENCES[0])),
+                                  embedder.embed_sentence(list(SENTENCES[0])))
+    got = embedder.embed_batch([np.array(s) for s in SENTENCES[:2]])
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(a, b)
+    same_length = [s[:2] for s in SENTENCES[:2]]
+    torch.testing.assert_close(batch_to_ids(np.array(same_length)), batch_to_ids(same_length))
 
 
 def test_stateful_elmo_carries_and_resets(tiny_model):

@@ -81,3 +81,22 @@ def test_strings_bytes_and_numpy_arrays_still_work(handles_load_tiny):
     tokens = module(inputs={"tokens": np.array([["a", "b"], ["c", ""]]), "sequence_len": np.array([2, 1])},
                     signature="tokens", as_dict=True)["elmo"]
     torch.testing.assert_close(tokens, expected)
+
+
+def test_signatures_belong_to_the_module_and_its_copies(handles_load_tiny, tmp_path):
+    """`hub.load(...).signatures` run the module they are read from: a copy's, after its mix
+    changed, give the copy's numbers; the module pickles (torch.save) with them."""
+    import copy
+
+    module = hub.load()
+    twin = copy.deepcopy(module)
+    with torch.no_grad():
+        twin.elmo.mix.gamma.mul_(3.0)
+    strings = ["a b", "c"]
+    torch.testing.assert_close(twin.signatures["default"](strings)["elmo"], twin(strings, as_dict=True)["elmo"])
+    torch.testing.assert_close(module.signatures["default"](strings)["elmo"] * 3, twin.signatures["default"](strings)["elmo"])
+    torch.save(module, tmp_path / "hub.pt")
+    loaded = torch.load(tmp_path / "hub.pt", weights_only=False)
+    torch.testing.assert_close(loaded.signatures["tokens"](tokens=np.array([["a", "b"], ["c", ""]]),
+                                                           sequence_len=np.array([2, 1]))["elmo"],
+                               module.signatures["default"](strings)["elmo"])

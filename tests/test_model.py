@@ -110,6 +110,8 @@ def test_scalar_mix_layer_norm_uses_masked_batch_statistics():
 def test_scalar_mix_rejects_wrong_number_of_parameters():
     with pytest.raises(ValueError, match="3 values"):
         ScalarMix(3, initial_scalar_parameters=[1.0, 2.0])
+    with pytest.raises(ValueError, match="3 values .* got 0"):  # an empty list is no default
+        ScalarMix(3, initial_scalar_parameters=[])
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 8, 50])

@@ -261,6 +261,8 @@ BAD = [  # (route, body: an object is sent as JSON, bytes as they are; status; p
     ("/explore", {"query": "They play chess", "word": "play", "sentences": ["a b"]}, 422, "does not occur"),
     ("/explore", {"query": ["They"], "word": "They", "sentences": ["a"]}, 422, "'query' must be one string"),
     ("/explore", {"query": "They play", "word": 1, "sentences": ["a"]}, 422, "'word' must be"),
+    ("/explore", {"query": "They play", "word": "play", "sentences": ["play"] * 8}, 422,
+     "'sentences' has 8 inputs and 1 other in the request, more than the limit of 8 (--max-inputs)"),
 ]
 
 
@@ -271,6 +273,98 @@ def test_bad_input_gets_a_4xx_that_says_why(server, route, body, status, message
     assert got == status, answer
     if message is not None:
         assert answer["error"]["code"] == status and message in answer["error"]["message"], answer
+
+
+def test_explore_checks_the_word_before_computing_anything(server):
+    """A word missing from the query or the sentences is refused before the model runs: no token
+    is counted as embedded; query + sentences at --max-inputs together are answered."""
+    tokens = server.metric("elmo_tokens_total")
+    for word in ("zebra", "chess"):  # in neither; in the query only
+        body = {"query": "I play chess", "word": word, "sentences": ["they play football"] * 7}
+        assert server.call("POST", "/explore", body)[0] == 422
+    assert server.metric("elmo_tokens_total") == tokens
+    status, answer, _ = server.call("POST", "/explore", {"query": "I play chess", "word": "play",
+                                                         "sentences": ["they play football"] * 7})
+    assert status == 200 and answer["n_occurrences"] == 7, answer
+    assert server.metric("elmo_tokens_total") == tokens + 3 + 7 * 3
+
+
+def test_a_compressed_body_gets_415_naming_the_encoding(server):
+    import gzip
+
+    status, answer, _ = server.call("POST", "/embed", raw=gzip.compress(b'{"inputs": "hi"}'),
+                                    headers={"Content-Encoding": "gzip"})
+    assert status == 415 and "Content-Encoding: gzip" in answer["error"]["message"], answer
+    assert server.call("POST", "/embed", {"inputs": "hi"}, headers={"Content-Encoding": "identity"})[0] == 200
+
+
+def test_a_client_that_hangs_up_mid_body_is_counted_as_abandoned(server):
+    """Status 499 and `elmo_abandoned_total`, as a client that hangs up after its body (docs/serve.md)."""
+    abandoned = server.metric("elmo_abandoned_total")
+    hung_up = server.metric('elmo_requests_total{route="/embed",status="499"}')
+    with socket.create_connection((server.host, server.port), timeout=10) as connection:
+        connection.sendall(b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: 100\r\n\r\n{\"inputs\": ")
+        time.sleep(0.3)  # the handler is reading the body
+    deadline = time.monotonic() + 30
+    while server.metric("elmo_abandoned_total") == abandoned and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.metric("elmo_abandoned_total") == abandoned + 1
+    assert server.metric('elmo_requests_total{route="/embed",status="499"}') == hung_up + 1
+
+
+def test_a_large_body_is_tokenized_off_the_event_loop():
+    """Past OFF_LOOP_BYTES the texts are tokenized in a worker thread: here the tokenizer waits
+    until a coroutine has run on the event loop, which it could not while the loop itself was
+    tokenizing (it would wait in vain, and say so). A small body is tokenized on the loop."""
+    import asyncio
+
+    from elmokit.serve.inputs import OFF_LOOP_BYTES, Limits, read_inputs_async
+
+    loop_ran, threads = threading.Event(), []
+
+    def tokenize(text):
+        threads.append(threading.current_thread())
+        if not loop_ran.wait(timeout=10):
+            raise AssertionError("the event loop did not run while the text was tokenized")
+        return text.split()
+
+    async def read(body_bytes):
+        reading = asyncio.ensure_future(read_inputs_async({"input": ["a b", "c"]}, "input", Limits(), tokenize,
+                                                          body_bytes))
+        await asyncio.sleep(0.05)  # the loop runs on while the worker tokenizes
+        loop_ran.set()
+        return await reading
+
+    assert asyncio.run(read(OFF_LOOP_BYTES + 1)) == [["a", "b"], ["c"]]
+    assert threading.main_thread() not in threads
+    threads.clear()
+    assert asyncio.run(read(OFF_LOOP_BYTES)) == [["a", "b"], ["c"]]  # loop_ran is set: no wait
+    assert threads == [threading.main_thread()] * 2
+
+
+def test_sigterm_while_the_model_loads_exits_0():
+    """SIGTERM as soon as the port accepts (the built-in model still loading, or its process
+    starting): the server stops, exit 0, with its message, not an interrupt's 130."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = dict(os.environ, ELMOKIT_OFFLINE="1")
+    env.pop("ELMOKIT_API_KEY", None)
+    process = subprocess.Popen([sys.executable, "-m", "elmokit", "serve", "--port", str(port), "--threads", "1"],
+                               stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
+            time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)
+    stderr = process.communicate(timeout=120)[1]
+    assert process.returncode == 0, stderr
+    assert "interrupted" not in stderr and "stopped" in stderr, stderr
 
 
 def test_wrong_routes_methods_and_chunked_bodies(server):

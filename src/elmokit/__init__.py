@@ -4,7 +4,7 @@ from elmokit.model.chars import batch_to_ids
 from elmokit.tokenizer import tokenize
 from elmokit.model.config import CharCNNConfig, ConfigError, ElmoConfig, LSTMConfig
 from elmokit.inference.cache import TokenCache
-from elmokit.inference.elmo import Elmo, HubElmo
+from elmokit.inference.elmo import Elmo
 from elmokit.inference.embedder import ElmoEmbedder
 from elmokit.inference.onnx_export import export_onnx
 from elmokit.inference.segments import iter_embeddings, read_embeddings
@@ -20,5 +20,6 @@ from elmokit.model.weights import (
 )
 
 from elmokit import hub  # noqa: E402  (TF-Hub's interface: `from elmokit import hub`)
+from elmokit.hub import HubElmo  # noqa: E402
 
 __version__ = "0.1.0"

@@ -27,8 +27,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from elmokit.inference.elmo import HubElmo
+from elmokit.devices import resolve_device
+from elmokit.inference.elmo import check_char_ids, module_device, place_bilm, remove_boundaries
+from elmokit.inference.engine import bilm_forward
+from elmokit.inference.layers import token_mean
 from elmokit.model.bilm import BiLM
+from elmokit.model.chars import token_mask
+from elmokit.model.mix import ScalarMix
 from elmokit.model.published import tfhub_name
 from elmokit.model.loading import load_model
 
@@ -43,6 +48,54 @@ def load_handle(handle: str | tuple[str, str] | None) -> BiLM:
             raise ValueError(f"a handle pair is (options, weights), got {len(handle)} items")
         return load_model(*handle)
     return load_model(handle)
+
+
+class HubElmo(nn.Module):
+    """TF-Hub ELMo's outputs in one call: `word_emb` (B, T, P) token layer, `lstm_outputs1` and
+    `lstm_outputs2` (B, T, 2P), `elmo` (B, T, 2P) a trainable mix of the three layers, `default`
+    (B, 2P) the mean of `elmo` over real tokens (`layers.token_mean`; before training, when the
+    mix is the equal-weight average, `layers.sentence_vector`), and `sequence_len` (B,). Padding is zero.
+
+    Call with a list of token lists or with char ids (B, T, 50) (moved to the module's device).
+    `device` and `dtype` as for `Elmo`.
+    """
+
+    def __init__(self, options_file: str | Path | None = None, weight_file: str | Path | None = None,
+                 module: BiLM | None = None, trainable: bool = False, device: str | torch.device | None = None,
+                 dtype: str | torch.dtype | None = None):
+        super().__init__()
+        self.bilm = module if module is not None else load_model(options_file, weight_file)
+        self.bilm = place_bilm(self.bilm, resolve_device(device), dtype, trainable, False, "HubElmo")
+        self.bilm.requires_grad_(trainable)
+        self.mix = ScalarMix(self.bilm.config.n_output_layers).to(module_device(self.bilm))
+
+    def forward(self, sentences: Sequence[Sequence[str]] | torch.Tensor) -> dict[str, torch.Tensor]:
+        char_ids = sentences if isinstance(sentences, torch.Tensor) else self.bilm.batch_ids(sentences)
+        check_char_ids(self.bilm, char_ids, "HubElmo")
+        char_ids = char_ids.to(module_device(self.bilm))
+        if char_ids.shape[0] == 0:  # no sentence: nothing to run (as Elmo)
+            return self._empty_output(char_ids.shape[1], char_ids.device)
+        output = bilm_forward(self.bilm, char_ids)
+        layers = [remove_boundaries(layer, output.mask)[0] for layer in output.layers]
+        mask = token_mask(char_ids)  # (B, T)
+        elmo = remove_boundaries(self.mix(output.layers, output.mask), output.mask)[0]
+        lengths = mask.sum(dim=1)
+        outputs = {"word_emb": layers[0][..., :self.bilm.config.lstm.projection_dim]}
+        outputs.update({f"lstm_outputs{k}": layer for k, layer in enumerate(layers[1:], start=1)})
+        outputs["elmo"] = elmo
+        outputs["default"] = token_mean(elmo, lengths)  # (B, 2P)
+        outputs["sequence_len"] = lengths
+        return outputs
+
+    def _empty_output(self, n_tokens: int, device: torch.device) -> dict[str, torch.Tensor]:
+        """Every output of a batch without sentences: (0, T, ...) tensors, `sequence_len` (0,)."""
+        dims = {"word_emb": self.bilm.config.lstm.projection_dim,
+                **{f"lstm_outputs{k}": self.bilm.output_dim for k in range(1, self.bilm.config.n_output_layers)},
+                "elmo": self.bilm.output_dim}
+        outputs = {name: torch.zeros(0, n_tokens, dim, device=device) for name, dim in dims.items()}
+        outputs["default"] = torch.zeros(0, self.bilm.output_dim, device=device)
+        outputs["sequence_len"] = torch.zeros(0, dtype=torch.long, device=device)
+        return outputs
 
 
 class Module(nn.Module):
@@ -71,6 +124,19 @@ class Module(nn.Module):
             outputs = _pad_to(outputs, width)
         return dict(outputs) if as_dict else outputs["default"]
 
+    @property
+    def signatures(self) -> dict:
+        """TF2's `signatures`: "default" (strings) and "tokens" (tokens=..., sequence_len=...), each
+        returning the dict of outputs; methods of this module, so that a copy's (`copy.deepcopy`,
+        `torch.save`) run the copy."""
+        return {"default": self._default_signature, "tokens": self._tokens_signature}
+
+    def _default_signature(self, strings) -> dict[str, torch.Tensor]:
+        return self(strings, signature="default", as_dict=True)
+
+    def _tokens_signature(self, tokens, sequence_len) -> dict[str, torch.Tensor]:
+        return self({"tokens": tokens, "sequence_len": sequence_len}, signature="tokens", as_dict=True)
+
     def get_signature_names(self) -> list[str]:
         return list(SIGNATURES)
 
@@ -91,13 +157,7 @@ class Module(nn.Module):
 def load(handle: str | tuple[str, str] | None = None, trainable: bool = False, **kwargs) -> Module:
     """TF2's `hub.load(handle)`: the module, whose `signatures["default"](strings)` and
     `signatures["tokens"](tokens=..., sequence_len=...)` return the dict of outputs."""
-    module = Module(handle, trainable, **kwargs)
-    module.signatures = {
-        "default": lambda strings: module(strings, signature="default", as_dict=True),
-        "tokens": lambda tokens, sequence_len: module({"tokens": tokens, "sequence_len": sequence_len},
-                                                      signature="tokens", as_dict=True),
-    }
-    return module
+    return Module(handle, trainable, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------

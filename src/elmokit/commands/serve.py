@@ -101,6 +101,11 @@ def run(args: argparse.Namespace) -> int:
     listener = _listen(args.host, args.port)  # a taken port fails before the model loads
     try:
         return _serve(args, limits, listener)
+    except KeyboardInterrupt as interrupt:  # SIGTERM (the CLI's handler) or Ctrl-C while the model loaded; once
+        # it serves, uvicorn takes both and drains (see `_serve`)
+        logging.getLogger(__name__).info(f"stopped ({interrupt or 'Ctrl-C'}) while the model was loading: no "
+                                         f"request was accepted, the connections made meanwhile are closed unanswered")
+        return 0
     finally:
         listener.close()
 
@@ -139,6 +144,8 @@ def _serve(args: argparse.Namespace, limits, listener: socket.socket) -> int:
     shown = f"[{host}]" if ":" in host else host
 
     def ready() -> None:  # the model's process has the model: /health answers 200 from now on
+        if server.should_exit:  # SIGTERM came while the model's process loaded: uvicorn stops at once
+            return
         print(f"listening on http://{shown}:{port} (model {model_name}; SIGTERM or Ctrl-C to stop)", file=sys.stderr,
               flush=True)  # a message, as every other: stdout is for what a command outputs
 

@@ -23,20 +23,20 @@ from __future__ import annotations
 import inspect
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN, token_mask
+from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS
 from elmokit.devices import dtype_name, resolve_device, resolve_dtype
 from elmokit.int8 import is_int8, quantize_modules, unquantize_modules
+from elmokit.kernels import weights_key
 from elmokit.model.bilm import BiLM, BiLMOutput, LstmState
 from elmokit.model.mix import ScalarMix
 from elmokit.inference.engine import bilm_contextualize, bilm_forward
-from elmokit.inference.layers import token_mean
 from elmokit.model.loading import load_model
 
 # ---------------------------------------------------------------------------------------------
@@ -168,6 +168,10 @@ def check_char_ids(bilm: BiLM, char_ids: object, who: str) -> None:
                         f"{tuple(char_ids.shape)}")
     encoder = bilm.token_encoder
     words = getattr(encoder, "word_embedding", None)  # ELMoForManyLangs: a word id after the chars
+    width = getattr(encoder, "max_chars", MAX_CHARS) + (words is not None)  # W
+    if char_ids.shape[-1] != width:
+        raise ValueError(f"{who}: expected char ids (B, T, {width}), {width} ids a token as batch_to_ids(sentences) "
+                         f"makes them for this model, got shape {tuple(char_ids.shape)}")
     n_chars = encoder.char_cnn.char_embedding.num_embeddings
     tables = [(char_ids, n_chars, "char")] if words is None else [
         (char_ids[..., :encoder.max_chars], n_chars, "char"),
@@ -201,6 +205,10 @@ class Elmo(nn.Module):
         do_layer_norm: normalise each layer before mixing (one mean/variance per batch).
         dropout: applied to each representation (AllenNLP's default 0.5).
         vocab_to_cache: precompute the token layer for these words; then call with `word_inputs`.
+            The table follows the token encoder: computed again after its weights change (an
+            optimizer's step, `load_state_dict`, `.to()`), and with gradients on (fine-tuning with
+            `requires_grad`) the batch's words go through the encoder, so that it learns from
+            `word_inputs` as from char ids.
         keep_sentence_boundaries: keep `<S>` and `</S>` in the outputs.
         scalar_mix_parameters: fixed raw (pre-softmax) layer weights; frozen, gamma = 1.
         stateful: carry the LSTM state from call to call as AllenNLP's biLM did.
@@ -245,13 +253,21 @@ class Elmo(nn.Module):
         self.carried = CarriedState() if stateful else None
         self._vocabulary = None if vocab_to_cache is None else [BOS_TOKEN, EOS_TOKEN, *vocab_to_cache]
         self.register_buffer("word_embedding", None, persistent=False)  # their token layer (2 + V, P)
-        self._encode_vocabulary()
+        self._vocabulary_key = None  # the precision and encoder weights `word_embedding` was computed from
+        self._token_table()
 
-    @torch.no_grad()
-    def _encode_vocabulary(self) -> None:
-        self._vocabulary_precision = bilm_precision(self.bilm)  # what `word_embedding` was computed in
-        if self._vocabulary is not None:
-            self.word_embedding = self.bilm.encode_words(self._vocabulary)
+    def _token_table(self) -> torch.Tensor | None:
+        """`word_embedding`, computed again whenever the token encoder's weights or the biLM's
+        precision changed since (`kernels.weights_key`): a fine-tuned, reloaded or moved encoder's
+        words, never a stale table, and never mixed precisions."""
+        if self._vocabulary is None:
+            return None
+        key = (bilm_precision(self.bilm), weights_key(self.bilm.token_encoder.parameters()))
+        if key != self._vocabulary_key:
+            with torch.no_grad():
+                self.word_embedding = self.bilm.encode_words(self._vocabulary)
+            self._vocabulary_key = key
+        return self.word_embedding
 
     @classmethod
     def from_params(cls, params: Mapping) -> "Elmo":
@@ -319,12 +335,20 @@ class Elmo(nn.Module):
 
     def _run_cached(self, word_ids: torch.Tensor) -> BiLMOutput:
         """word_ids (B, T): indices into vocab_to_cache, whose entry 0 is padding (as in AllenNLP)."""
-        if bilm_precision(self.bilm) != self._vocabulary_precision:  # another holder changed it: follow, never mix
-            self._encode_vocabulary()
+        n_words = len(self._vocabulary) - 2
+        if word_ids.numel() and bool(((word_ids < 0) | (word_ids >= n_words)).any()):
+            raise ValueError(f"Elmo.forward: word_inputs must be ids into vocab_to_cache, 0 (padding) to "
+                             f"{n_words - 1}, got ids from {int(word_ids.min())} to {int(word_ids.max())}")
         lengths = (word_ids > 0).sum(dim=1)
         # table rows: 0 = <S>, 1 = </S>, 2 + i = vocab_to_cache[i]
         rows = boundary_rows(lengths.cpu().numpy(), word_ids[word_ids > 0].cpu().numpy() + 2)
-        token_embeddings = self.word_embedding[torch.from_numpy(rows).to(self.word_embedding.device)]
+        if torch.is_grad_enabled() and any(p.requires_grad for p in self.bilm.token_encoder.parameters()):
+            needed, inverse = np.unique(rows, return_inverse=True)  # fine-tuning: the batch's words, with gradients
+            token_embeddings = self.bilm.encode_words([self._vocabulary[row] for row in needed])[
+                torch.from_numpy(inverse).to(device=module_device(self.bilm))]
+        else:
+            table = self._token_table()
+            token_embeddings = table[torch.from_numpy(rows).to(table.device)]
         return run_carried(self.carried, len(lengths), lambda state: bilm_contextualize(
             self.bilm, token_embeddings, boundary_mask(lengths), state, self.carried is not None))
 
@@ -346,55 +370,3 @@ def boundary_rows(lengths: np.ndarray, token_rows: np.ndarray, bos_row: int = 0,
 def boundary_mask(lengths: torch.Tensor) -> torch.Tensor:
     n_positions = int(lengths.max()) + 2 if len(lengths) else 2
     return torch.arange(n_positions, device=lengths.device) < (lengths + 2).unsqueeze(1)  # (B, S)
-
-
-
-# ---------------------------------------------------------------------------------------------
-# The TF-Hub signature, for users coming from there
-# ---------------------------------------------------------------------------------------------
-class HubElmo(nn.Module):
-    """TF-Hub ELMo's outputs in one call: `word_emb` (B, T, P) token layer, `lstm_outputs1` and
-    `lstm_outputs2` (B, T, 2P), `elmo` (B, T, 2P) a trainable mix of the three layers, `default`
-    (B, 2P) the mean of `elmo` over real tokens (`layers.token_mean`; before training, when the
-    mix is the equal-weight average, `layers.sentence_vector`), and `sequence_len` (B,). Padding is zero.
-
-    Call with a list of token lists or with char ids (B, T, 50) (moved to the module's device).
-    `device` and `dtype` as for `Elmo`.
-    """
-
-    def __init__(self, options_file: str | Path | None = None, weight_file: str | Path | None = None,
-                 module: BiLM | None = None, trainable: bool = False, device: str | torch.device | None = None,
-                 dtype: str | torch.dtype | None = None):
-        super().__init__()
-        self.bilm = module if module is not None else load_model(options_file, weight_file)
-        self.bilm = place_bilm(self.bilm, resolve_device(device), dtype, trainable, False, "HubElmo")
-        self.bilm.requires_grad_(trainable)
-        self.mix = ScalarMix(self.bilm.config.n_output_layers).to(module_device(self.bilm))
-
-    def forward(self, sentences: Sequence[Sequence[str]] | torch.Tensor) -> dict[str, torch.Tensor]:
-        char_ids = sentences if isinstance(sentences, torch.Tensor) else self.bilm.batch_ids(sentences)
-        check_char_ids(self.bilm, char_ids, "HubElmo")
-        char_ids = char_ids.to(module_device(self.bilm))
-        if char_ids.shape[0] == 0:  # no sentence: nothing to run (as Elmo)
-            return self._empty_output(char_ids.shape[1], char_ids.device)
-        output = bilm_forward(self.bilm, char_ids)
-        layers = [remove_boundaries(layer, output.mask)[0] for layer in output.layers]
-        mask = token_mask(char_ids)  # (B, T)
-        elmo = remove_boundaries(self.mix(output.layers, output.mask), output.mask)[0]
-        lengths = mask.sum(dim=1)
-        outputs = {"word_emb": layers[0][..., :self.bilm.config.lstm.projection_dim]}
-        outputs.update({f"lstm_outputs{k}": layer for k, layer in enumerate(layers[1:], start=1)})
-        outputs["elmo"] = elmo
-        outputs["default"] = token_mean(elmo, lengths)  # (B, 2P)
-        outputs["sequence_len"] = lengths
-        return outputs
-
-    def _empty_output(self, n_tokens: int, device: torch.device) -> dict[str, torch.Tensor]:
-        """Every output of a batch without sentences: (0, T, ...) tensors, `sequence_len` (0,)."""
-        dims = {"word_emb": self.bilm.config.lstm.projection_dim,
-                **{f"lstm_outputs{k}": self.bilm.output_dim for k in range(1, self.bilm.config.n_output_layers)},
-                "elmo": self.bilm.output_dim}
-        outputs = {name: torch.zeros(0, n_tokens, dim, device=device) for name, dim in dims.items()}
-        outputs["default"] = torch.zeros(0, self.bilm.output_dim, device=device)
-        outputs["sequence_len"] = torch.zeros(0, dtype=torch.long, device=device)
-        return outputs

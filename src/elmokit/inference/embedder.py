@@ -35,7 +35,7 @@ from elmokit.inference.elmo import (
 from elmokit.inference.engine import bilm_contextualize, contextualize_sentences
 from elmokit.inference.streams import default_rows
 from elmokit.inference.layers import check_output_format, shape_output
-from elmokit.inference.windows import check_sentences, check_tokens, position_windows
+from elmokit.inference.windows import position_windows, token_list, token_lists
 from elmokit.model.bilm import BiLM, BiLMOutput
 from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN
 from elmokit.model.loading import load_model
@@ -107,7 +107,7 @@ class ElmoEmbedder:
     @torch.no_grad()
     def batch_layers(self, batch: Sequence[Sequence[str]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Run a batch: layers (B, L+1, T, 2P) without boundaries, and lengths (B,)."""
-        check_sentences(batch, "batch")
+        batch = token_lists(batch, "batch")
         if self.cache is not None:
             output = self._run_cached(batch)
         else:
@@ -124,7 +124,7 @@ class ElmoEmbedder:
         """AllenNLP's `batch_to_embeddings`: the activations (B, L+1, T, 2P) float32 and the mask
         (B, T) bool of a batch of token lists, torch tensors on the embedder's device; zero past
         each sentence (layer 0 is the token layer twice). No sentences: (0, L+1, 0, 2P) and (0, 0)."""
-        check_sentences(batch, "batch")
+        batch = token_lists(batch, "batch")
         if len(batch) == 0:
             return (torch.zeros(0, self.bilm.config.n_output_layers, 0, self.output_dim, device=self.device),
                     torch.zeros(0, 0, dtype=torch.bool, device=self.device))
@@ -135,7 +135,7 @@ class ElmoEmbedder:
     def embed_batch(self, batch: Sequence[Sequence[str]]) -> list[np.ndarray]:
         """One float32 array (L+1, n_i, 2P) per sentence; an empty sentence gives (L+1, 0, 2P).
         `batch` is a list of token lists (a str anywhere a list is expected: TypeError)."""
-        check_sentences(batch, "batch")
+        batch = token_lists(batch, "batch")
         if len(batch) == 0:
             return []
         if self.carried is not None and len(batch) == 1 and len(batch[0]) == 0:
@@ -147,8 +147,7 @@ class ElmoEmbedder:
 
     def embed_sentence(self, sentence: Sequence[str]) -> np.ndarray:
         """(L+1, n, 2P) float32 for one sentence, a list of n token strings (a str: TypeError)."""
-        check_tokens(sentence)
-        return self.embed_batch([sentence])[0]
+        return self.embed_batch([token_list(sentence)])[0]
 
     def rows_for(self, batch_size: int | None, name: str = "batch_size") -> int:
         """What a `batch_size` argument means here: itself when given (an int >= 1, else an error
@@ -196,7 +195,7 @@ class ElmoEmbedder:
         the rows. Memory is bounded: at most `POSITION_BUDGET` positions (or one sentence) run at once."""
         if self.carried is not None:
             raise ValueError("embed_many is stateless; a stateful embedder embeds with embed_batch")
-        check_sentences(sentences)
+        sentences = token_lists(sentences)
         rows = None if rows is None else self.rows_for(rows, "rows")
         sizes = np.fromiter(map(len, sentences), np.int64, len(sentences)) + 2
         results: list[np.ndarray] = []

@@ -6,6 +6,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
 
+from elmokit.model.chars import as_lists
+
 
 def position_windows(sentences: Iterable[Sequence[str]], max_sentences: int, max_positions: int
                      ) -> Iterator[list[Sequence[str]]]:
@@ -36,6 +38,20 @@ def check_tokens(sentence: Sequence[str], name: str = "sentence") -> None:
     if not all(map(isinstance, sentence, itertools.repeat(str))):
         bad = next(token for token in sentence if not isinstance(token, str))
         raise TypeError(f"{name} must hold token strings, got {type(bad).__name__} {bad!r:.60}")
+
+
+def token_list(sentence: Sequence[str], name: str = "sentence") -> Sequence[str]:
+    """`sentence` checked (`check_tokens`); a numpy array of strings given as a list."""
+    sentence = as_lists(sentence)
+    check_tokens(sentence, name)
+    return sentence
+
+
+def token_lists(sentences: Sequence[Sequence[str]], name: str = "sentences") -> Sequence[Sequence[str]]:
+    """`sentences` checked (`check_sentences`); numpy arrays of strings given as lists."""
+    sentences = as_lists(sentences)
+    check_sentences(sentences, name)
+    return sentences
 
 
 def check_sentences(sentences: Sequence[Sequence[str]], name: str = "sentences") -> None:

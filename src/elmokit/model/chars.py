@@ -79,6 +79,16 @@ def tokens_to_char_ids(tokens: Sequence[str]) -> np.ndarray:
     return ids
 
 
+def as_lists(sentences):
+    """Sentences given as numpy arrays of strings (a 2-D array, or arrays in a list), as AllenNLP's
+    functions take them, as lists of token strings; anything else as it is (checked by the caller)."""
+    if isinstance(sentences, np.ndarray):
+        return sentences.tolist()
+    if isinstance(sentences, list) and any(isinstance(sentence, np.ndarray) for sentence in sentences):
+        return [sentence.tolist() if isinstance(sentence, np.ndarray) else sentence for sentence in sentences]
+    return sentences
+
+
 def batch_to_ids(batch: Sequence[Sequence[str]], *,
                  token_ids: Callable[[list[str]], np.ndarray] | None = None) -> torch.Tensor:
     """Character ids of a batch of tokenized sentences (AllenNLP's `batch_to_ids`).
@@ -92,6 +102,7 @@ def batch_to_ids(batch: Sequence[Sequence[str]], *,
         int64 tensor (B, T, 50), T = the longest sentence; shorter sentences are right-padded
         with all-zero rows. A batch of empty sentences gives (B, 0, 50).
     """
+    batch = as_lists(batch)
     if isinstance(batch, str) or not isinstance(batch, Sequence):
         raise TypeError("batch must be a list of sentences (token lists), e.g. [['Hello', 'world']], "
                         f"got {type(batch).__name__}")

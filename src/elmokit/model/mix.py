@@ -20,7 +20,7 @@ class ScalarMix(nn.Module):
     def __init__(self, n_layers: int, do_layer_norm: bool = False,
                  initial_scalar_parameters: list[float] | None = None, trainable: bool = True):
         super().__init__()
-        initial = initial_scalar_parameters or [0.0] * n_layers
+        initial = [0.0] * n_layers if initial_scalar_parameters is None else list(initial_scalar_parameters)
         if len(initial) != n_layers:
             raise ValueError(f"scalar_mix_parameters must have {n_layers} values "
                              f"(one per layer), got {len(initial)}: {initial}")

@@ -19,7 +19,6 @@ sentences leave the queue and the recurrence); a body must arrive within `--body
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import dataclasses
 import hmac
@@ -29,7 +28,6 @@ from importlib.resources import files
 from pathlib import Path
 
 import numpy as np
-import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -41,40 +39,22 @@ from elmokit import __version__
 from elmokit.inference.elmo import bilm_precision
 from elmokit.inference.embedder import ElmoEmbedder
 from elmokit.serve.batching import Batcher, ModelFailed, QueueFull, TooLarge
-from elmokit.serve.explore import examples, explore
+from elmokit.serve.explore import examples, explore, locate
 from elmokit.serve.inputs import (
     BadRequest,
     Limits,
     Tokenizer,
-    parse_json,
+    parse_json_async,
     read_bool,
     read_choice,
-    read_inputs,
+    read_inputs_async,
     read_layers,
 )
 from elmokit.serve.metrics import ServeMetrics
 from elmokit.serve.recurrence import check_rings_fit
+from elmokit.serve.responses import JSONResponse, encode, error_response
 
 STATIC = Path(str(files("elmokit") / "serve" / "static"))
-
-
-class JSONResponse(Response):
-    """JSON by orjson: numpy arrays written straight from their float32 values (each number the
-    shortest decimal that reads back as the same float32), about 5x faster than `json` on lists
-    of Python floats (1.4 ms a request of 8 vectors of 256, 13% of the model's time at 64 clients)."""
-
-    media_type = "application/json"
-
-    def render(self, content) -> bytes:
-        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
-
-
-def error_response(status: int, message: str, kind: str = "invalid_request_error", headers=None,
-                   code: str | None = None) -> JSONResponse:
-    """OpenAI's error shape, which TEI's clients also read: {"error": {"message", "type", "code"}}
-    (`code` OpenAI's where it has one, such as "model_not_found"; else the status)."""
-    return JSONResponse({"error": {"message": message, "type": kind, "code": code or status}}, status,
-                        headers=headers)
 
 
 class ClientGone(Exception):
@@ -130,7 +110,12 @@ class Service:
     async def body(self, request: Request) -> dict:
         """The JSON object of the body, read up to `max_body_bytes` (413 past it) within
         `body_timeout_s` (408 past it: a client that sends its body a byte at a time holds no
-        handler, and does not hold a stopping server either)."""
+        handler, and does not hold a stopping server either); its size in `request.state.body_bytes`.
+        A compressed body (`Content-Encoding` other than identity) is refused: 415."""
+        encoding = request.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            raise BadRequest(415, f"the request body is compressed (Content-Encoding: {encoding[:40]}): elmo serve "
+                                  f"reads uncompressed JSON only; send it without Content-Encoding")
         limit = self.limits.max_body_bytes
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
@@ -147,7 +132,14 @@ class Service:
         except TimeoutError:
             raise BadRequest(408, f"the request body did not arrive within {self.limits.body_timeout_s:g} s "
                                   f"({size} bytes came; --body-timeout)") from None
-        return parse_json(b"".join(chunks))
+        request.state.body_bytes = size
+        return await parse_json_async(b"".join(chunks))
+
+    async def inputs(self, request: Request, body: dict, field: str, allow_tokens: bool = True,
+                     others: int = 0) -> list[list[str]]:
+        """body[field] as token lists (`read_inputs`; a large body's off the event loop)."""
+        return await read_inputs_async(body, field, self.limits, self.tokenize, request.state.body_bytes,
+                                       allow_tokens, others)
 
     def check_model(self, body: dict) -> None:
         """OpenAI's "model" (optional here), and "dimensions": refused unless they fit this server."""
@@ -197,22 +189,13 @@ class Service:
         return {"prompt_tokens": n_tokens, "total_tokens": n_tokens}
 
 
-def encode(array: np.ndarray, encoding: str) -> np.ndarray | str:
-    """float: the array (written as nested JSON lists); base64: its little-endian float32 bytes,
-    C order."""
-    array = np.ascontiguousarray(array, dtype="<f4")
-    if encoding == "base64":
-        return base64.b64encode(array.tobytes()).decode("ascii")
-    return array
-
-
 # ---------------------------------------------------------------------------------------------
 # Routes
 # ---------------------------------------------------------------------------------------------
 async def openai_embeddings(request: Request) -> Response:
     service: Service = request.app.state.service
     body = await service.body(request)
-    sentences = read_inputs(body, "input", service.limits, service.tokenize)
+    sentences = await service.inputs(request, body, "input")
     encoding = read_choice(body, "encoding_format", ("float", "base64"))
     service.check_model(body)
     vectors = await service.embed(request, sentences, sentence_vectors=True)  # (2P,) each
@@ -225,7 +208,7 @@ async def openai_embeddings(request: Request) -> Response:
 async def tei_embed(request: Request) -> Response:
     service: Service = request.app.state.service
     body = await service.body(request)
-    sentences = read_inputs(body, "inputs", service.limits, service.tokenize)
+    sentences = await service.inputs(request, body, "inputs")
     normalize = read_bool(body, "normalize", True)
     vectors = await service.embed(request, sentences, sentence_vectors=True)  # (2P,) each
     if normalize:
@@ -236,7 +219,7 @@ async def tei_embed(request: Request) -> Response:
 async def embed_all(request: Request) -> Response:
     service: Service = request.app.state.service
     body = await service.body(request)
-    sentences = read_inputs(body, "inputs", service.limits, service.tokenize)
+    sentences = await service.inputs(request, body, "inputs")
     how, which = read_layers(body, service.n_layers)
     encoding = read_choice(body, "encoding", ("float", "base64"))
     data = []
@@ -259,13 +242,14 @@ async def explore_route(request: Request) -> Response:
     body = await service.body(request)
     if not isinstance(body.get("query"), str):
         raise BadRequest(422, "'query' must be one string: the query sentence")
-    query = read_inputs(body, "query", service.limits, service.tokenize)
+    query = await service.inputs(request, body, "query")
     word = body.get("word")
     if not isinstance(word, str) or not word.strip():
         raise BadRequest(422, "'word' must be a non-empty string: the query word")
-    sentences = read_inputs(body, "sentences", service.limits, service.tokenize, allow_tokens=False)
+    sentences = await service.inputs(request, body, "sentences", allow_tokens=False, others=1)  # with the query
+    where = locate(query[0], word.strip(), sentences)  # before any vector: a word found nowhere costs nothing
     vectors = await service.embed(request, query + sentences)
-    return JSONResponse(explore(query[0], word.strip(), sentences, vectors))
+    return JSONResponse(explore(query[0], sentences, vectors, where))
 
 
 async def explore_examples(request: Request) -> Response:
@@ -314,7 +298,9 @@ async def http_error(request: Request, error: HTTPException) -> Response:
 
 
 async def disconnected(request: Request, error: ClientDisconnect) -> Response:
-    return error_response(400, "the client closed the connection before sending the whole body")
+    """The client hung up while sending its body: abandoned, as one that hangs up later (`client_left`)."""
+    request.app.state.service.metrics.abandoned.inc()
+    return error_response(499, "the client closed the connection before sending the whole body")
 
 
 class KeyAndMetrics:

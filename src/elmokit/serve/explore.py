@@ -8,6 +8,8 @@ Shapes: L+1 layers, 2P dims; N occurrences.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 
@@ -25,14 +27,32 @@ def examples() -> dict:
     return {"query": QUERY, "word": WORD, "sentences": sentences}
 
 
-def explore(query: list[str], word: str, sentences: list[list[str]], vectors: list[np.ndarray],
-            top_k: int = TOP_K) -> dict:
-    """Nearest occurrences and the PCA picture per layer. `vectors[0]` is the query's
-    (L+1, n, 2P), then one per sentence of `sentences`."""
+class Occurrences(NamedTuple):
+    """Where the query word is: its position in the query, and its (sentence, token) occurrences."""
+
+    word: str
+    position: int
+    found: list[tuple[int, int]]
+
+
+def locate(query: list[str], word: str, sentences: list[list[str]]) -> Occurrences:
+    """The word in the query and in the sentences; BadRequest(422) where it is missing from either
+    (checked before any vector is computed)."""
     try:
         position = query_position(query, None, word)
     except ValueError as error:  # the word is not a token of the query
         raise BadRequest(422, str(error)) from None
+    found = [(i, t) for i, tokens in enumerate(sentences) for t, token in enumerate(tokens) if token == word]
+    if not found:
+        raise BadRequest(422, f"{word!r} does not occur in the sentences: nothing to compare")
+    return Occurrences(word, position, found)
+
+
+def explore(query: list[str], sentences: list[list[str]], vectors: list[np.ndarray], where: Occurrences,
+            top_k: int = TOP_K) -> dict:
+    """Nearest occurrences and the PCA picture per layer. `vectors[0]` is the query's
+    (L+1, n, 2P), then one per sentence of `sentences`; `where` from `locate`."""
+    word, position, found = where
     query_vectors = vectors[0][:, position]  # (L+1, 2P)
     found = [(i, t) for i, tokens in enumerate(sentences) for t, token in enumerate(tokens) if token == word]
     if not found:

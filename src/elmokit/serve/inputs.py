@@ -7,6 +7,7 @@ Inputs are raw strings (tokenized as `elmo embed --tokenize` does: Moses) or tok
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 Tokenizer = Callable[[str], list[str]]
 CHARS_PER_TOKEN = 64  # a text longer than this many characters per allowed token is refused untokenized
 # (the tokenizer's time grows with the characters: a text that surely has too many tokens is not tokenized)
+OFF_LOOP_BYTES = 1 << 16  # a body past this is parsed and tokenized in a worker thread (`read_inputs_async`)
 
 
 class BadRequest(Exception):
@@ -89,11 +91,26 @@ def _json_type(value) -> str:
             type(None): "null"}.get(type(value), type(value).__name__)
 
 
+async def parse_json_async(body: bytes) -> dict:
+    """`parse_json`, in a worker thread for a body past `OFF_LOOP_BYTES` (see `read_inputs_async`)."""
+    return await asyncio.to_thread(parse_json, body) if len(body) > OFF_LOOP_BYTES else parse_json(body)
+
+
+async def read_inputs_async(body: dict, field: str, limits: Limits, tokenize: Tokenizer, body_bytes: int,
+                            allow_tokens: bool = True, others: int = 0) -> list[list[str]]:
+    """`read_inputs`, in a worker thread where the body had more than `OFF_LOOP_BYTES` bytes:
+    the tokenizer reads about a megabyte of text a second, and on the event loop a large body
+    would hold every other request, /health's included, until its texts were tokenized."""
+    if body_bytes > OFF_LOOP_BYTES:
+        return await asyncio.to_thread(read_inputs, body, field, limits, tokenize, allow_tokens, others)
+    return read_inputs(body, field, limits, tokenize, allow_tokens, others)
+
+
 def read_inputs(body: dict, field: str, limits: Limits, tokenize: Tokenizer,
-                allow_tokens: bool = True) -> list[list[str]]:
+                allow_tokens: bool = True, others: int = 0) -> list[list[str]]:
     """body[field] as token lists: a string, a list of strings (raw text, tokenized), or with
     `allow_tokens` a list of token lists. BadRequest(422) for a wrong type, an empty input or text, too many
-    inputs or too many tokens."""
+    inputs (`others`: the request's inputs outside `field`, within the same --max-inputs) or too many tokens."""
     if field not in body:
         raise BadRequest(422, f"missing field {field!r}: give a string or a list of strings")
     value = body[field]
@@ -104,9 +121,10 @@ def read_inputs(body: dict, field: str, limits: Limits, tokenize: Tokenizer,
         raise BadRequest(422, f"{field!r} must be {what}, got a JSON {_json_type(value)}")
     if not items:
         raise BadRequest(422, f"{field!r} is an empty list: give at least one input")
-    if len(items) > limits.max_inputs:
-        raise BadRequest(422, f"{field!r} has {len(items)} inputs, more than the limit of {limits.max_inputs} "
-                              f"(--max-inputs): split the request")
+    if len(items) + others > limits.max_inputs:
+        besides = f" and {others} other{'s' if others > 1 else ''} in the request" if others else ""
+        raise BadRequest(422, f"{field!r} has {len(items)} inputs{besides}, more than the limit of "
+                              f"{limits.max_inputs} (--max-inputs): split the request")
     sentences = []
     for index, item in enumerate(items):
         name = repr(field) if single else f"{field}[{index}]"

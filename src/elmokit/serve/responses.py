@@ -1,0 +1,38 @@
+"""What the routes of `elmo serve` answer: JSON by orjson, errors in OpenAI's shape, and vectors
+as JSON numbers or base64."""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import orjson
+from starlette.responses import Response
+
+
+class JSONResponse(Response):
+    """JSON by orjson: numpy arrays written straight from their float32 values (each number the
+    shortest decimal that reads back as the same float32), about 5x faster than `json` on lists
+    of Python floats (1.4 ms a request of 8 vectors of 256, 13% of the model's time at 64 clients)."""
+
+    media_type = "application/json"
+
+    def render(self, content) -> bytes:
+        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def error_response(status: int, message: str, kind: str = "invalid_request_error", headers=None,
+                   code: str | None = None) -> JSONResponse:
+    """OpenAI's error shape, which TEI's clients also read: {"error": {"message", "type", "code"}}
+    (`code` OpenAI's where it has one, such as "model_not_found"; else the status)."""
+    return JSONResponse({"error": {"message": message, "type": kind, "code": code or status}}, status,
+                        headers=headers)
+
+
+def encode(array: np.ndarray, encoding: str) -> np.ndarray | str:
+    """float: the array (written as nested JSON lists); base64: its little-endian float32 bytes,
+    C order."""
+    array = np.ascontiguousarray(array, dtype="<f4")
+    if encoding == "base64":
+        return base64.b64encode(array.tobytes()).decode("ascii")
+    return array
