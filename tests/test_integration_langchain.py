@@ -99,6 +99,24 @@ async def test_the_async_pair_gives_the_same_numbers(tiny, server):
     assert await remote.aembed_query(TEXTS[0]) == remote.embed_query(TEXTS[0])
 
 
+def test_texts_without_tokens_are_zeros_through_the_server_too(tiny, server):
+    """Control characters only: no Moses token, so zeros, in process and served alike (the server
+    refuses a text without tokens; the client sends only those with tokens)."""
+    texts = ["ok text", "\x00", "\x07\x08", "   "]
+    local = np.array(ELMoEmbeddings(model=str(tiny)).embed_documents(texts))
+    remote = np.array(ELMoEmbeddings(base_url=server.url, api_key=KEY).embed_documents(texts))
+    assert local[0].any() and not local[1:].any()
+    np.testing.assert_allclose(remote, local, atol=1e-6, rtol=1e-5)
+
+
+def test_a_refusal_names_the_callers_text(server):
+    """The server's `input[k]` counts within one request of the texts with tokens; the error names
+    the caller's own index."""
+    texts = ["One.", "", "Two.", "Three.", "word " * 600]
+    with pytest.raises(RuntimeError, match=r"texts\[4\] has 600 tokens"):
+        ELMoEmbeddings(base_url=server.url, api_key=KEY, batch_size=2).embed_documents(texts)
+
+
 def test_what_the_server_refuses_is_said(tiny, server):
     with pytest.raises(RuntimeError, match="answered 401"):
         ELMoEmbeddings(base_url=server.url, api_key="wrong-key").embed_query("hello")

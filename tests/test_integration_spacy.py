@@ -66,6 +66,8 @@ def test_vectors_similarity_and_tensor(nlp_with, layers):
     if layers == "average":  # elmo embed --sentence-vectors' vector of the same tokens
         np.testing.assert_allclose(doc.vector, sentence_vector(doc._.elmo), rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(doc[1:4].vector, expected[1:4].mean(axis=0), rtol=1e-5, atol=1e-6)
+    assert doc[1:4].vector_norm == pytest.approx(np.linalg.norm(expected[1:4].mean(axis=0)), rel=1e-5)  # a number
+    assert doc.vector_norm == pytest.approx(np.linalg.norm(expected.mean(axis=0)), rel=1e-5)
     assert doc.similarity(other) == pytest.approx(cosine(doc.vector, other.vector), rel=1e-5)
     assert doc[1:4].similarity(other[0:2]) == pytest.approx(cosine(expected[1:4].mean(0), other[0:2].vector), rel=1e-5)
     assert doc[1].similarity(other[3]) == pytest.approx(cosine(expected[1], other[3].vector), rel=1e-5)
@@ -88,6 +90,8 @@ def test_an_empty_doc(nlp_with):
     assert not empty.vector.any() and empty.similarity(full) == 0.0
     blank = nlp("   \n\n  ")  # whitespace only: spaCy's tokens, but no word
     assert len(blank) > 0 and not blank._.elmo.any() and not blank.vector.any() and blank.similarity(full) == 0.0
+    assert not empty.has_vector and not blank.has_vector and not blank[0:2].has_vector
+    assert full.has_vector and full[0:1].has_vector
     paragraphs = nlp("a b\n\nc")  # a paragraph break between two words leaves the words' vectors as without it
     np.testing.assert_allclose(paragraphs._.elmo[:, [0, 1, 3]], nlp("a b c")._.elmo, rtol=1e-5, atol=1e-6)
 

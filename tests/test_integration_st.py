@@ -114,3 +114,12 @@ def test_overwrite_replaces_the_folder_whole(tiny, st_folder, tmp_path):
     assert not (out / "stale.txt").exists() and (out / "modules.json").is_file()
     assert [p.name for p in tmp_path.iterdir()] == ["st"]  # no staging folder left beside it
     assert ModelCard.load(out / "README.md").data.license == "unknown"  # nothing recorded, none given
+
+
+def test_the_folder_gets_the_permissions_a_new_folder_gets(st_folder):
+    """Not mkdtemp's 0700 (private to its owner): what `mkdir` gives under the umask, as `model.save`."""
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    assert st_folder.stat().st_mode & 0o777 == 0o777 & ~mask

@@ -148,6 +148,14 @@ def _check_folder_above(path: Path) -> None:
         return
 
 
+def staging_folder(target: Path) -> Path:
+    """A new empty folder beside `target` (the same file system: renamed onto it once complete),
+    with the permissions a new folder normally gets (mkdtemp makes it 0700: private to its owner)."""
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    staging.chmod(0o777 & ~_umask())
+    return staging
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

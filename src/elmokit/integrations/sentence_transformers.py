@@ -40,7 +40,7 @@ from sentence_transformers.base.modules import InputModule  # noqa: E402
 from elmokit.inference.embedder import ElmoEmbedder  # noqa: E402
 from elmokit.inference.layers import select_layers, sentence_vector  # noqa: E402
 from elmokit.integrations.huggingface import UNKNOWN_LICENSE, hub_card, model_provenance  # noqa: E402
-from elmokit.io import atomic_write_text, durable_replace  # noqa: E402
+from elmokit.io import atomic_write_text, durable_replace, staging_folder  # noqa: E402
 from elmokit.model.bilm import BiLM  # noqa: E402
 from elmokit.model.loading import load_model  # noqa: E402
 from elmokit.model.weights import CONFIG_NAME, WEIGHTS_NAME, model_fingerprint, save_pretrained  # noqa: E402
@@ -168,7 +168,7 @@ def save_sentence_transformers(model: BiLM | str | Path | None, directory: str |
         provenance = model_provenance(source if isinstance(model, BiLM) else model, bilm, license)
     encoder = ELMoSentenceEncoder(bilm, lang=lang, provenance=provenance)
     directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    staging = staging_folder(directory)
     try:
         SentenceTransformer(modules=[encoder], device="cpu").save(str(staging), create_model_card=False)
         files = {"modules.json": "the sentence-transformers pipeline: one module, ELMoSentenceEncoder",

@@ -76,7 +76,11 @@ class ElmoVectors:
         return token_mean(self.tokens(doc, start, end)[self.words(doc)[start:end]])
 
     def has_vector(self, item: Doc | Span | Token) -> bool:
-        return not (isinstance(item, Token) and item.is_space)
+        """Whether the item holds a word the biLM reads (a doc or span of spaces only: no vector)."""
+        if isinstance(item, Token):
+            return not item.is_space
+        doc, start, end = (item.doc, item.start, item.end) if isinstance(item, Span) else (item, 0, len(item))
+        return bool(self.words(doc)[start:end].any())
 
     def vector_norm(self, item: Doc | Span | Token) -> float:
         return float(np.linalg.norm(self.vector(item)))
@@ -91,6 +95,9 @@ class ElmoVectors:
         for hooks in (doc.user_hooks, doc.user_span_hooks, doc.user_token_hooks):
             hooks.update(vector=self.vector, has_vector=self.has_vector, vector_norm=self.vector_norm,
                          similarity=self.similarity)
+        # spaCy's Span.vector_norm calls the span's "vector" hook where a "vector_norm" one is set (so
+        # it would return the vector); without one it takes the norm of Span.vector, our vector hook
+        del doc.user_span_hooks["vector_norm"]
 
 
 class ElmoComponent:

@@ -3,9 +3,11 @@ running server: the one backend of the LangChain and LlamaIndex classes (no thir
 
 In-process: each text's Moses tokens (`elmokit.tokenize`), then `ElmoEmbedder.sentence_vectors`
 (the mean over the tokens of the equal-weight layer average, `elmokit.inference.layers`), the
-model loaded on first use. With `base_url`: POST /v1/embeddings of a running `elmo serve`,
-`batch_size` texts a request, float32 as base64 (no decimal rounding on the way), the key as a
-bearer token; the server's refusals raise with its message.
+model loaded on first use. With `base_url`: the same tokens, POST /v1/embeddings of a running
+`elmo serve` as token lists, `batch_size` texts a request, float32 as base64 (no decimal rounding
+on the way), the key as a bearer token; the server's refusals raise with its message, naming the
+caller's `texts[i]`. Either way a text without tokens (blank, or control characters only) gives
+zeros.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -69,21 +72,21 @@ class SentenceVectors:
         """(N, 2P) float32, one row per text in order; (0, 0) for no text."""
         if not texts:
             return np.zeros((0, 0), np.float32)
+        sentences = [tokenize(text, self.lang) for text in texts]
         if self.base_url is not None:
-            return self._served(texts)
+            return self._served(sentences)
         if self._embedder is None:
             self._embedder = ElmoEmbedder(options_file=self.model, device=self.device)
-        sentences = [tokenize(text, self.lang) for text in texts]
         return self._embedder.sentence_vectors(sentences, batch_size=self.batch_size)
 
-    def _served(self, texts: list[str]) -> np.ndarray:
-        """The server's vectors for the texts with tokens, zeros (as in-process) for the blank ones,
-        which `elmo serve` refuses (422); the width from GET /info when every text is blank."""
-        sent = [i for i, text in enumerate(texts) if text.strip()]
-        parts = [self._request([texts[i] for i in sent[start:start + self.batch_size]])
+    def _served(self, sentences: list[list[str]]) -> np.ndarray:
+        """The server's vectors for the texts with tokens, zeros (as in-process) for those without,
+        which `elmo serve` refuses (422); the width from GET /info when no text has a token."""
+        sent = [i for i, tokens in enumerate(sentences) if tokens]
+        parts = [self._request(sentences, sent[start:start + self.batch_size])
                  for start in range(0, len(sent), self.batch_size)]
         dim = parts[0].shape[1] if parts else int(self._get("/info")["shape"]["dim"])
-        vectors = np.zeros((len(texts), dim), np.float32)
+        vectors = np.zeros((len(sentences), dim), np.float32)
         if parts:
             vectors[sent] = np.concatenate(parts)
         return vectors
@@ -106,13 +109,19 @@ class SentenceVectors:
         except urllib.error.URLError as error:
             raise ConnectionError(f"cannot reach elmo serve at {self.base_url}: {error.reason}") from None
 
-    def _request(self, texts: list[str]) -> np.ndarray:
-        body: dict[str, Any] = {"input": texts, "encoding_format": "base64"}
+    def _request(self, sentences: list[list[str]], indices: list[int]) -> np.ndarray:
+        """The vectors of sentences[i] for i in `indices`, one request; a refusal's `input[k]`
+        (the request's k-th) is named as the caller's `texts[indices[k]]`."""
+        body: dict[str, Any] = {"input": [sentences[i] for i in indices], "encoding_format": "base64"}
         if self.model is not None:
             body["model"] = self.model
         request = urllib.request.Request(f"{self.base_url}/v1/embeddings", data=json.dumps(body).encode(),
                                          headers=self._headers(), method="POST")
-        answer = self._open(request)
+        try:
+            answer = self._open(request)
+        except RuntimeError as error:
+            raise RuntimeError(re.sub(r"\binput\[(\d+)\]", lambda match: f"texts[{indices[int(match[1])]}]",
+                                      str(error))) from None
         items = sorted(answer["data"], key=lambda item: item["index"])
         return np.stack([np.frombuffer(base64.b64decode(item["embedding"]), "<f4") for item in items])
 
