@@ -296,7 +296,7 @@ def results_page(all_runs: dict, probes: dict | None, args: argparse.Namespace, 
     model_name = (f"the built-in model (`gutenberg-en` {record['version']})" if args.builtin else f"`{args.model}`")
     model_name += f", weights fingerprint `{record['fingerprint']}`"
     lines += [f"biLM: {model_name} — {bilm.config.lstm.n_layers} LSTM layers, {bilm.output_dim}-dim outputs, "
-              f"{sum(p.numel() for p in bilm.parameters()):,} parameters.", "",
+              f"{bilm.n_parameters:,} parameters.", "",
               "<!-- results-bilm -->", "<!-- /results-bilm -->", "",  # scripts/sync_pages.py: is it the one that ships?
               "Each cell is the score on the split named, mean ± sample std over the runs (seeds) counted in "
               "the seeds column (no ELMo / ELMo); dev in brackets where the test split is shown. Task models: one BiLSTM layer over task word vectors (random init; "

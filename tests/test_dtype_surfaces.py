@@ -9,6 +9,7 @@ import json
 import logging
 import sys
 
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -115,6 +116,7 @@ def test_resume_refuses_a_partial_made_in_another_dtype(model_dir, tmp_path, mon
         error = capsys.readouterr().err
         now = dtype[1] if dtype else "float32"
         assert "cannot resume" in error and f"the partial's vectors: int8; this run's: {now}" in error
+        assert "made with a different precision (" in error and "--overwrite" in error  # not "model" for bf16
         assert not output.exists() and (tmp_path / f"out{suffix}.partial").is_dir()
     assert main([*command, "--resume", "--dtype", "int8"]) == 0  # the same dtype continues
     assert output.exists()
@@ -222,3 +224,22 @@ def test_the_embedder_quotes_the_bfloat16_speedup_its_page_measures():
     assert speedups, "no bfloat16 row in bench/results/embed.md"
     doc = " ".join(ElmoEmbedder.__doc__.split())
     assert f"{min(speedups):.2f}-{max(speedups):.2f}x float32's tokens/s" in doc and "~2x" not in doc
+
+
+def test_resume_keeps_the_partials_segment_size(model_dir, tmp_path, monkeypatch, caplog):
+    """Begun with --checkpoint-every 4, resumed without it (2000): the partial's size is kept (the
+    merge reads its segments by it), said in a warning, and the output is the uninterrupted run's."""
+    source = tmp_path / "in.txt"
+    source.write_text("".join(f"{' '.join(sentence)}\n" for sentence in SENTENCES * 3))
+    command = ["embed", str(source), str(tmp_path / "out.h5"), "--model", str(model_dir), "--no-progress"]
+    _interrupted_before_the_merge(monkeypatch, [*command, "--checkpoint-every", "4"])
+    with caplog.at_level("WARNING", logger="elmokit"):
+        assert main([*command, "--resume"]) == 0
+    assert "segments of 4 sentences (--checkpoint-every), as it was begun" in caplog.text
+    whole = tmp_path / "whole.h5"
+    assert main(["embed", str(source), str(whole), "--model", str(model_dir), "--no-progress"]) == 0
+    with h5py.File(tmp_path / "out.h5") as resumed, h5py.File(whole) as expected:
+        assert resumed.keys() == expected.keys()
+        for key in expected:
+            if key != "sentence_to_index":
+                np.testing.assert_array_equal(resumed[key][()], expected[key][()])

@@ -249,3 +249,31 @@ def test_resume_at_another_batch_size_warns_and_goes_on(tmp_path, caplog):
     assert "at the engine's rows, where it was made at 16 rows" in caplog.text
     with pytest.raises(ValueError, match="cannot resume .* different model;"):
         start_progress(partial, 0, {**made, "model": "other", "batch_size": 8}, resume=True)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_sigterm_lost_in_a_finalizer_still_stops_the_run(model_dir, tmp_path, monkeypatch):
+    """SIGTERM's KeyboardInterrupt raised inside a finalizer is printed and dropped by Python; the
+    run stops at its next group all the same (exit 130, the finished segments kept), not at the end."""
+    from elmokit.inference import files
+
+    source = _write(tmp_path / "in.txt", [" ".join(["word"] * (1 + i % 5)) for i in range(40)])
+    output = tmp_path / "out.h5"
+    real, groups_seen = files.embed_sentence_groups, []
+
+    class Finalized:
+        def __del__(self):  # where the signal's handler happens to run
+            signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)
+
+    def groups(*args, **kwargs):
+        for group in real(*args, **kwargs):
+            groups_seen.append(len(group))
+            if len(groups_seen) == 1:
+                Finalized()  # the interrupt raised in __del__ is lost
+            yield group
+
+    monkeypatch.setattr(files, "embed_sentence_groups", groups)
+    command = ["embed", str(source), str(output), "--model", str(model_dir), "--no-progress", "--checkpoint-every", "4",
+               "--batch-size", "2"]
+    assert main(command) == 130
+    assert not output.exists() and (tmp_path / "out.h5.partial").is_dir() and len(groups_seen) == 1

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from elmokit import BiLM, ScalarMix, batch_to_ids, save_original
+from elmokit import BiLM, CharCNNConfig, ElmoConfig, LSTMConfig, ScalarMix, batch_to_ids, save_original
 from elmokit.inference.engine import contextualize_sentences, stream_layout
 from elmokit.training.recurrence import forward_streams
 from tests.conftest import SENTENCES, tiny_config
@@ -251,3 +251,15 @@ def test_max_over_windows_is_the_max_and_its_first_window():
     np.testing.assert_array_equal(values.numpy()[finite], array.max(axis=1)[finite])
     np.testing.assert_array_equal(first.numpy()[finite], array.argmax(axis=1)[finite])
     assert first.dtype == torch.long and 0 <= int(first[2, 1]) < 12  # a NaN column still names a window
+
+
+@pytest.mark.parametrize("cell_dim, projection_dim, n_highway, published", [
+    (1024, 128, 1, 13_593_296), (4096, 512, 2, 93_600_848)])
+def test_the_parameter_count_is_the_published_one(cell_dim, projection_dim, n_highway, published):
+    """`BiLM.n_parameters` of the released shapes is the count the spec gives (the original files'
+    weights): the char table's padding row, always zero, is not a weight."""
+    config = ElmoConfig(char_cnn=CharCNNConfig(n_highway=n_highway),
+                        lstm=LSTMConfig(cell_dim=cell_dim, projection_dim=projection_dim, n_layers=2))
+    with torch.device("meta"):  # shapes only
+        bilm = BiLM(config)
+    assert bilm.n_parameters == published

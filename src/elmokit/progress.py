@@ -20,6 +20,10 @@ inside a burst that finished at once.
 
 Messages go through `logging` (`logging.getLogger(__name__)` in each module); the command line
 installs `LogHandler`, which writes between the lines of a bar (`configure_logging`).
+
+A stop asked by a signal (`request_stop`, SIGTERM's handler in `elmo embed`) is kept here too, and
+loops call `check_stop` between units of work: the handler's KeyboardInterrupt can land inside a
+finalizer (a weakref callback, a `__del__`), where Python prints "Exception ignored" and goes on.
 """
 
 from __future__ import annotations
@@ -37,6 +41,24 @@ from tqdm import tqdm
 log = logging.getLogger(__name__)
 PACKAGE_LOGGER = "elmokit"
 DEFAULT_LOG_INTERVAL_S = 30.0
+
+
+_stop = {"reason": None}  # why a signal asked the run to stop (None: it did not)
+
+
+def request_stop(reason: str) -> None:
+    """Remember that a signal asked the run to stop (`check_stop` raises from then on)."""
+    _stop["reason"] = reason
+
+
+def clear_stop() -> None:
+    _stop["reason"] = None
+
+
+def check_stop() -> None:
+    """KeyboardInterrupt if a stop was requested: a point where stopping is safe."""
+    if _stop["reason"] is not None:
+        raise KeyboardInterrupt(_stop["reason"])
 
 
 def log_interval() -> float:

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     bilm = model_from_args(args)
     embedder = ElmoEmbedder(module=bilm)
     config = bilm.config
-    n_parameters = sum(p.numel() for p in bilm.parameters())
+    n_parameters = bilm.n_parameters
     print(f"model: {args.model or args.weight_file or 'built-in'} ({config.lstm.n_layers} x {config.lstm.cell_dim} cells "
           f"-> {config.lstm.projection_dim}, {config.char_cnn.n_filters} char filters, {n_parameters:,} parameters)")
 

@@ -78,7 +78,7 @@ def run_download(args: argparse.Namespace) -> int:
                      max_bytes=weight_file_cap(config), repair=True)
         model = load_model(options_url, weights_url)  # both cached and sound now: loads once
         print(f"{options_url}\n{weights_url}\n  -> {resolve_file(weights_url).parent} "
-              f"({sum(p.numel() for p in model.parameters()):,} parameters, loads)")
+              f"({model.n_parameters:,} parameters, loads)")
     return 0
 
 

@@ -31,7 +31,7 @@ from elmokit.inference.files import (
     fix_malloc_mmap_threshold,
 )
 from elmokit.inference.segments import FILE_FORMATS, format_for_path
-from elmokit.progress import quiet
+from elmokit.progress import clear_stop, quiet, request_stop
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_OUTPUT_GB = 10.0
@@ -225,11 +225,13 @@ def sigterm_as_interrupt(output: Path):
         return
 
     def stop(signum, frame):
-        raise KeyboardInterrupt(f"SIGTERM; the finished segments are kept in {output}.partial: "
-                                "--resume continues the run")
+        reason = f"SIGTERM; the finished segments are kept in {output}.partial: --resume continues the run"
+        request_stop(reason)  # should the raise land in a finalizer and be lost, the loop stops at its next check
+        raise KeyboardInterrupt(reason)
 
     previous = signal.signal(signal.SIGTERM, stop)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        clear_stop()

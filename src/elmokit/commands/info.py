@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         "lstm": config.lstm.__dict__,
         "output_dim": config.output_dim,
         "n_output_layers": config.n_output_layers,
-        "parameters": sum(p.numel() for p in model.parameters()),
+        "parameters": model.n_parameters,
     }
     reference = model_reference(args)
     directory = None

@@ -93,7 +93,7 @@ from elmokit.tokenizer import tokenize as moses_tokens
 from elmokit.io import atomic_write_text, check_replaceable, durable_replace, output_lock, refuse_overwrite
 from elmokit.textfiles import CorpusError, not_a_regular_file, read_lines
 from elmokit.inference.estimate import EmbedReport, InputScan, check_output_size
-from elmokit.progress import progress_bar
+from elmokit.progress import check_stop, progress_bar
 
 log = logging.getLogger(__name__)
 PROGRESS_GLOB = "progress-rank*.json"
@@ -367,12 +367,19 @@ def start_progress(partial: Path, rank: int, identity: dict, resume: bool) -> Ra
             changed.remove("precision")
             log.warning(f"resuming {partial}, made by an older elmokit that did not record its precision, in "
                         f"{identity['precision']}: if it was made in another one (--dtype int8 or float32), its "
-                        "vectors mix the two; run without --resume to start over and be sure")
-        if set(changed) - {"batch_size"}:
-            raise ValueError(f"cannot resume {partial}: it was made with a different "
-                             f"{', '.join(key for key in changed if key != 'batch_size')}"
-                             f"{_precisions(progress.identity, identity) if 'precision' in changed else ''}; "
-                             "run without resume=True to start over")
+                        "vectors mix the two; start over with --overwrite to be sure")
+        differ = [key for key in changed if key not in ("batch_size", "checkpoint_every")]
+        if differ:
+            if "precision" in differ and "model" in differ:  # the fingerprint is of the weights in that precision
+                differ.remove("model")
+            raise ValueError(f"cannot resume {partial}: it was made with a different {', '.join(differ)}"
+                             f"{_precisions(progress.identity, identity) if 'precision' in differ else ''}; "
+                             f"start over with overwrite=True (elmo embed --overwrite), which deletes its "
+                             f"unfinished work, or resume with what it was made with")
+        if "checkpoint_every" in changed and "checkpoint_every" in progress.identity:  # (older: not recorded)
+            identity["checkpoint_every"] = progress.identity["checkpoint_every"]  # its segments' size: kept
+            log.warning(f"resuming {partial} with segments of {identity['checkpoint_every']} sentences "
+                        f"(--checkpoint-every), as it was begun")
         if changed and "batch_size" in progress.identity:  # (older partials did not record it)
             now, then = (f"{size} rows" if size else "the engine's rows" for size in
                          (identity["batch_size"], progress.identity["batch_size"]))
@@ -441,8 +448,10 @@ def embed_file_report(embedder: Embedder, input_path: str | Path, output_path: s
         identity = {"input": input_fingerprint(input_path), "options": options.identity(),
                     "model": model_fingerprint(embedder.bilm), "world_size": world_size,
                     "precision": bilm_precision(embedder.bilm),  # int8 keeps float32 weights: not in the model's
-                    "batch_size": options.batch_size}  # rounding only: a resume may change it
+                    "batch_size": options.batch_size,  # rounding only: a resume may change it
+                    "checkpoint_every": options.checkpoint_every}  # a resume keeps the partial's
         rank_progress = start_progress(partial, rank, identity, resume)
+        options = dataclasses.replace(options, checkpoint_every=rank_progress.identity["checkpoint_every"])
         n_embedded, n_tokens = _embed_rank(embedder, input_path, scan, partial, options, rank_progress, rank,
                                            world_size, show_progress=progress and rank == 0)
         barrier()
@@ -505,6 +514,7 @@ def _embed_rank(embedder: Embedder, input_path: Path, scan: InputScan, partial: 
                         segment.write(key, shape_output(layers, options.output_format, options.sentence_vectors), row)
                     bar.update(tokens)
                     n_tokens += tokens
+                    check_stop()  # a SIGTERM whose interrupt was lost (`elmokit.progress.request_stop`)
                 segment.close()
                 durable_replace(segment.path, partial / name)
                 progress.segments.append(name)

@@ -72,9 +72,16 @@ class BiLM(nn.Module):
     def extra_repr(self) -> str:
         """The first line of `repr(bilm)`: the shape at a glance, above the module tree."""
         lstm = self.config.lstm
-        n_parameters = sum(parameter.numel() for parameter in self.parameters())
         return (f"{lstm.n_layers} x {lstm.cell_dim} cells -> {lstm.projection_dim}, "
-                f"{self.config.n_output_layers} layers of {self.output_dim}, {n_parameters:,} parameters")
+                f"{self.config.n_output_layers} layers of {self.output_dim}, {self.n_parameters:,} parameters")
+
+    @property
+    def n_parameters(self) -> int:
+        """The weights as the original files count them (the published 13.6M and 93.6M): every
+        parameter but the padding row of each embedding table (row 0, zero and never trained)."""
+        padding = sum(module.embedding_dim for module in self.modules()
+                      if isinstance(module, nn.Embedding) and module.padding_idx is not None)
+        return sum(parameter.numel() for parameter in self.parameters()) - padding
 
     @property
     def output_dim(self) -> int:

@@ -101,7 +101,7 @@ class Service:
             "shape": {"layers": self.n_layers, "dim": embedder.output_dim,
                       "lstm_layers": config.lstm.n_layers, "cell_dim": config.lstm.cell_dim,
                       "projection_dim": config.lstm.projection_dim,
-                      "parameters": sum(p.numel() for p in embedder.bilm.parameters())},
+                      "parameters": embedder.bilm.n_parameters},
             "device": str(embedder.device), "dtype": bilm_precision(embedder.bilm),
             "tokenizer": self.tokenizer_name, "limits": dataclasses.asdict(self.limits),
             "rows": self.batcher.rows,

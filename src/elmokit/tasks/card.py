@@ -79,7 +79,7 @@ def _bilm_lines(config: TaskConfig, record: dict | None, bilm, layer_weights) ->
     if record is None:
         return ["None: this task model reads its own word vectors only (trained without ELMo)."]
     lstm = bilm.config.lstm
-    n_parameters = sum(p.numel() for p in bilm.parameters())
+    n_parameters = bilm.n_parameters
     how = "fine-tuned with the task (its weights are in task_model.safetensors)" if config.finetune else \
         "frozen (its layers computed once per sentence)"
     lines = [f"- {describe(record)}: {lstm.n_layers} LSTM layers, {2 * lstm.projection_dim}-dim vectors, "
