@@ -34,6 +34,8 @@ from embed import UD_DEV, read_conllu_forms
 from machine import busy_processes, page_header  # bench/machine.py: the CPU, its flags, the rooflines
 from serve import InProcess  # bench/serve.py: the same in-process run
 
+import torch
+
 REPO = Path(__file__).resolve().parents[1]
 PARTS = ("token layer", "admit", "compact", "step", "take")
 JSON_WORK = """
@@ -90,6 +92,72 @@ def drive(embedder, recurrence, sentences: list[list[str]], rows: int) -> dict:
             "shares": {part: seconds[part] / wall for part in PARTS}}
 
 
+def step_costs(recurrence, embedder, span: int, repeats: int, steps: int = 40) -> dict:
+    """One step of `recurrence` with rows 0 .. span-1 busy (long sentences, so that none ends),
+    against the step's own products (each layer's gate and projection products of both
+    directions, the weights the step uses) run in the step's order and each repeated on its own:
+    the mean of `steps` calls, the fastest of `repeats` rounds, in seconds; and the products'
+    FLOPs a row."""
+    from elmokit.serve.recurrence import token_layer
+
+    length = recurrence.horizon  # positions: the sentences outlast every step timed
+    if 1 + repeats * steps > length - 2:
+        raise ValueError(f"{repeats} x {steps} steps do not fit the recurrence's {length}-step rings")
+    rows = recurrence.admit(token_layer(embedder, [["the"] * (length - 2)] * span), [length] * span)
+    gate_state = torch.zeros(span, 2 * recurrence.outputs.shape[-1], dtype=recurrence.compute_dtype)
+    cell_output = torch.zeros(span, recurrence.cell.shape[-1], dtype=recurrence.compute_dtype)
+    calls = []  # the step's order: a layer's gate products, then its projections
+    for gates, projections, bias in zip(recurrence.gate_products, recurrence.projections, recurrence.bias):
+        calls += [(product, (gate_state, bias[d])) for d, product in enumerate(gates)]
+        calls += [(product, (cell_output,)) for product in projections]
+
+    def fastest(run) -> float:
+        run()  # warm
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for _ in range(steps):
+                run()
+            best = min(best, (time.perf_counter() - start) / steps)
+        return best
+
+    def in_order():
+        for product, inputs in calls:
+            product(*inputs)
+
+    step = fastest(recurrence.step)
+    ordered = fastest(in_order)
+    alone = sum(fastest(lambda product=product, inputs=inputs: product(*inputs)) for product, inputs in calls)
+    recurrence.drop(rows)
+    dim, cell_dim = gate_state.shape[-1] // 2, cell_output.shape[-1]
+    flops = 2 * len(recurrence.layers) * 2 * (4 * cell_dim * 2 * dim + cell_dim * dim)  # a row: L x D x (gates, projection)
+    return {"step": step, "ordered": ordered, "alone": alone, "flops": flops}
+
+
+def step_table(costs: dict[int, dict]) -> list[str]:
+    """The page's second table: `step_costs` at each row count."""
+    widest = costs[max(costs)]
+    per_row = widest["step"] / max(costs)
+    lines = ["## A step by the rows it computes", "",
+             "`Recurrence.step` with rows 0 .. R-1 busy, alone in this process, against its own products (each "
+             "layer's gate product [x | h] and projection, both directions): in the step's order, one after the "
+             "other as the step runs them (every weight read once a step), and each product repeated on its own "
+             "(its weight still in the caches from the call before). GFLOP/s count the products' multiply-adds "
+             f"({widest['flops'] / 1e6:.2f} MFLOP a row). 'A row / at {max(costs)} rows' divides the step's time a row "
+             f"at {max(costs)} rows by its time a row at R: the most a server keeping R rows busy can reach of one "
+             f"keeping {max(costs)} busy, its HTTP, JSON and admissions costing nothing.", "",
+             "| rows | step, ms | a row, us | a row / at " + f"{max(costs)} rows | products in the step's order, ms "
+             "| GFLOP/s | each product alone, ms | GFLOP/s | the rest of the step, ms |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for span, cost in costs.items():
+        flops = cost["flops"] * span
+        lines.append(f"| {span} | {cost['step'] * 1e3:.2f} | {cost['step'] / span * 1e6:.1f} | "
+                     f"{per_row / (cost['step'] / span):.2f}x | {cost['ordered'] * 1e3:.2f} | "
+                     f"{flops / cost['ordered'] / 1e9:.1f} | {cost['alone'] * 1e3:.2f} | {flops / cost['alone'] / 1e9:.1f} | "
+                     f"{(cost['step'] - cost['ordered']) * 1e3:.2f} |")
+    return lines + [""]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="the model (default: the built-in gutenberg-en)")
@@ -98,9 +166,11 @@ def main() -> None:
                         help="rows kept busy (default: 27 56 98, bench/serve.py's rows busy at 16 x 1-4, 64 x 1 "
                              "and 64 x 1-4)")
     parser.add_argument("--repeats", type=int, default=3, help="rounds (default: 3)")
+    parser.add_argument("--spans", type=int, nargs="+", default=[1, 8, 16, 27, 56, 98, 128],
+                        help="busy rows of the step-by-rows table (default: 1 8 16 27 56 98 128)")
     parser.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "serve-loop.md")
     args = parser.parse_args()
-    if any(rows < 1 for rows in args.rows) or args.repeats < 1:
+    if any(rows < 1 for rows in args.rows + args.spans) or args.repeats < 1:
         parser.error("--rows and --repeats take numbers of at least 1")
 
     sentences = read_conllu_forms(UD_DEV)
@@ -115,8 +185,8 @@ def main() -> None:
             best[key] = result
 
     recurrence = server_recurrence(local.embedder)  # one for every pass, as the server keeps one
-    if max(args.rows) > recurrence.rows:
-        parser.error(f"--rows: the server's recurrence has {recurrence.rows} rows")
+    if max(args.rows + args.spans) > recurrence.rows:
+        parser.error(f"--rows, --spans: the server's recurrence has {recurrence.rows} rows")
     drive(local.embedder, recurrence, sentences, args.rows[0])  # warm: the loop's products and views
     for round_ in range(args.repeats):
         keep(("engine", None), {"speed": local.run()[0]})
@@ -137,6 +207,7 @@ def main() -> None:
                   f"beside JSON {best[('beside', rows)]['speed']:,.0f}, engine {best[('engine', rows)]['speed']:,.0f} "
                   f"(its {default} rows {best[('engine', None)]['speed']:,.0f})", flush=True)
 
+    costs = {span: step_costs(recurrence, local.embedder, span, args.repeats) for span in args.spans}
     in_process = best[("engine", None)]["speed"]
     lines = ["# The server's loop without HTTP (`bench/serve_loop.py`)", "",
              page_header("cpu", args.threads),
@@ -164,6 +235,7 @@ def main() -> None:
                      + " | ".join(f"{100 * alone['shares'][part]:.1f}%" for part in PARTS) + " |")
     lines += ["", "The parts are shares of the loop's wall time: the token layer (the token cache's lookup), "
               "`Recurrence.admit`, `compact`, `step` and `take`; what they leave is the loop's own Python.", ""]
+    lines += step_table(costs)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text("\n".join(lines), encoding="utf-8")
     print(f"wrote {args.output}")

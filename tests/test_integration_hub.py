@@ -48,6 +48,9 @@ def test_save_pretrained_and_from_pretrained_round_trip(model_dir, tmp_path):
     assert card.data.to_dict()["elmo_source"] == str(model_dir.resolve())
     with pytest.raises(TypeError, match="apply to a Hub repository"):
         HubBiLM.from_pretrained(str(model_dir), revision="main")
+    for missing in (str(tmp_path / "missing"), tmp_path / "missing", "./missing", "a/b/c"):
+        with pytest.raises(FileNotFoundError, match="no model folder .*missing|no model folder 'a/b/c'"):
+            HubBiLM.from_pretrained(missing)
 
 
 def test_the_builtin_model_by_default():

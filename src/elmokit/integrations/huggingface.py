@@ -145,6 +145,10 @@ class HubBiLM(BiLM, ModelHubMixin, library_name="elmokit", tags=["elmo", "elmoki
                 raise TypeError(f"{sorted(hub_kwargs)} apply to a Hub repository; {reference!r} is loaded by elmokit")
             bilm = load_model(None if reference is None else str(reference))
             return cls.from_bilm(bilm, model_provenance(reference, bilm, license))
+        if isinstance(reference, Path) or str(reference).startswith(("/", "./", "../")) \
+                or str(reference).count("/") > 1 or "\\" in str(reference):  # a path: no Hub id has this form
+            raise FileNotFoundError(f"no model folder {str(reference)!r} (a Hugging Face Hub repository id is "
+                                    f"'user/name')")
         hub = super().from_pretrained(str(reference), **hub_kwargs)
         if license is not None and hub.provenance.get("license", UNKNOWN_LICENSE) == UNKNOWN_LICENSE:
             hub.provenance["license"] = license
