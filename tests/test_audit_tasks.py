@@ -277,3 +277,71 @@ def test_similar_clusters_are_bounded(model_dir, tmp_path, capsys):
     assert main(["similar", str(tmp_path / "c.txt"), "--query", "hello world", "--word", "hello", "--model",
                  str(model_dir), "--clusters", "100000"]) != 0
     one_error_line(capsys, "--clusters must be at most 20")
+
+
+# The second audit (2026-11-27)
+def test_empty_labels_are_refused_with_their_line(tmp_path, capsys):
+    """An empty label column (a line ending in a tab, an empty UPOS) is refused at training, naming
+    the line, instead of training a run whose config cannot be loaded."""
+    columns = tmp_path / "c.tsv"
+    columns.write_text("I\tPRON\nlike\t\ncats\tNOUN\n\n", encoding="utf-8")
+    conllu = tmp_path / "c.conllu"
+    conllu.write_text("# sent_id = 1\n# text = I like\n1\tI\tI\t\t_\t_\t0\troot\t_\t_\n"
+                      "2\tlike\tlike\tVERB\t_\t_\t1\tdep\t_\t_\n\n", encoding="utf-8")
+    for data, line in ((columns, 2), (conllu, 3)):
+        capsys.readouterr()
+        assert main(["task", "train", "--task", "pos", "--train", str(data), "--dev", str(data),
+                     "--out", str(tmp_path / f"run-{data.suffix}"), "--model", "none", *TINY]) != 0
+        message = one_error_line(capsys, f"{data}:{line}")
+        assert "label" in message
+        assert not (tmp_path / f"run-{data.suffix}" / "task_config.json").exists()
+
+
+def test_predict_reads_sentences_a_line_with_blank_lines_as_text(pos_run, tmp_path, capsys):
+    text = tmp_path / "s.txt"
+    text.write_text("I like cats and you hate dogs now\n\nYou hate dogs and we like cats .\n", encoding="utf-8")
+    blocks = predict(capsys, pos_run, text).strip("\n").split("\n\n")
+    assert [[line.split("\t")[0] for line in block.splitlines()] for block in blocks] == [
+        "I like cats and you hate dogs now".split(), "You hate dogs and we like cats .".split()]
+
+
+def test_predict_writes_a_space_separated_column_file_with_spaces(pos_run, tmp_path, capsys):
+    columns = tmp_path / "c.txt"
+    columns.write_text("I PRON\nlike VERB\n\nYou PRON\nhate VERB\n", encoding="utf-8")
+    lines = predict(capsys, pos_run, columns).strip("\n").split("\n")
+    assert "\t" not in "".join(lines) and [line.split(" ")[0] for line in lines] == ["I", "like", "", "You", "hate"]
+    assert all(len(line.split(" ")) == 2 and line.split(" ")[1] in ("PRON", "VERB", "NOUN") for line in lines if line)
+
+
+def test_eval_max_sentences_below_one_is_refused_by_name(pos_run, capsys):
+    for value in ("0", "-1"):
+        capsys.readouterr()
+        assert main(["task", "eval", str(pos_run), "--split", "dev", "--max-sentences", value, "--no-progress"]) != 0
+        one_error_line(capsys, "--max-sentences", ">= 1")
+
+
+def test_resume_with_given_files_ignores_the_data_folder(tmp_path, capsys, monkeypatch):
+    """A run trained on --train/--dev files never reads the data folder: resuming it from elsewhere
+    (another working directory, another --data-dir) is not refused for it."""
+    import importlib
+
+    task_train = importlib.import_module("elmokit.tasks.train")  # the module (elmokit.tasks.train is also a function)
+
+    data = tmp_path / "train.txt"
+    data.write_text("I PRON\nlike VERB\ncats NOUN\n\nYou PRON\nhate VERB\ndogs NOUN\n\n", encoding="utf-8")
+    run = tmp_path / "run"
+    command = ["task", "train", "--task", "pos", "--train", str(data), "--dev", str(data), "--out", str(run),
+               "--model", "none", *TINY[2:], "--max-epochs", "2"]
+    saved = task_train.save_loop
+
+    def save_then_stop(*args, **kwargs):
+        saved(*args, **kwargs)
+        raise KeyboardInterrupt("stopped after the first epoch")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(task_train, "save_loop", save_then_stop)
+        assert main(command) != 0
+    assert (run / task_train.CHECKPOINT).is_file()
+    capsys.readouterr()
+    assert main([*command, "--resume", "--data-dir", str(tmp_path / "elsewhere")]) == 0, capsys.readouterr().err
+    assert (run / "results.json").is_file() and not (run / task_train.CHECKPOINT).exists()

@@ -63,6 +63,9 @@ def test_ner_round_trip_without_elmo(tmp_path, ner_files, capsys, monkeypatch):
     assert "IOB1 tags read as BIO" in trained["stderr"]
     assert trained["stderr"].count("ner epoch ") == trained["epochs"]  # epoch lines despite --no-progress
     assert trained["test"]["f1"] > 60
+    from elmokit.tasks.card import results_table  # what the command prints without --json
+
+    assert "By entity type, test split:" in results_table(trained, run)
     # eval on the test file gives what training reported
     scored = eval_json(capsys, run, ner_files["test"])
     assert scored["f1"] == pytest.approx(trained["test"]["f1"])

@@ -65,9 +65,9 @@ def results_table(results: dict, out: str | Path) -> str:
     lines = [f"{results['task']} run in {out}: best dev epoch {results['best_epoch']} of {results['epochs']}, "
              f"{results['n_train']:,} training sentences, {results['cpu_seconds']:.0f} CPU s "
              f"({results['wall_seconds']:.0f} s wall)", "", text_table(header, rows)]
-    last = next((results[name] for name in ("test", "dev") if results.get(name)), None)
-    if results["metric"] == "f1" and last and last["per_type"]:
-        lines += ["", text_table(PER_TYPE_HEADER, per_type_rows(last))]
+    split = next((name for name in ("test", "dev") if results.get(name)), None)
+    if results["metric"] == "f1" and split and results[split]["per_type"]:
+        lines += ["", f"By entity type, {split} split:", text_table(PER_TYPE_HEADER, per_type_rows(results[split]))]
     for index, weights in enumerate(results.get("layer_weights") or []):
         lines.append(f"ELMo mix {index + 1}, weights of layers 0..{len(weights) - 1}: "
                      + " ".join(f"{w:.2f}" for w in weights))

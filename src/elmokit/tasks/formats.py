@@ -91,8 +91,12 @@ def detect_format(path: str | Path, kind: str, labels: Collection[str] | None = 
     if token_lines and len(token_lines[0].split("\t")) == 10 and token_lines[0].split("\t")[0].isdigit():
         return "conllu"
     separated = any(not line.strip() for line in sample[:-1])
-    if separated or any("\t" in line or line.startswith("-DOCSTART-") for line in sample):
+    if any("\t" in line or line.startswith("-DOCSTART-") for line in sample):
         return "columns"
+    if separated:  # a column file has a token a line (and 1 to 3 labels); with the run's labels known, text
+        # whose lines are mostly sentences of more than 4 words, a blank line between some, is text
+        wide = sum(len(line.split()) > 4 for line in token_lines)
+        return "text" if labels is not None and 2 * wide > len(token_lines) else "columns"
     widths = {len(line.split()) for line in token_lines}
     # a column file without blank lines (one sentence) has 2 to 4 columns (CoNLL-2003's 4) on every
     # line; lines of text that happen to have the same number of words (5 and 5) are text, and so are
@@ -206,6 +210,8 @@ def _column_records(path: Path, fmt: FileFormat, kind: str, tokenize) -> Iterato
             raise DataFormatError(path, number, f"expected {width} {'tab' if fmt.separator else 'space'}-separated "
                                                 f"columns (token first, label last) as on the first token line, got "
                                                 f"{len(fields)}: {line!r}")
+        if width > 1 and not fields[-1]:
+            raise DataFormatError(path, number, f"empty label (the last of the {width} columns): {line!r}")
         rows.append(fields)
         token_lines.append(number)
     if rows:
@@ -365,5 +371,5 @@ def _check_entity_tags(path: str | Path, record: Record) -> None:
 
 def _check_conllu_labels(path: str | Path, record: Record, column: str) -> None:
     for index, label in enumerate(record.labels):
-        if label == "_":
-            raise DataFormatError(path, record.token_lines[index], f"no {column.upper()} label ('_')")
+        if label == "_" or not label.strip():
+            raise DataFormatError(path, record.token_lines[index], f"no {column.upper()} label ({label!r})")

@@ -51,8 +51,11 @@ class PredictionWriter:
             item = dict(record.source)
             item["labels" if self.kind == "tagger" else "label"] = prediction
             self.handle.write(json.dumps(item, ensure_ascii=False) + "\n")
-        else:  # columns, or text for a tagger
-            self.handle.write(columns_block(record, prediction, self.fmt.separator or "\t"))
+        else:  # columns, with their own separator (a space where runs of spaces parted them), or tokens
+            # alone (text for a tagger, a token a line): token<TAB>label
+            spaced = (name == "columns" and self.fmt.separator is None and isinstance(record.source, list)
+                      and len(record.source[0]) > 1)
+            self.handle.write(columns_block(record, prediction, " " if spaced else self.fmt.separator or "\t"))
 
     def _write_row(self, record: Record, prediction: str) -> None:
         fmt = self.fmt

@@ -290,6 +290,9 @@ def evaluate_run(run_dir: str | Path, split: str = "test", data_dir: str | None 
     under `data_dir`, by default the folder it was trained from)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if max_sentences is not None and (isinstance(max_sentences, bool) or not isinstance(max_sentences, int)
+                                      or max_sentences < 1):
+        raise ValueError(f"max_sentences (--max-sentences) must be an integer >= 1, got {max_sentences!r}")
     run = load(run_dir, device, bilm)
     config = replace(run.config, data_dir=data_dir) if data_dir else run.config
     files = config.split_files()

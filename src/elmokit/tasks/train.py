@@ -271,7 +271,9 @@ def resume_loop(path: Path, config: TaskConfig, model, optimizer, loop: LoopStat
     saved = load_checkpoint(path, ("config", "epoch", "model", "optimizer", "stopping", "records", "order_rng", "rng"),
                             "a checkpoint of elmo task train")
     ours = asdict(config)
-    changed = sorted(name for name in ours if name not in RESUMABLE_CHANGES and saved["config"].get(name) != ours[name])
+    unused = {"data_dir"} if config.train_file is not None else set()  # given files: the data folder is not read
+    changed = sorted(name for name in ours if name not in RESUMABLE_CHANGES | unused
+                     and saved["config"].get(name) != ours[name])
     if changed:
         before = saved["config"]
         differences = ", ".join(f"{name} ({before.get(name)!r}, now {ours[name]!r})" for name in changed)
