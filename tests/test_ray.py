@@ -145,3 +145,76 @@ def test_cli_refusals_before_ray_starts(model_dir, tmp_path, capsys):
         assert main(["embed", "--ray", "local", str(source), str(tmp_path / "out"), *extra, *model]) == 2
         assert named in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_input_checks_before_ray_starts(model_dir, tmp_path, capsys, monkeypatch):
+    """Flags --ray does not use, Parquet inputs whose sentence column is missing, not text, or
+    clashes with what the run adds, and a Parquet input without --ray: one line each, before Ray."""
+    source = tmp_path / "in.txt"
+    source.write_text("a b\n", encoding="utf-8")
+    model = ["--model", str(model_dir)]
+    out = str(tmp_path / "out")
+    for extra, named in ((["--threads", "2"], "--threads does not apply to --ray"),
+                         (["--checkpoint-every", "10"], "--checkpoint-every does not apply"),
+                         (["--max-output-gb", "1"], "--max-output-gb does not apply")):
+        assert main(["embed", "--ray", "local", str(source), out, *extra, *model]) == 2
+        assert named in capsys.readouterr().err
+    tables = {"nope": pa.table({"sentence": ["a"]}), "ints": pa.table({"text": pa.array([1, 2])}),
+              "tokens": pa.table({"text": ["a"], "tokens": [["a"]]}), "file": pa.table({"text": ["a"], "file": ["x"]})}
+    for name, table in tables.items():
+        pq.write_table(table, tmp_path / f"{name}.parquet")
+    for inputs, said in ((["nope"], "no column 'text' to embed (--text-column); it has sentence"),
+                         (["ints"], "column 'text' holds int64, not strings"),
+                         (["tokens"], "has a column 'tokens', which elmo embed --ray adds"),
+                         (["file", "file"], "has a column 'file', which elmo embed --ray adds")):
+        paths = [str(tmp_path / f"{name}.parquet") for name in inputs]
+        assert main(["embed", "--ray", "local", *paths, out, *model]) == 2
+        assert said in capsys.readouterr().err
+    assert main(["embed", str(tmp_path / "nope.parquet"), str(tmp_path / "o.h5"), *model]) == 2
+    assert "is a Parquet file: Parquet inputs are read by --ray" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
+    # --max-length and --overlap reach the actors
+    seen = {}
+    monkeypatch.setattr(elmo_ray, "embed_files", lambda *args, **kwargs: seen.update(kwargs) or
+                        {"rows": 1, "tokens": 2, "files": 1, "seconds": 1.0})
+    assert main(["embed", "--ray", "local", str(source), out, "--max-length", "400", "--overlap", "8", *model]) == 0
+    assert seen["max_length"] == 400 and seen["overlap"] == 8
+
+
+def test_a_null_sentence_is_named_with_its_row(local_ray, tmp_path):
+    path = tmp_path / "nulls.parquet"
+    pq.write_table(pa.table({"text": pa.array(["a", None, "b"], pa.string())}), path)
+    with pytest.raises(ValueError, match=r"nulls.parquet: row 1: 'text' is null"):
+        elmo_ray.read_files([path], "text")
+
+
+def test_the_actor_windows_long_sentences_as_asked(tiny_model):
+    """max_length / overlap: a sentence longer than max_length is embedded in overlapping windows,
+    as `elmo embed --max-length --overlap` does in one process."""
+    from elmokit.inference.files import embed_sentences
+
+    tokens = [f"w{i % 7}" for i in range(30)]
+    actor = elmo_ray.SentenceEmbedder(tiny_model, "text", False, "en", "all", False, "cpu", None, 1,
+                                      max_length=10, overlap=2)
+    got = np.asarray(actor(pa.table({"text": [" ".join(tokens)]}))["embedding"].to_pylist()[0])
+    windowed = next(iter(embed_sentences(ElmoEmbedder(module=tiny_model), [tokens], 4, 10, 2)))
+    whole = ElmoEmbedder(module=tiny_model).embed_sentence(tokens)
+    np.testing.assert_allclose(got, windowed, atol=1e-6)
+    assert np.abs(got - whole).max() > 1e-4  # the windows differ from the whole sentence: the flag mattered
+
+
+def test_connecting_keeps_the_sigterm_handler(tmp_path):
+    """ray.init installs a SIGTERM handler that aborts the process; `connect` puts the command's
+    back (elmo embed --ray then stops on SIGTERM as on Ctrl-C)."""
+    import subprocess
+    import sys
+
+    code = ("import signal, ray, elmokit.ray as r\n"
+            "handler = lambda *args: None\n"
+            "signal.signal(signal.SIGTERM, handler)\n"
+            "r.connect('local', 1)\n"
+            "print(signal.getsignal(signal.SIGTERM) is handler)\n"
+            "ray.shutdown()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+    assert done.stdout.strip().splitlines()[-1] == "True", done.stderr[-2000:]

@@ -28,6 +28,8 @@ from __future__ import annotations
 import itertools
 import logging
 import shutil
+import signal
+import threading
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -120,7 +122,7 @@ class SentenceEmbedder:
 def embed_dataset(ds: Any, *, model: BiLM | str | Path | None = None, text_column: str = "text",
                   tokenize: bool = False, lang: str = "en", layers: str = "all", sentence_vectors: bool = False,
                   batch_size: int = 256, concurrency: int = 1, num_gpus: float = 0, num_cpus: float = 1,
-                  dtype: str | None = None) -> Any:
+                  dtype: str | None = None, max_length: int = 256, overlap: int = 32) -> Any:
     """`ds` with the columns `tokens` and `embedding` added to every row (see the module docstring).
 
     Args:
@@ -131,6 +133,8 @@ def embed_dataset(ds: Any, *, model: BiLM | str | Path | None = None, text_colum
         concurrency: actors, each with its own copy of the model.
         num_gpus: GPUs per actor (1: each actor runs its model on a GPU of its own; 0: the CPU).
         num_cpus: CPU cores per actor (torch's threads in it).
+        max_length, overlap: a sentence longer than `max_length` tokens is embedded in windows that
+            overlap by `overlap` tokens, stitched back (as `elmo embed --max-length --overlap`).
 
     Returns:
         A lazy `ray.data.Dataset`: nothing runs until it is written or iterated.
@@ -142,11 +146,14 @@ def embed_dataset(ds: Any, *, model: BiLM | str | Path | None = None, text_colum
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     if num_gpus < 0 or num_cpus <= 0:
         raise ValueError(f"num_gpus must be >= 0 and num_cpus > 0, got {num_gpus} and {num_cpus}")
+    if overlap < 0 or max_length <= 2 * overlap:
+        raise ValueError(f"max_length ({max_length}) must be more than twice the overlap ({overlap}), and the "
+                         f"overlap >= 0")
     if tokenize:  # on the driver, before any actor starts
         require("prepare", "Moses tokenization (tokenize=True)", ("sacremoses",))
     arguments = dict(model=model, text_column=text_column, tokenize=tokenize, lang=lang, layers=layers,
                      sentence_vectors=sentence_vectors, device="cuda" if num_gpus > 0 else "cpu", dtype=dtype,
-                     threads=max(1, int(num_cpus)))
+                     threads=max(1, int(num_cpus)), max_length=max_length, overlap=overlap)
     with warnings.catch_warnings():  # Ray 2.60 marks ray_remote_args_fn deprecated (for 2.64) and names
         # no successor for an actor's max_restarts; where it is gone, Ray Data's default (forever) applies
         warnings.filterwarnings("ignore", message=".*ray_remote_args_fn.* is deprecated")
@@ -179,9 +186,32 @@ def _text_blocks(paths: Sequence[Path], with_file: bool) -> Iterator[Any]:
                             "sentence": pa.array(sentences, type=pa.string())})
 
 
-def _parquet_blocks(paths: Sequence[Path], with_file: bool) -> Iterator[Any]:
+def check_parquet_inputs(paths: Sequence[Path], text_column: str) -> None:
+    """Before Ray starts: each Parquet input has `text_column`, of strings, and none of the columns
+    the run adds (`tokens`, `embedding`, and `file` with several inputs); a ValueError names the
+    file and the column."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    added = (*ADDED_COLUMNS, *(["file"] if len(paths) > 1 else []))
+    for path in paths:
+        schema = pq.read_schema(path)
+        if text_column not in schema.names:
+            raise ValueError(f"{path}: no column {text_column!r} to embed (--text-column); it has "
+                             f"{', '.join(schema.names)}")
+        kind = schema.field(text_column).type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            raise ValueError(f"{path}: column {text_column!r} holds {kind}, not strings (--text-column names the "
+                             f"column of sentences)")
+        clash = next((name for name in added if name in schema.names), None)
+        if clash is not None:
+            raise ValueError(f"{path}: has a column {clash!r}, which elmo embed --ray adds: rename or drop it first")
+
+
+def _parquet_blocks(paths: Sequence[Path], with_file: bool, text_column: str | None = None) -> Iterator[Any]:
     """The row groups of Parquet inputs, each with `line` (its row number in the file) unless the
-    file has that column, and with `with_file` the file's path."""
+    file has that column, and with `with_file` the file's path; a null in `text_column` is a
+    ValueError naming the file and row (read here, on the driver, before any actor starts)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -189,6 +219,10 @@ def _parquet_blocks(paths: Sequence[Path], with_file: bool) -> Iterator[Any]:
         source, first = pq.ParquetFile(path), 0
         for batch in source.iter_batches(batch_size=ROWS_PER_BLOCK):
             table = pa.Table.from_batches([batch])
+            if text_column is not None and table.column(text_column).null_count:
+                row = first + int(np.flatnonzero(table.column(text_column).is_null().to_numpy(zero_copy_only=False))[0])
+                raise ValueError(f"{path}: row {row}: {text_column!r} is null; every row needs a sentence (an empty "
+                                 f"string gives an empty one)")
             if "line" not in table.column_names:
                 table = table.append_column("line", pa.array(np.arange(first, first + len(table)), pa.int64()))
             if with_file:
@@ -197,10 +231,11 @@ def _parquet_blocks(paths: Sequence[Path], with_file: bool) -> Iterator[Any]:
             yield table
 
 
-def read_files(paths: Sequence[str | Path]) -> tuple[Any, str]:
+def read_files(paths: Sequence[str | Path], text_column: str | None = None) -> tuple[Any, str]:
     """A Ray dataset of every line (text files) or row (Parquet files) of `paths`, read by the
     driver one block at a time into Ray's object store, and the name of its sentence column for
-    text ("sentence"; None for Parquet, whose column the caller names). A mix is refused."""
+    text ("sentence"; None for Parquet, whose column the caller names: `text_column`, checked for
+    nulls as it is read). A mix is refused."""
     ray = _ray()
     paths = [Path(path) for path in paths]
     for path in paths:
@@ -210,7 +245,8 @@ def read_files(paths: Sequence[str | Path]) -> tuple[Any, str]:
     if len(kinds) > 1:
         raise ValueError("give text files or Parquet files, not both: " + ", ".join(map(str, paths)))
     parquet = kinds.pop()
-    blocks = (_parquet_blocks if parquet else _text_blocks)(paths, with_file=len(paths) > 1)
+    blocks = (_parquet_blocks(paths, len(paths) > 1, text_column) if parquet
+              else _text_blocks(paths, with_file=len(paths) > 1))
     refs = [ray.put(block) for block in blocks]
     if not refs:
         raise ValueError(f"no rows in {', '.join(map(str, paths))}")
@@ -223,10 +259,14 @@ def connect(address: str, workers: int) -> None:
     ray = _ray()
     if ray.is_initialized():
         return
+    main_thread = threading.current_thread() is threading.main_thread()
+    handler = signal.getsignal(signal.SIGTERM) if main_thread else None
     if address == "local":
         ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
     else:
         ray.init(address=address, log_to_driver=False)
+    if main_thread and handler is not None:  # ray.init installs its own, which aborts the process
+        signal.signal(signal.SIGTERM, handler)
 
 
 def embed_files(inputs: Sequence[str | Path], output_dir: str | Path, *, address: str = "local", workers: int = 1,
@@ -250,11 +290,15 @@ def embed_files(inputs: Sequence[str | Path], output_dir: str | Path, *, address
             if path.is_dir() and any(path.iterdir()) and not overwrite:
                 raise FileExistsError(f"{path} exists and is not empty: pass --overwrite to replace it")
         started = time.perf_counter()
+        inputs = [Path(path) for path in inputs]
+        parquet = [path for path in inputs if path.is_file() and is_parquet(path)]
+        if parquet:  # before Ray starts and the model loads: a wrong column is said at once
+            check_parquet_inputs(parquet, text_column)
         connect(address, workers)
         from ray.data import DataContext
 
         DataContext.get_current().enable_progress_bars = progress
-        ds, sentence_column = read_files(inputs)
+        ds, sentence_column = read_files(inputs, text_column)
         ds = embed_dataset(ds, text_column=sentence_column or text_column, concurrency=workers, **embed_arguments)
         if forget_sentences and sentence_column:
             ds = ds.drop_columns([sentence_column])

@@ -30,6 +30,7 @@ from elmokit.inference.files import (
     embed_file_report,
     fix_malloc_mmap_threshold,
 )
+from elmokit.inference.parquet import is_parquet
 from elmokit.inference.segments import FILE_FORMATS, format_for_path
 from elmokit.progress import clear_stop, quiet, request_stop
 
@@ -125,7 +126,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
                         help="replace OUTPUT if it exists, and discard an unfinished OUTPUT.partial/")
     parser.add_argument("--resume", action="store_true",
                         help="continue an interrupted run from OUTPUT.partial/ (same input and options)")
-    parser.add_argument("--checkpoint-every", type=int, default=2000,
+    parser.add_argument("--checkpoint-every", type=int, default=EmbedOptions.checkpoint_every,
                         help="sentences between checkpoints, the most --resume redoes (default: 2000)")
     parser.add_argument("--threads", type=int,
                         help="CPU threads for torch (default: torch's choice; on a busy machine 1 "
@@ -151,6 +152,9 @@ def run(args: argparse.Namespace) -> int:
     if len(args.input) > 1:
         raise ValueError(f"several INPUT files ({len(args.input)}) need --ray; without it, embed one file at a time")
     args.input = args.input[0]
+    if Path(args.input).is_file() and is_parquet(args.input):
+        raise ValueError(f"{args.input} is a Parquet file: Parquet inputs are read by --ray (--ray local on this "
+                         f"machine); without it INPUT is text, one sentence a line")
     options = EmbedOptions(
         output_format=args.output_format, file_format=args.file_format or format_for_path(args.output),
         sentence_vectors=args.sentence_vectors, use_sentence_keys=args.use_sentence_keys,
@@ -195,10 +199,14 @@ def run_on_ray(args: argparse.Namespace) -> int:
     from elmokit.ray import embed_files
 
     not_on_ray = [flag for flag, given in (("--resume", args.resume), ("--use-sentence-keys", args.use_sentence_keys),
-                                           ("--format " + str(args.file_format), args.file_format not in (None, "parquet")))
+                                           ("--format " + str(args.file_format), args.file_format not in (None, "parquet")),
+                                           ("--checkpoint-every", args.checkpoint_every != EmbedOptions.checkpoint_every),
+                                           ("--max-output-gb", args.max_output_gb != DEFAULT_MAX_OUTPUT_GB))
                   if given]
     if not_on_ray:
         raise ValueError(f"--ray writes a folder of Parquet files; {', '.join(not_on_ray)} does not apply to it")
+    if args.threads is not None:
+        raise ValueError("--threads does not apply to --ray: each of the --workers actors takes one CPU core")
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     gpus = 1 if (args.device or "").startswith("cuda") or (args.cuda_device is not None and args.cuda_device >= 0) else 0
@@ -207,7 +215,8 @@ def run_on_ray(args: argparse.Namespace) -> int:
                           overwrite=args.overwrite, progress=not (args.no_progress or quiet()),
                           model=model_from_args(args),
                           tokenize=args.tokenize, lang=args.lang, layers=args.output_format,
-                          sentence_vectors=args.sentence_vectors, num_gpus=gpus,
+                          sentence_vectors=args.sentence_vectors, num_gpus=gpus, max_length=args.max_length,
+                          overlap=args.overlap,
                           **({} if args.batch_size is None else {"batch_size": 4 * args.batch_size}),
                           dtype=None if args.dtype == "float32" else args.dtype)
     log.info(f"wrote {args.output}: {summary['rows']:,} rows, {summary['tokens']:,} tokens in {summary['files']} "
