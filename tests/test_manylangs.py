@@ -98,8 +98,8 @@ def test_elmo_and_hub_take_the_folder():
             assert np.abs(np.tile(token_layer, 2) - expected[f"layer0_{index}"]).max() < TOLERANCE
             mixed = representations[index, :len(sentence)].detach().numpy()  # equal weights, gamma 1: the average
             assert np.abs(mixed - expected[f"layer-1_{index}"]).max() < TOLERANCE
-    with pytest.raises((ValueError, RuntimeError)):  # 50 byte ids a token, not 11 of theirs: an error, not numbers
-        elmo(batch_to_ids(SENTENCES[:2]))
+    with pytest.raises(ValueError, match=r"bilm.batch_ids\(sentences\) \(ELMoForManyLangs: not ELMo's batch_to_ids"):
+        elmo(batch_to_ids(SENTENCES[:2]))  # 50 byte ids a token, not theirs: an error naming what to use
     with pytest.raises(ValueError, match="not ELMo's byte-level batch_to_ids"):
         elmo.bilm.encode_tokens(batch_to_ids(SENTENCES[:2]))
 
@@ -108,6 +108,24 @@ def test_load_model_and_folder_detection():
     assert is_manylangs_dir(FIXTURES / "words") and not is_manylangs_dir(FIXTURES) and not is_manylangs_dir(None)
     model = load_model(FIXTURES / "chars-only")
     assert isinstance(model, ManyLangsBiLM) and model.config.word_dim == 0
+
+
+@pytest.mark.parametrize("missing", ["encoder.pkl", "token_embedder.pkl"])
+def test_a_folder_missing_a_pickle_names_it(tmp_path, missing):
+    folder = tmp_path / "model"
+    shutil.copytree(FIXTURES / "words", folder)
+    (folder / missing).unlink()
+    with pytest.raises(FileNotFoundError, match=rf"{missing}: not found \(an ELMoForManyLangs model folder holds it\)"):
+        load_model(folder)
+
+
+def test_a_character_id_past_the_table_names_the_folder(tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(FIXTURES / "words", folder)
+    with open(folder / "char.dic", "a", encoding="utf-8") as handle:
+        handle.write("\u2603\t100000\n")
+    with pytest.raises(ConfigError, match=rf"{folder}: the character vocabulary has id 100000.*char.dic"):
+        load_model(folder)
 
 
 @pytest.mark.parametrize("change", ["forget bias", "highway gate", "begin/end of word"])

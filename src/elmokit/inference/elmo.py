@@ -170,8 +170,10 @@ def check_char_ids(bilm: BiLM, char_ids: object, who: str) -> None:
     words = getattr(encoder, "word_embedding", None)  # ELMoForManyLangs: a word id after the chars
     width = getattr(encoder, "max_chars", MAX_CHARS) + (words is not None)  # W
     if char_ids.shape[-1] != width:
-        raise ValueError(f"{who}: expected char ids (B, T, {width}), {width} ids a token as batch_to_ids(sentences) "
-                         f"makes them for this model, got shape {tuple(char_ids.shape)}")
+        maker = "batch_to_ids(sentences)" if not hasattr(encoder, "max_chars") else \
+            "the model's own bilm.batch_ids(sentences) (ELMoForManyLangs: not ELMo's batch_to_ids)"
+        raise ValueError(f"{who}: expected char ids (B, T, {width}), {width} ids a token as {maker} makes them, got "
+                         f"shape {tuple(char_ids.shape)}")
     n_chars = encoder.char_cnn.char_embedding.num_embeddings
     tables = [(char_ids, n_chars, "char")] if words is None else [
         (char_ids[..., :encoder.max_chars], n_chars, "char"),

@@ -48,8 +48,8 @@ def load_model(model: str | Path | None = None, weight_file: str | Path | None =
         if not (path / WEIGHTS_NAME).is_file():  # not native: perhaps an ELMoForManyLangs folder
             from elmokit.model import manylangs
 
-            if manylangs.is_manylangs_dir(path):
-                return manylangs.load_manylangs(path)
+            if manylangs.is_manylangs_dir(path) or manylangs.looks_like_manylangs_dir(path):
+                return manylangs.load_manylangs(path)  # a file of theirs missing: the error names it
         return load_pretrained(path)
     published = published_model(str(model))
     if published is not None:

@@ -261,6 +261,13 @@ def is_manylangs_dir(path: str | Path | None) -> bool:
     return path.is_dir() and all((path / name).is_file() for name in ("config.json", *PICKLES))
 
 
+def looks_like_manylangs_dir(path: str | Path) -> bool:
+    """True for a folder with any file of theirs (char.dic, a weight pickle): one missing the rest is
+    read as theirs, so that the error names the file it lacks."""
+    path = Path(path)
+    return path.is_dir() and any((path / name).is_file() for name in ("char.dic", *PICKLES))
+
+
 def load_manylangs(path: str | Path) -> ManyLangsBiLM:
     """Build a `ManyLangsBiLM` from an ELMoForManyLangs model folder (their Embedder's model).
 
@@ -280,6 +287,9 @@ def load_manylangs(path: str | Path) -> ManyLangsBiLM:
     token_state, encoder_state = (read_state_dict(directory / name) for name in PICKLES)
     config = config_from(model_config, token_state, directory)
     state = native_state(config, token_state, encoder_state, directory)  # checked before anything is built
-    model = ManyLangsBiLM(config, vocabulary)  # so its sizes are those of the pickles' tensors
+    try:
+        model = ManyLangsBiLM(config, vocabulary)  # so its sizes are those of the pickles' tensors
+    except ConfigError as error:
+        raise ConfigError(f"{directory}: {error} (char.dic / word.dic against the weight pickles)") from None
     model.load_state_dict(state)
     return model.eval()
