@@ -370,3 +370,51 @@ def test_a_bad_setting_is_named(cache, tmp_path, monkeypatch, capsys, name, valu
     with MirrorServer(tmp_path) as server:
         assert main(["-q", "download", f"{server.url}/x.txt"]) == 2
     one_error_line(capsys, f"{name}={value!r}", "a positive number")
+
+
+# The second audit (2026-11-27)
+def test_a_redirect_loop_is_said_at_once_not_retried_as_a_network_failure(cache, tmp_path, capsys):
+    routes = {"/loop.json": (302, {"Location": "/loop.json"}, b"")}
+    with MirrorServer(tmp_path, routes=routes) as server:
+        assert main(["-q", "download", server.url + "/loop.json"]) == 2
+        message = one_error_line(capsys, "TooManyRedirects", server.url + "/loop.json")
+        assert "tries" not in message and "network" not in message
+        assert len(server.requests) == 31  # one try: requests' 30 redirects, not three tries of them
+
+
+def test_a_weight_file_alone_is_refused_not_cached_unchecked(cache, tmp_path, capsys):
+    with MirrorServer(tmp_path) as server:
+        assert main(["-q", "download", server.url + "/weights.hdf5"]) == 2
+        one_error_line(capsys, "a weight file is downloaded after its options URL", "elmo download OPTIONS_URL")
+        assert server.requests == [] and not cache_entries()
+
+
+def test_the_cap_names_what_set_it(cache, tmp_path, monkeypatch):
+    """A weight file past the size its options imply is refused naming the options as the reason,
+    not ELMOKIT_MAX_DOWNLOAD_GB (which a user would raise in vain), even with that setting unreadable."""
+    fixture = REPO.parent / "shared" / "data" / "elmo-fixture"
+    if not fixture.is_dir():
+        pytest.skip("needs ../shared/data/elmo-fixture")
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "options.json").write_bytes((fixture / "options.json").read_bytes())
+    (tmp_path / "m" / "weights.hdf5").write_bytes((fixture / "lm_weights.hdf5").read_bytes() + bytes(2_000_000))
+    monkeypatch.setenv("ELMOKIT_MAX_DOWNLOAD_GB", "abc")
+    with MirrorServer(tmp_path) as server:
+        with pytest.raises(DownloadError, match=r"allowed \(the most this file can need: a weight file's size follows "
+                                                r"from its options' shapes"):
+            load_model(server.url + "/m/options.json", server.url + "/m/weights.hdf5")
+
+
+def test_cache_remove_takes_a_url_as_written(cache, tmp_path, capsys):
+    """'@' in a URL is listed %40 in the cache; `elmo cache --remove` takes the URL as written."""
+    fixture = REPO.parent / "shared" / "data" / "elmo-fixture"
+    if not fixture.is_dir():
+        pytest.skip("needs ../shared/data/elmo-fixture")
+    (tmp_path / "v@1").mkdir()
+    (tmp_path / "v@1" / "options.json").write_bytes((fixture / "options.json").read_bytes())
+    with MirrorServer(tmp_path) as server:
+        url = server.url + "/v@1/options.json"
+        assert main(["-q", "download", url]) == 0 and len(cache_entries()) == 1
+    capsys.readouterr()
+    assert main(["cache", "--remove", url]) == 0
+    assert "removed" in capsys.readouterr().out and not cache_entries()

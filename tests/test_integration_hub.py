@@ -19,7 +19,7 @@ from huggingface_hub import ModelCard  # noqa: E402
 from elmokit import BiLM, ElmoEmbedder, load_model  # noqa: E402
 from elmokit.integrations.huggingface import HubBiLM  # noqa: E402
 from elmokit.model.builtin import builtin_model_dir  # noqa: E402
-from elmokit.model.weights import model_fingerprint  # noqa: E402
+from elmokit.model.weights import WeightFileError, model_fingerprint  # noqa: E402
 from tests.hub_server import HubServer  # noqa: E402
 
 NATIVE_FILES = {"config.json", "model.safetensors", "provenance.json", "README.md"}
@@ -80,6 +80,32 @@ def test_push_to_hub_sends_what_save_pretrained_writes(model_dir, tmp_path, monk
         assert same_weights(downloaded, bilm)
         assert downloaded.provenance["hub_repository"] == "someone/tiny-elmo"
         assert downloaded.provenance["license"] == "mit"
+        # weights changed on the Hub (their bytes, the file still valid) against the fingerprint recorded beside them
+        from safetensors.torch import load, save
+
+        tensors = load(sent["model.safetensors"])
+        name = next(iter(tensors))
+        tensors[name] = tensors[name] + 1.0
+        hub.repos["someone/tiny-elmo"]["model.safetensors"] = save(tensors)
+        with pytest.raises(WeightFileError, match="someone/tiny-elmo: the weights' fingerprint .* is not the .* its "
+                                                  "provenance.json records"):
+            HubBiLM.from_pretrained("someone/tiny-elmo", cache_dir=tmp_path / "cache2")
+
+
+def test_a_published_name_from_a_mirror_is_not_credited_to_the_published_files(monkeypatch, tmp_path):
+    """With ELMOKIT_MIRROR, the card names the mirror's URLs, not the published model's URLs and
+    description (nothing ties the mirror's files to the published ones)."""
+    from elmokit.integrations.huggingface import model_provenance
+    from elmokit.model.published import published_model
+
+    small = published_model("small")
+    bilm = load_model()
+    plain = model_provenance("small", bilm)
+    assert plain["weight_url"] == small.weight_url and plain["description"] == small.description
+    monkeypatch.setenv("ELMOKIT_MIRROR", "http://127.0.0.1:9/elmo")
+    mirrored = model_provenance("small", bilm)
+    assert mirrored["weight_url"].startswith("http://127.0.0.1:9/elmo/") and "description" not in mirrored
+    assert "published" not in mirrored and "mirror" in mirrored["source"]
 
 
 def test_a_sentence_transformers_folder_from_the_hub(model_dir, tmp_path, monkeypatch):

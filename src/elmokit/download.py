@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import quote, unquote, urlsplit
 
 ENV_CACHE, ENV_MIRROR, ENV_OFFLINE = "ELMOKIT_CACHE", "ELMOKIT_MIRROR", "ELMOKIT_OFFLINE"
@@ -186,6 +187,11 @@ def cache_path(url: str) -> Path:
     if scheme != "https":
         folder = f"{scheme}+{folder}"  # '+' is encoded in a host's name: no clash
     return cache_dir().joinpath(folder, *names)
+
+
+def listed_url(url: str) -> str:
+    """`url` as `cache_entries` lists its file (each path segment percent-encoded: '@' as %40)."""
+    return _url_of(cache_path(url).relative_to(cache_dir()))
 
 
 def _url_of(relative: Path) -> str:
@@ -351,7 +357,13 @@ def fetch(url: str, check: Callable[[Path], object] | None = None, progress: boo
             from elmokit.progress import quiet, stderr_is_terminal
 
             progress = stderr_is_terminal() and not quiet()
-        cap = expected.size if expected is not None and expected.size else (max_bytes or max_download_bytes())
+        if expected is not None and expected.size:
+            cap = Cap(expected.size, "the published file's size")
+        elif max_bytes:
+            cap = Cap(max_bytes, "the most this file can need: a weight file's size follows from its options' shapes, "
+                                 f"an options file is under {OPTIONS_MAX_BYTES:,} bytes")
+        else:
+            cap = Cap(max_download_bytes(), f"{ENV_MAX_GB}={max_download_bytes() / 1e9:g}")
         staged = _transfer(url, source, target, progress, cap)
         try:
             problem = _broken(staged, check, expected, hash_it=True)
@@ -443,7 +455,22 @@ def _partial_bytes(target: Path) -> int:
                if path.is_file())
 
 
-def _transfer(url: str, source: str, target: Path, progress: bool, cap: int) -> Path:
+def _not_transient() -> tuple[type[BaseException], ...]:
+    import requests
+
+    errors = requests.exceptions
+    return (errors.TooManyRedirects, errors.InvalidSchema, errors.InvalidURL, errors.MissingSchema,
+            errors.InvalidHeader, errors.SSLError)
+
+
+class Cap(NamedTuple):
+    """The most bytes a download may bring, and why (said when it brings more)."""
+
+    size: int
+    reason: str
+
+
+def _transfer(url: str, source: str, target: Path, progress: bool, cap: Cap) -> Path:
     """Copy or download `source` to a new staging file beside `target` (same file system, so the
     final rename is atomic) and return its path; raises DownloadError naming the source."""
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=PARTIAL_SUFFIX, dir=target.parent))
@@ -455,8 +482,9 @@ def _transfer(url: str, source: str, target: Path, progress: bool, cap: int) -> 
             local = Path(unquote(urlsplit(source).path) if source.startswith("file://") else source)
             if not local.is_file():
                 raise DownloadError(f"{local} not found in the mirror folder ({_settings()})")
-            if local.stat().st_size > cap:
-                raise DownloadError(f"{local} has {local.stat().st_size:,} bytes, more than the {cap:,} allowed")
+            if local.stat().st_size > cap.size:
+                raise DownloadError(f"{local} has {local.stat().st_size:,} bytes, more than the {cap.size:,} allowed "
+                                    f"({cap.reason})")
             shutil.copyfile(local, staged)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -468,7 +496,7 @@ class _Retry(Exception):
     """A transfer that broke off (a reset connection, a short body, a 5xx): tried again."""
 
 
-def _download(url: str, source: str, destination: Path, progress: bool, cap: int) -> None:
+def _download(url: str, source: str, destination: Path, progress: bool, cap: Cap) -> None:
     """Download `source` to `destination` from the start, again after a broken transfer (at most
     RETRIES times), until the stall rule ends it."""
     log.info("downloading %s", source)
@@ -492,7 +520,7 @@ def _download(url: str, source: str, destination: Path, progress: bool, cap: int
         time.sleep(min(2.0 ** (tries - 1), watch.left()))
 
 
-def _transfer_once(url: str, source: str, destination: Path, progress: bool, cap: int, watch: StallWatch) -> None:
+def _transfer_once(url: str, source: str, destination: Path, progress: bool, cap: Cap, watch: StallWatch) -> None:
     import requests
     import urllib3
 
@@ -502,6 +530,8 @@ def _transfer_once(url: str, source: str, destination: Path, progress: bool, cap
     timeout = (min(CONNECT_TIMEOUT, watch.seconds), watch.seconds)
     try:
         response = requests.get(source, stream=True, timeout=timeout, headers={"Accept-Encoding": "identity"})
+    except _not_transient() as error:  # no retry mends these: said at once, with requests' own words (where to)
+        raise DownloadError(f"cannot download {url}{origin}: {type(error).__name__}: {str(error)[:300]}") from None
     except requests.exceptions.RequestException as error:
         raise _Retry(_reason(error)) from None
     with response:
@@ -511,9 +541,9 @@ def _transfer_once(url: str, source: str, destination: Path, progress: bool, cap
             raise DownloadError(f"cannot download {url}{origin}: HTTP {response.status_code} {response.reason}")
         length = response.headers.get("Content-Length", "")
         encoded = response.headers.get("Content-Encoding", "identity").lower() not in ("", "identity")
-        if length.isdigit() and int(length) > cap and not encoded:
+        if length.isdigit() and int(length) > cap.size and not encoded:
             raise DownloadError(f"cannot download {url}{origin}: it announces {int(length):,} bytes, more than the "
-                                f"{cap:,} allowed ({_cap_reason()})")
+                                f"{cap.size:,} allowed ({cap.reason})")
         written = 0
         total = int(length) if length.isdigit() and not encoded else None
         with open(destination, "wb", buffering=0) as out, progress_bar(total=total, desc=destination.name, unit="B",
@@ -529,19 +559,15 @@ def _transfer_once(url: str, source: str, destination: Path, progress: bool, cap
                 if not chunk:  # the end (urllib3 decodes until data comes or the body ends)
                     break
                 written += len(chunk)
-                if written > cap:
-                    raise DownloadError(f"cannot download {url}{origin}: more than the {cap:,} bytes allowed "
-                                        f"({_cap_reason()})")
+                if written > cap.size:
+                    raise DownloadError(f"cannot download {url}{origin}: more than the {cap.size:,} bytes allowed "
+                                        f"({cap.reason})")
                 out.write(chunk)
                 bar.update(len(chunk))
                 watch.add(len(chunk))
                 if watch.stalled():
                     raise DownloadError(f"cannot download {url}{origin}: it received {watch.rule()} "
                                         f"({written:,} bytes in {time.monotonic() - watch.started:.0f} s)")
-
-
-def _cap_reason() -> str:
-    return f"the published file's size, or {ENV_MAX_GB}={max_download_bytes() / 1e9:g} where none is published"
 
 
 def _reason(error: BaseException) -> str:

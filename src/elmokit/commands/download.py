@@ -9,8 +9,8 @@ import fnmatch
 from urllib.parse import urlsplit
 
 from elmokit.download import (ENV_CACHE, ENV_MAX_GB, ENV_MIRROR, ENV_OFFLINE, ENV_STALL_BYTES, ENV_STALL_SECONDS,
-                              OPTIONS_MAX_BYTES, cache_dir, cache_entries, is_url, partial_leftovers, remove_entry,
-                              remove_leftover)
+                              OPTIONS_MAX_BYTES, cache_dir, cache_entries, is_url, listed_url, partial_leftovers,
+                              remove_entry, remove_leftover)
 from elmokit.model.config import read_options
 from elmokit.model.loading import load_model, resolve_file, weight_file_cap
 from elmokit.model.published import PUBLISHED, published_model
@@ -55,6 +55,9 @@ def download_requests(references: list[str]) -> list[tuple[str, str | None]]:
         elif is_url(reference):
             if reference.split("?")[0].endswith(".json") and queue and is_url(queue[0]) and published_model(queue[0]) is None:
                 pairs.append((reference, queue.pop(0)))
+            elif reference.split("?")[0].endswith((".hdf5", ".h5")):  # checked against its options, or not cached
+                raise ValueError(f"{reference}: a weight file is downloaded after its options URL, which it is checked "
+                                 f"against: elmo download OPTIONS_URL {reference}")
             else:
                 pairs.append((reference, None))
         else:
@@ -91,6 +94,8 @@ def run_cache(args: argparse.Namespace) -> int:
             urls = [published.options_url, published.weight_url] if published else []
             # a published name: its files, and the copies a mirror served (cached under the mirror's URL)
             patterns += urls + ["*://*" + urlsplit(url).path for url in urls] if published else [reference]
+            if not published and is_url(reference) and not any(char in reference for char in "*?["):
+                patterns.append(listed_url(reference))  # the cache lists '@' as %40: the URL as written matches too
         matches = lambda entry: any(fnmatch.fnmatchcase(entry.url, pattern) for pattern in patterns)  # noqa: E731
         chosen = [entry for entry in entries if matches(entry)]
         for entry in chosen:

@@ -30,13 +30,20 @@ require("sentence-transformers", "elmokit.integrations.huggingface", ("huggingfa
 
 from huggingface_hub import ModelCard, ModelCardData, ModelHubMixin, snapshot_download  # noqa: E402
 
-from elmokit.download import is_url  # noqa: E402
+from elmokit.download import is_url, mirrored  # noqa: E402
 from elmokit.io import atomic_write_text  # noqa: E402
 from elmokit.model.bilm import BiLM  # noqa: E402
 from elmokit.model.builtin import BUILTIN_MODEL, builtin_model_dir  # noqa: E402
 from elmokit.model.loading import load_model  # noqa: E402
 from elmokit.model.published import published_model  # noqa: E402
-from elmokit.model.weights import CONFIG_NAME, WEIGHTS_NAME, load_pretrained, model_fingerprint, save_pretrained  # noqa: E402
+from elmokit.model.weights import (  # noqa: E402
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    WeightFileError,
+    load_pretrained,
+    model_fingerprint,
+    save_pretrained,
+)
 from elmokit.training.checkpoint import PROVENANCE_NAME  # noqa: E402
 from elmokit.training.model_card import CARD_NAME, bilm_card, markdown_table, software_versions  # noqa: E402
 
@@ -68,8 +75,14 @@ def model_provenance(reference: str | Path | None, bilm: BiLM, license: str | No
     if name == BUILTIN_MODEL:
         source = {"source": f"{BUILTIN_MODEL} (the built-in model of elmokit)"}
     if published is not None:
-        source.update(published=published.name, options_url=published.options_url,
-                      weight_url=published.weight_url, description=published.description)
+        served = {"options_url": mirrored(published.options_url), "weight_url": mirrored(published.weight_url)}
+        if served["weight_url"] != published.weight_url:  # ELMOKIT_MIRROR's files: nothing ties them to the
+            # published ones (no hash is published), so the card names the mirror, not the published model
+            source.update(source=f"{name} as served by the mirror ELMOKIT_MIRROR (not checked against the published "
+                                 f"files: no hash of them is published)", **served)
+        else:
+            source.update(published=published.name, options_url=published.options_url,
+                          weight_url=published.weight_url, description=published.description)
     given = license or recorded.get("license") or (BUILTIN_LICENSE if name == BUILTIN_MODEL else UNKNOWN_LICENSE)
     return {**recorded, **source, "license": given, "elmokit_fingerprint": model_fingerprint(bilm)}
 
@@ -181,6 +194,12 @@ class HubBiLM(BiLM, ModelHubMixin, library_name="elmokit", tags=["elmo", "elmoki
         bilm = load_pretrained(directory)
         recorded = directory / PROVENANCE_NAME
         provenance = json.loads(recorded.read_text(encoding="utf-8")) if recorded.is_file() else {}
+        fingerprint = model_fingerprint(bilm)
+        expected = provenance.get("elmokit_fingerprint") if isinstance(provenance, dict) else None
+        if isinstance(expected, str) and expected != fingerprint:
+            raise WeightFileError(f"{model_id}: the weights' fingerprint {fingerprint[:16]} is not the "
+                                  f"{expected[:16]} its {PROVENANCE_NAME} records: the files were changed or damaged "
+                                  f"(download again: force_download=True)")
         provenance.setdefault("license", UNKNOWN_LICENSE)
         if not os.path.isdir(model_id):
             provenance["hub_repository"] = model_id + (f"@{revision}" if revision else "")
