@@ -7,6 +7,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -466,3 +467,111 @@ def test_the_first_metrics_line_after_a_resume_covers_the_same_steps(corpus, tmp
 
     assert [line["step"] for line in lines("stopped")][:2] == [3, 6]
     assert lines("stopped") == lines("reference")
+
+
+# The second audit (2026-11-27)
+def test_a_resume_raising_the_token_budget_trains_on(corpus, tmp_path, caplog):
+    run = tmp_path / "run"
+    base = ["train", "--config", str(corpus["train_json"]), "--output-dir", str(run), "--eval-every", "1000"]
+    assert main([*base, "--max-tokens", "100"]) == 0
+    first = max(losses(run))
+    with caplog.at_level("WARNING", logger="elmokit"):
+        assert main(["train", "--resume", "--output-dir", str(run), "--max-tokens", "100"]) == 0
+    assert max(losses(run)) == first and "raise --max-tokens to train on" in caplog.text
+    assert main(["train", "--resume", "--output-dir", str(run), "--max-tokens", "300"]) == 0
+    assert max(losses(run)) > first
+
+
+def test_a_resume_cannot_change_the_optimizer_or_the_model(corpus, tmp_path, capsys):
+    """Refused before anything is rewritten: the checkpoint holds Adagrad's state and the model's
+    shape; a plain resume still works after."""
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(corpus["train_json"]), "--output-dir", str(run), "--max-tokens", "60",
+                 "--eval-every", "1000"]) == 0
+    before = (run / "train_config.json").read_bytes()
+    other = tmp_path / "other.json"
+    tiny_config(clip=1.0).save(other)
+    for change, named in ((["--optimizer", "adam"], "--optimizer 'adagrad', now 'adam'"),
+                          (["--model", str(other)], "--model")):
+        capsys.readouterr()
+        assert main(["train", "--resume", "--output-dir", str(run), *change]) == 2
+        assert named in capsys.readouterr().err
+        assert (run / "train_config.json").read_bytes() == before
+    assert main(["train", "--resume", "--output-dir", str(run), "--max-tokens", "120"]) == 0
+
+
+def test_a_resumed_run_does_not_read_its_starting_model_again(corpus, tmp_path):
+    """--init-from's folder may be gone by the resume: the checkpoint holds the whole model."""
+    start = tmp_path / "start"
+    assert main(["train", "--config", str(corpus["train_json"]), "--output-dir", str(start), "--max-tokens", "40",
+                 "--eval-every", "1000"]) == 0
+    shutil.copytree(start / "best", tmp_path / "init")
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(corpus["train_json"]), "--output-dir", str(run), "--max-tokens", "40",
+                 "--eval-every", "1000", "--init-from", str(tmp_path / "init")]) == 0
+    shutil.rmtree(tmp_path / "init")
+    assert main(["train", "--resume", "--output-dir", str(run), "--max-tokens", "80"]) == 0
+
+
+def test_a_vocabulary_named_json_is_refused(corpus, tmp_path, capsys):
+    assert main(["vocab", str(corpus["root"] / "train.txt"), "-o", str(tmp_path / "v.json")]) == 2
+    assert "cannot end in .json" in capsys.readouterr().err and not (tmp_path / "v.json").exists()
+
+
+def test_metrics_say_each_steps_own_lr_and_the_training_speed(corpus, tmp_path, monkeypatch):
+    """The lr of a metrics line is the one its step used (warm-up: step k's); a validation's time is
+    not in the next line's tokens_per_s."""
+    from elmokit.training import loop
+
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(corpus["train_json"]), "--output-dir", str(run), "--max-tokens", "200",
+                 "--warmup-steps", "10", "--lr", "0.2", "--eval-every", "1000"]) == 0
+    records = [r for r in read(run / "metrics.jsonl") if "loss" in r]
+    config = loop.TrainConfig.load(run / "train_config.json")
+    for record in records:
+        assert record["lr"] == pytest.approx(loop.Progress(step=record["step"] - 1).lr(config))
+    slow = tmp_path / "slow"
+    evaluate = loop.run_evaluation
+
+    def slow_evaluation(*args, **kwargs):
+        time.sleep(0.5)
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "run_evaluation", slow_evaluation)
+    assert main(["train", "--config", str(corpus["train_json"]), "--output-dir", str(slow), "--max-tokens", "200",
+                 "--eval-every", "2", "--checkpoint-every", "1000"]) == 0
+    lines = [r for r in read(slow / "metrics.jsonl") if "loss" in r and r["step"] > 1]
+    after = [r["tokens_per_s"] for r in lines if r["step"] % 2 == 1]  # each the step after a 0.5 s validation
+    others = sorted(r["tokens_per_s"] for r in lines if r["step"] % 2 == 0)
+    assert after and others and min(after) > 0.3 * others[len(others) // 2]  # a step takes ~10 ms: 0.5 s would show
+
+
+def test_corpus_perplexity_takes_one_file_or_a_pattern(corpus):
+    from elmokit.training.perplexity import corpus_perplexity
+    from elmokit.training.lm import LanguageModel
+    from elmokit.training.vocab import Vocabulary
+
+    vocab = Vocabulary.load(corpus["vocab"])
+    torch.manual_seed(0)
+    model = LanguageModel(tiny_config(), len(vocab), 0.0, 0)
+    valid = corpus["valid"]
+    listed = corpus_perplexity(model, vocab, [valid])
+    for files in (valid, str(valid), [str(valid.parent / "valid*.txt")]):
+        assert corpus_perplexity(model, vocab, files, progress=True)["ppl"] == pytest.approx(listed["ppl"])
+
+
+def test_a_lstm_bf16_run_validates_in_float32_as_elmo_perplexity_scores(corpus, tmp_path, capsys):
+    """The run's valid_ppl (the best model's choice) is what `elmo perplexity` gives for best/ with
+    the run's windows: float32, whatever the training's products."""
+    from elmokit.kernels import bf16_native
+
+    if not bf16_native():
+        pytest.skip("--lstm-bf16 needs a CPU with bfloat16 products")
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(corpus["train_json"]), "--output-dir", str(run), "--max-tokens", "100",
+                 "--eval-every", "1000", "--lstm-bf16"]) == 0
+    valid = [r for r in read(run / "metrics.jsonl") if "valid_ppl" in r][-1]["valid_ppl"]
+    capsys.readouterr()
+    assert main(["perplexity", str(run), str(corpus["valid"]), "--json", "--batch-size", "64",  # its eval_batch_size
+                 "--unroll-steps", "5"]) == 0
+    assert json.loads(capsys.readouterr().out)["ppl"] == pytest.approx(valid, rel=1e-9)

@@ -99,12 +99,25 @@ def test_lstm_bf16_is_saved_with_the_run_and_resumed(corpus, reference_runs, tmp
         assert main(["train", "--config", str(corpus["train_json"]), *OPTIONS, "--lstm-bf16",
                      "--output-dir", str(tmp_path / "stopped")]) == 130
     assert json.loads((tmp_path / "stopped" / "train_config.json").read_text())["lstm_bf16"] is True
-    asked = []
-    products = RecurrenceOptions.products
-    monkeypatch.setattr(RecurrenceOptions, "products", lambda self, device: asked.append(self.lstm_bf16)
-                        or products(self, device))
+    from elmokit.training import loop
+
+    asked, evaluating = [], []
+    products, evaluate = RecurrenceOptions.products, loop.evaluate
+
+    def evaluate_marked(*args, **kwargs):
+        evaluating.append(True)
+        try:
+            return evaluate(*args, **kwargs)
+        finally:
+            evaluating.pop()
+
+    monkeypatch.setattr(loop, "evaluate", evaluate_marked)
+    monkeypatch.setattr(RecurrenceOptions, "products", lambda self, device: asked.append(
+        (self.lstm_bf16, bool(evaluating))) or products(self, device))
     assert main(["train", "--resume", "--output-dir", str(tmp_path / "stopped")]) == 0
-    assert asked and all(asked)
+    training = [bf16 for bf16, in_validation in asked if not in_validation]
+    validation = [bf16 for bf16, in_validation in asked if in_validation]
+    assert training and all(training) and not any(validation)  # validation in float32, as elmo perplexity
     assert losses(tmp_path / "stopped") == losses(reference_runs / "bf16")
 
 

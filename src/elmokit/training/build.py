@@ -24,9 +24,13 @@ _TENSOR_NAMES = ("forward_char_ids", "backward_char_ids", "forward_targets", "ba
 # ---------------------------------------------------------------------------------------------
 # Building the model, the optimizer and the data
 # ---------------------------------------------------------------------------------------------
-def build_model(config: TrainConfig, vocab) -> LanguageModel:
-    """A fresh LanguageModel, or one initialised from a trained biLM (domain adaptation)."""
+def build_model(config: TrainConfig, vocab, shape: ElmoConfig | None = None) -> LanguageModel:
+    """A fresh LanguageModel, or one initialised from a trained biLM (domain adaptation); with
+    `shape`, a LanguageModel of that biLM shape whose weights are to be loaded (a resumed run:
+    nothing is read from --model or --init-from)."""
     n_samples = config.n_samples if config.softmax == "sampled" else 0
+    if shape is not None:
+        return LanguageModel(shape, len(vocab), config.dropout, n_samples)
     if config.init_from:
         bilm = load_pretrained(config.init_from)
         model = LanguageModel(bilm.config, len(vocab), config.dropout, n_samples)

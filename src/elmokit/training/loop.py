@@ -20,11 +20,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
+import logging
 import math
 import os
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from elmokit.training import checkpoint as ckpt
-from elmokit.model.config import ConfigError
+from elmokit.model.config import ConfigError, ElmoConfig
 from elmokit.training.build import (build_model, build_optimizer, configure_device, padding_batch, train_batches,
                                     valid_batches)
 from elmokit.training.data import LMBatch
@@ -46,6 +47,8 @@ from elmokit.training.processes import Dist, StopSignals, TrainingStopped, check
 from elmokit.training.corpus import count_targets
 from elmokit.textfiles import expand_paths
 from elmokit.progress import progress_bar
+
+log = logging.getLogger(__name__)
 
 METRICS_NAME = "metrics.jsonl"
 CURVES_NAME = "curves.png"
@@ -113,9 +116,12 @@ def evaluate(model: LanguageModel, batches, device: torch.device, dist_: Dist | 
     """Full-softmax perplexities over every token of `batches`, the state carried as in training.
 
     Returns forward_ppl, backward_ppl, ppl (exp of the mean of the two mean NLLs) and the counts.
+    In float32 whatever the training's products (`lstm_bf16` too): the figure `elmo perplexity`
+    gives for the saved model.
     """
-    was_training = model.training
+    was_training, options = model.training, model.recurrence
     model.eval()
+    model.recurrence = replace(options, lstm_bf16=False)
     sums = [0.0, 0.0, 0.0]  # forward nll, backward nll, targets per direction
     state = None
     for batch in batches:
@@ -128,6 +134,7 @@ def evaluate(model: LanguageModel, batches, device: torch.device, dist_: Dist | 
     if dist_ is not None:
         sums = dist_.all_sum(sums)
     model.train(was_training)
+    model.recurrence = options
     forward, backward = sums[0] / max(sums[2], 1), sums[1] / max(sums[2], 1)
     return {"forward_ppl": math.exp(forward), "backward_ppl": math.exp(backward),
             "ppl": math.exp(0.5 * (forward + backward)), "n_tokens": int(sums[2])}
@@ -195,10 +202,14 @@ def train(config: TrainConfig, resume: bool | str = False) -> Progress:
             if run_epoch(run, bar, stop):
                 run.progress.epoch += 1
                 run.state = None  # the next epoch's rows start fresh
+                other_work = time.perf_counter()  # left out of the next line's tokens_per_s, as in `run_epoch`
                 if config.valid_files and not (config.eval_every and run.progress.step % config.eval_every == 0):
                     run_evaluation(run.model, config, run.vocab, run.progress, run.out_dir, run.dist_, bar)
+                run.window.exclude(time.perf_counter() - other_work)
+                other_work = time.perf_counter()
                 save_training_checkpoint(run.out_dir, config, run.model, run.optimizer, run.progress, run.state,
                                          None, run.dist_, run.window)
+                run.window.exclude(time.perf_counter() - other_work)
     bar.close()
     if run.dist_.is_main and not config.valid_files:  # nothing to select on: the last model is the best
         ckpt.save_model_dir(run.model, run.out_dir / BEST_DIR, config.vocab,
@@ -225,7 +236,11 @@ def start_run(config: TrainConfig, resume: bool | str) -> Run:
     if config.bf16 and dist_.is_main:
         check_bf16(dist_.device)
     torch.manual_seed(config.seed)  # the same initial weights on every rank
-    model = build_model(config, vocab).to(dist_.device)
+    if checkpoint is None:
+        model = build_model(config, vocab).to(dist_.device)
+    else:  # the run's own shape (its config.json): --model / --init-from are not read again, the checkpoint
+        _refuse_fixed_changes(checkpoint.get("train_config"), config)  # holds the weights they gave
+        model = build_model(config, vocab, ElmoConfig.load(out_dir / "config.json")).to(dist_.device)
     model.sparse_softmax_grad = True  # train_step keeps the softmax weight's gradient between steps
     optimizer = build_optimizer(config, model)
     configure_device(config, model, dist_.device)
@@ -242,6 +257,11 @@ def start_run(config: TrainConfig, resume: bool | str) -> Run:
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         run.progress = Progress(**checkpoint["progress"])
+        if run.progress.done and (not config.max_tokens or run.progress.tokens < config.max_tokens):
+            run.progress.done = False  # it ended on its token budget, which this resume raised (or lifted)
+        elif run.progress.done and dist_.is_main:
+            log.warning(f"{out_dir}: the run already ended on its token budget (--max-tokens {config.max_tokens:,}, "
+                        f"{run.progress.tokens:,} tokens trained): raise --max-tokens to train on")
         if "metrics_window" in checkpoint:  # older checkpoints: the first line after resuming covers fewer steps
             run.window.load_state_dict(checkpoint["metrics_window"])
         mine = checkpoint["ranks"][dist_.rank]
@@ -285,7 +305,8 @@ def run_epoch(run: Run, bar, stop: StopSignals) -> bool:
             config.save(run.out_dir / TRAIN_CONFIG_NAME)
         run.changed = None
     while (batch := next_batch(batches, config, dist_)) is not None:
-        result = train_step(run.wrapped, run.optimizer, batch, run.state, progress.lr(config), config, dist_)
+        lr = progress.lr(config)  # this step's (the log line says the last step's, not the next one's)
+        result = train_step(run.wrapped, run.optimizer, batch, run.state, lr, config, dist_)
         run.state = result.state
         progress.step += 1
         progress.tokens += result.n_tokens
@@ -294,16 +315,20 @@ def run_epoch(run: Run, bar, stop: StopSignals) -> bool:
         progress.seconds = time.perf_counter() - started
         if progress.step % config.log_every == 0:
             _log(run.out_dir, dist_, window.record(step=progress.step, tokens=progress.tokens, epoch=progress.epoch,
-                                                   lr=progress.lr(config), elapsed_s=round(progress.seconds, 1)), bar)
+                                                   lr=lr, elapsed_s=round(progress.seconds, 1)), bar)
         due = bool(config.valid_files and config.eval_every) and progress.step % config.eval_every == 0
         spent = config.max_tokens and progress.tokens >= config.max_tokens
+        other_work = time.perf_counter()  # validation and checkpoints: left out of the next line's tokens_per_s
         if due or (spent and config.valid_files):  # the budget's last model too (an annealed run ends on its best)
             run_evaluation(run.model, config, run.vocab, progress, run.out_dir, dist_, bar)
+        window.exclude(time.perf_counter() - other_work)
         progress.done = progress.done or bool(spent)
         stopping = stop.requested(dist_)
         if progress.step % config.checkpoint_every == 0 or progress.done or stopping:
+            other_work = time.perf_counter()
             save_training_checkpoint(run.out_dir, config, run.model, run.optimizer, progress, run.state, batches, dist_,
                                      window)
+            window.exclude(time.perf_counter() - other_work)
         if stopping:
             bar.close()
             raise TrainingStopped(f"{stop.name} at step {progress.step}: checkpoint written; "
@@ -413,6 +438,18 @@ def _file_sha256(path: str | Path) -> str:
 
 
 RUNTIME_FIELDS = ("threads", "progress", "device", "cuda_graph")  # how a run runs, not what it computes
+FIXED_ON_RESUME = ("model", "init_from", "init_from_original", "optimizer")  # the checkpoint holds what they made
+
+
+def _refuse_fixed_changes(saved: dict | None, config: TrainConfig) -> None:
+    """ConfigError where a resume changes the model's shape or start, or the optimizer: the
+    checkpoint holds the weights and the optimizer state those made (checked before anything is
+    built or rewritten)."""
+    changed = {name: values for name, values in _changed_settings(saved, config).items() if name in FIXED_ON_RESUME}
+    if changed:
+        said = ", ".join(f"--{name.replace('_', '-')} {old!r}, now {new!r}" for name, (old, new) in changed.items())
+        raise ConfigError(f"--resume: the run was made with {said}: its checkpoint holds the model and optimizer "
+                          f"state they made; resume with them, or start a new run in another --output-dir")
 
 
 def _changed_settings(saved: dict | None, config: TrainConfig) -> dict[str, list]:

@@ -43,6 +43,11 @@ class MetricsWindow:
         self.steps += 1
         self.tokens += n_tokens
 
+    def exclude(self, seconds: float) -> None:
+        """Leave `seconds` spent on other work (a validation, a checkpoint) out of the window's time,
+        so that tokens_per_s is the training's speed."""
+        self.start += seconds
+
     def record(self, **counters: Any) -> dict[str, Any]:
         """The log line (with `counters`: step, tokens, epoch, lr); starts a new window."""
         seconds = time.perf_counter() - self.start

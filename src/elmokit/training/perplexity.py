@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS, tokens_to_char_ids
-from elmokit.textfiles import CorpusError
+from elmokit.textfiles import CorpusError, expand_paths
 from elmokit.training.data import eval_batches
 from elmokit.devices import resolve_device
 from elmokit.training.lm import LanguageModel
@@ -48,7 +48,7 @@ class SentenceScore:
         return math.exp(0.5 * (self.forward_nll + self.backward_nll) / self.n_targets)
 
 
-def corpus_perplexity(model: LanguageModel, vocab: Vocabulary, files: Sequence[str | Path],
+def corpus_perplexity(model: LanguageModel, vocab: Vocabulary, files: str | Path | Sequence[str | Path],
                       batch_size: int = 64, unroll_steps: int = 20, device: str | torch.device = "cpu",
                       max_sentences: int | None = None, progress: bool = False) -> dict[str, float]:
     """forward_ppl, backward_ppl, ppl and n_tokens of every sentence of `files` (of the first
@@ -60,8 +60,9 @@ def corpus_perplexity(model: LanguageModel, vocab: Vocabulary, files: Sequence[s
 
     _check_vocab(model, vocab)
     device = resolve_device(device)
-    batches = eval_batches(list(files), vocab, batch_size, unroll_steps, max_sentences=max_sentences)
-    total = count_targets([Path(f) for f in files], max_sentences) if progress else None
+    files = expand_paths([files] if isinstance(files, (str, Path)) else list(files))  # one file or pattern, or many
+    batches = eval_batches(files, vocab, batch_size, unroll_steps, max_sentences=max_sentences)
+    total = count_targets(files, max_sentences) if progress else None
     with progress_bar(total=total, unit="tokens", unit_scale=True, desc="scoring", enabled=progress) as bar:
         result = evaluate(model.to(device), batches, device, bar=bar)
     if result["n_tokens"] == 0:

@@ -95,6 +95,9 @@ def make_vocab(
     Returns:
         the stats written to `out_path` with suffix `.json` (see the module docstring).
     """
+    if stats_path(Path(out_path)) == Path(out_path):
+        raise ValueError(f"{out_path}: a vocabulary file cannot end in .json, where its counts are written beside it "
+                         f"(VOCAB.json): name it e.g. vocab.txt")
     paths = expand_paths(inputs)
     require_finished_shards(paths, "the vocabulary's corpus")  # as elmo train does
     counts, n_sentences = count_tokens(paths, progress)
