@@ -273,7 +273,7 @@ MUTANTS = [
            "max(1, n_tokens * (n_layers + 1))", "max(1, n_tokens * n_layers)", (SERVE_VECTORS,)),
     # elmo serve: its limits and its key (serve/inputs.py, serve/app.py)
     Mutant("serve limits: exactly --max-inputs refused", "serve/inputs.py",
-           "if len(items) > limits.max_inputs:", "if len(items) >= limits.max_inputs:", (SERVE_LIMITS,)),
+           "if len(items) + others > limits.max_inputs:", "if len(items) + others >= limits.max_inputs:", (SERVE_LIMITS,)),
     Mutant("serve limits: exactly --max-input-tokens refused", "serve/inputs.py",
            "if len(tokens) > limits.max_input_tokens:", "if len(tokens) >= limits.max_input_tokens:", (SERVE_LIMITS,)),
     Mutant("serve limits: a declared body of exactly --max-body-bytes refused", "serve/app.py",
@@ -332,7 +332,7 @@ MUTANTS = [
            "if digest != expected.sha256:", "if False:",
            (DOWNLOADS + "test_a_mirror_file_whose_hash_differs_is_refused",)),
     Mutant("download: the cap not enforced while streaming", "download.py",
-           "if written > cap:", "if False:", (DOWNLOADS + "test_a_gzip_bomb_stops_at_the_cap",)),
+           "if written > cap.size:", "if False:", (DOWNLOADS + "test_a_gzip_bomb_stops_at_the_cap",)),
     Mutant("download: the stall rule never fires", "download.py",
            "if self.window_bytes < self.min_bytes:", "if self.window_bytes < 0:", ("tests/test_mutants_download.py",)),
     Mutant("download: a 5xx not retried", "download.py",
