@@ -299,10 +299,14 @@ def test_empty_labels_are_refused_with_their_line(tmp_path, capsys):
 
 def test_predict_reads_sentences_a_line_with_blank_lines_as_text(pos_run, tmp_path, capsys):
     text = tmp_path / "s.txt"
-    text.write_text("I like cats and you hate dogs now\n\nYou hate dogs and we like cats .\n", encoding="utf-8")
+    text.write_text("I like cats and you hate dogs now\n\nYou hate dogs and we like cats\n", encoding="utf-8")
     blocks = predict(capsys, pos_run, text).strip("\n").split("\n\n")
     assert [[line.split("\t")[0] for line in block.splitlines()] for block in blocks] == [
-        "I like cats and you hate dogs now".split(), "You hate dogs and we like cats .".split()]
+        "I like cats and you hate dogs now".split(), "You hate dogs and we like cats".split()]
+    # a space-separated file of 5 columns (CoNLL-2003's German layout), a blank line between sentences: columns
+    columns = tmp_path / "c5.txt"
+    columns.write_text("I i x y PRON\nlike l x y VERB\n\nYou y x y PRON\n", encoding="utf-8")
+    assert [line.split(" ")[0] for line in predict(capsys, pos_run, columns).split("\n") if line] == ["I", "like", "You"]
 
 
 def test_predict_writes_a_space_separated_column_file_with_spaces(pos_run, tmp_path, capsys):

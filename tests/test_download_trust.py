@@ -167,7 +167,7 @@ def test_an_options_file_is_capped_and_a_long_announcement_refused_unread(cache,
               "/w.hdf5": (200, {"Content-Length": str(10**13)}, b"")}
     with MirrorServer(tmp_path, routes=routes) as server:
         with pytest.raises(DownloadError, match="big_options.json: it announces 2,000,002 bytes, more than the "
-                                                 "1,000,000 allowed"):
+                                                 r"1,000,000 allowed \(an options file's limit"):
             load_model(f"{server.url}/big_options.json", f"{server.url}/w.hdf5")
         with pytest.raises(DownloadError, match="announces 10,000,000,000,000 bytes"):
             fetch(f"{server.url}/w.hdf5")
@@ -418,3 +418,13 @@ def test_cache_remove_takes_a_url_as_written(cache, tmp_path, capsys):
     capsys.readouterr()
     assert main(["cache", "--remove", url]) == 0
     assert "removed" in capsys.readouterr().out and not cache_entries()
+
+
+def test_download_pairs_an_options_url_of_any_name_with_its_weights():
+    from elmokit.commands.download import download_requests
+
+    assert download_requests(["http://x/opts", "http://x/w.hdf5"]) == [("http://x/opts", "http://x/w.hdf5")]
+    assert download_requests(["http://x/o.json", "http://x/w.bin"]) == [("http://x/o.json", "http://x/w.bin")]
+    assert download_requests(["http://x/vocab.txt"]) == [("http://x/vocab.txt", None)]
+    with pytest.raises(ValueError, match="a weight file is downloaded after its options URL"):
+        download_requests(["http://x/w.hdf5", "http://x/o.json"])

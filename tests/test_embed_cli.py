@@ -249,6 +249,10 @@ def test_resume_at_another_batch_size_warns_and_goes_on(tmp_path, caplog):
     assert "at the engine's rows, where it was made at 16 rows" in caplog.text
     with pytest.raises(ValueError, match="cannot resume .* different model;"):
         start_progress(partial, 0, {**made, "model": "other", "batch_size": 8}, resume=True)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="elmokit"):  # the same rows, other segments: no word of rounding
+        start_progress(partial, 0, {**made, "batch_size": None, "checkpoint_every": 7}, resume=True)
+    assert "not bit for bit" not in caplog.text
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")

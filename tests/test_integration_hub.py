@@ -75,6 +75,9 @@ def test_push_to_hub_sends_what_save_pretrained_writes(model_dir, tmp_path, monk
         assert sent == {p.name: p.read_bytes() for p in (tmp_path / "local").iterdir()}  # byte for byte
         assert set(sent) == NATIVE_FILES and set(hub.validated) == {sent["README.md"].decode()}
         assert ModelCard(hub.validated[0]).data.license == "mit"  # the block the Hub would validate, parsed here
+        assert f"{bilm.n_parameters:,} parameters" in sent["README.md"].decode()  # the one count (elmo info's)
+        with pytest.raises(FileNotFoundError, match="'runs/best': no model folder here, and the Hugging Face Hub"):
+            HubBiLM.from_pretrained("runs/best", cache_dir=tmp_path / "cache0")  # a mistyped folder: no such repo
         # and back: from_pretrained of the repository id downloads it through huggingface_hub
         downloaded = HubBiLM.from_pretrained("someone/tiny-elmo", cache_dir=tmp_path / "cache")
         assert same_weights(downloaded, bilm)

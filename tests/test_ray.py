@@ -218,3 +218,13 @@ def test_connecting_keeps_the_sigterm_handler(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
     assert done.stdout.strip().splitlines()[-1] == "True", done.stderr[-2000:]
+
+
+def test_a_dictionary_encoded_text_column_is_text(tmp_path):
+    """pandas' categoricals arrive as dictionary-encoded strings: accepted as the sentence column."""
+    path = tmp_path / "cats.parquet"
+    pq.write_table(pa.table({"text": pa.array(["a b", "a b", "c"]).dictionary_encode()}), path)
+    elmo_ray.check_parquet_inputs([path], "text")  # no error
+    pq.write_table(pa.table({"text": pa.array([1, 2]).dictionary_encode()}), tmp_path / "ints.parquet")
+    with pytest.raises(ValueError, match="holds int64, not strings"):
+        elmo_ray.check_parquet_inputs([tmp_path / "ints.parquet"], "text")

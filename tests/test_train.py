@@ -575,3 +575,16 @@ def test_a_lstm_bf16_run_validates_in_float32_as_elmo_perplexity_scores(corpus, 
     assert main(["perplexity", str(run), str(corpus["valid"]), "--json", "--batch-size", "64",  # its eval_batch_size
                  "--unroll-steps", "5"]) == 0
     assert json.loads(capsys.readouterr().out)["ppl"] == pytest.approx(valid, rel=1e-9)
+
+
+def test_a_run_stopped_by_patience_stays_stopped_on_resume(corpus, tmp_path):
+    """--patience ends a run for good (only a token budget is raised by a resume): a plain
+    --resume, as a requeued --auto-resume job runs, takes no step."""
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(corpus["train_json"]), "--output-dir", str(run), "--eval-every", "1",
+                 "--patience", "1", "--lr", "30"]) == 0
+    records = read(run / "metrics.jsonl")
+    last = max(r["step"] for r in records if "loss" in r)
+    assert last < 60  # stopped early (two epochs of the base config are 123 steps)
+    assert main(["train", "--resume", "--output-dir", str(run)]) == 0
+    assert max(r["step"] for r in read(run / "metrics.jsonl") if "loss" in r) == last

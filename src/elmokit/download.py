@@ -359,9 +359,10 @@ def fetch(url: str, check: Callable[[Path], object] | None = None, progress: boo
             progress = stderr_is_terminal() and not quiet()
         if expected is not None and expected.size:
             cap = Cap(expected.size, "the published file's size")
+        elif max_bytes == OPTIONS_MAX_BYTES:
+            cap = Cap(max_bytes, "an options file's limit: a few hundred bytes are expected")
         elif max_bytes:
-            cap = Cap(max_bytes, "the most this file can need: a weight file's size follows from its options' shapes, "
-                                 f"an options file is under {OPTIONS_MAX_BYTES:,} bytes")
+            cap = Cap(max_bytes, "the most a weight file of its options' shapes can need")
         else:
             cap = Cap(max_download_bytes(), f"{ENV_MAX_GB}={max_download_bytes() / 1e9:g}")
         staged = _transfer(url, source, target, progress, cap)

@@ -13,9 +13,9 @@ rest is imported only where it is used, after `require` has checked it is there:
 | `onnx` | onnx, onnxruntime, onnxscript | `elmo convert --to-onnx`: the biLM as one ONNX graph (onnxscript: torch's exporter) |
 | `flair` | flair | `elmokit.integrations.flair.ELMoEmbeddings`: Flair's token embeddings |
 | `spacy` | spacy | the `elmo` pipe of spaCy (`nlp.add_pipe("elmo")`) |
-| `sentence-transformers` | sentence-transformers, huggingface_hub | `elmo convert --to-sentence-transformers`, the Hugging Face layout |
-| `langchain` | langchain-core | `elmokit.integrations.langchain.ELMoEmbeddings` |
-| `llama-index` | llama-index-core | `elmokit.integrations.llama_index.ELMoEmbedding` |
+| `sentence-transformers` | sentence-transformers, huggingface_hub, sacremoses | `elmo convert --to-sentence-transformers`, the Hugging Face layout |
+| `langchain` | langchain-core, sacremoses | `elmokit.integrations.langchain.ELMoEmbeddings` |
+| `llama-index` | llama-index-core, sacremoses | `elmokit.integrations.llama_index.ELMoEmbedding` |
 | `parquet` | pyarrow | `elmo embed OUTPUT.parquet`, `elmokit.read_embeddings` of Parquet |
 | `ray` | ray[data], pyarrow | `elmokit.ray.embed_dataset`, `elmo embed --ray` |
 | `all` | all of the above | |
@@ -33,9 +33,9 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "onnx": ("onnx", "onnxruntime", "onnxscript"),
     "flair": ("flair",),
     "spacy": ("spacy",),
-    "sentence-transformers": ("sentence_transformers", "huggingface_hub"),
-    "langchain": ("langchain_core",),
-    "llama-index": ("llama_index.core",),
+    "sentence-transformers": ("sentence_transformers", "huggingface_hub", "sacremoses"),
+    "langchain": ("langchain_core", "sacremoses"),
+    "llama-index": ("llama_index.core", "sacremoses"),
     "parquet": ("pyarrow",),
     "ray": ("ray", "pyarrow"),
 }

@@ -41,7 +41,7 @@ import torch
 
 from elmokit.extras import require
 from elmokit.inference.embedder import ElmoEmbedder
-from elmokit.inference.files import embed_sentences, make_tokenizer
+from elmokit.inference.files import EmbedOptions, check_windows, embed_sentences, make_tokenizer
 from elmokit.inference.layers import check_output_format, shape_output
 from elmokit.inference.parquet import embedding_array, embedding_type, is_parquet
 from elmokit.io import output_lock
@@ -82,7 +82,7 @@ class SentenceEmbedder:
 
     def __init__(self, model: BiLM | str | Path | None, text_column: str, tokenize: bool, lang: str, layers: str,
                  sentence_vectors: bool, device: str, dtype: str | None, threads: int,
-                 max_length: int = 256, overlap: int = 32):
+                 max_length: int = EmbedOptions.max_length, overlap: int = EmbedOptions.overlap):
         if device == "cpu":
             torch.set_num_threads(threads)
         module = model if isinstance(model, BiLM) else load_model(model)
@@ -122,7 +122,8 @@ class SentenceEmbedder:
 def embed_dataset(ds: Any, *, model: BiLM | str | Path | None = None, text_column: str = "text",
                   tokenize: bool = False, lang: str = "en", layers: str = "all", sentence_vectors: bool = False,
                   batch_size: int = 256, concurrency: int = 1, num_gpus: float = 0, num_cpus: float = 1,
-                  dtype: str | None = None, max_length: int = 256, overlap: int = 32) -> Any:
+                  dtype: str | None = None, max_length: int = EmbedOptions.max_length,
+                  overlap: int = EmbedOptions.overlap) -> Any:
     """`ds` with the columns `tokens` and `embedding` added to every row (see the module docstring).
 
     Args:
@@ -146,9 +147,7 @@ def embed_dataset(ds: Any, *, model: BiLM | str | Path | None = None, text_colum
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     if num_gpus < 0 or num_cpus <= 0:
         raise ValueError(f"num_gpus must be >= 0 and num_cpus > 0, got {num_gpus} and {num_cpus}")
-    if overlap < 0 or max_length <= 2 * overlap:
-        raise ValueError(f"max_length ({max_length}) must be more than twice the overlap ({overlap}), and the "
-                         f"overlap >= 0")
+    check_windows(max_length, overlap)
     if tokenize:  # on the driver, before any actor starts
         require("prepare", "Moses tokenization (tokenize=True)", ("sacremoses",))
     arguments = dict(model=model, text_column=text_column, tokenize=tokenize, lang=lang, layers=layers,
@@ -200,6 +199,8 @@ def check_parquet_inputs(paths: Sequence[Path], text_column: str) -> None:
             raise ValueError(f"{path}: no column {text_column!r} to embed (--text-column); it has "
                              f"{', '.join(schema.names)}")
         kind = schema.field(text_column).type
+        if pa.types.is_dictionary(kind):  # dictionary-encoded (pandas' categoricals): its values are what counts
+            kind = kind.value_type
         if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
             raise ValueError(f"{path}: column {text_column!r} holds {kind}, not strings (--text-column names the "
                              f"column of sentences)")

@@ -53,9 +53,11 @@ def download_requests(references: list[str]) -> list[tuple[str, str | None]]:
         if published is not None:
             pairs.append((published.options_url, published.weight_url))
         elif is_url(reference):
-            if reference.split("?")[0].endswith(".json") and queue and is_url(queue[0]) and published_model(queue[0]) is None:
-                pairs.append((reference, queue.pop(0)))
-            elif reference.split("?")[0].endswith((".hdf5", ".h5")):  # checked against its options, or not cached
+            weights = _is_weights(reference)
+            following = queue[0] if queue and is_url(queue[0]) and published_model(queue[0]) is None else None
+            if not weights and following and (reference.split("?")[0].endswith(".json") or _is_weights(following)):
+                pairs.append((reference, queue.pop(0)))  # options, then its weights
+            elif weights:  # checked against its options before it is cached, or not downloaded
                 raise ValueError(f"{reference}: a weight file is downloaded after its options URL, which it is checked "
                                  f"against: elmo download OPTIONS_URL {reference}")
             else:
@@ -64,6 +66,11 @@ def download_requests(references: list[str]) -> list[tuple[str, str | None]]:
             raise ValueError(f"{reference!r} is neither a published name ({', '.join(PUBLISHED)}), a TF-Hub "
                              "ELMo handle nor an http(s) URL")
     return pairs
+
+
+def _is_weights(url: str) -> bool:
+    """An HDF5 weight file's URL (by its name)."""
+    return urlsplit(url).path.endswith((".hdf5", ".h5"))
 
 
 def run_download(args: argparse.Namespace) -> int:

@@ -153,9 +153,7 @@ class EmbedOptions:
         for name in ("batch_size", "checkpoint_every"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} (--{name.replace('_', '-')}) must be >= 1, got {getattr(self, name)}")
-        if self.overlap < 0 or self.max_length <= 2 * self.overlap:
-            raise ValueError(f"max-length ({self.max_length}) must be more than twice the overlap "
-                             f"({self.overlap}), and the overlap >= 0")
+        check_windows(self.max_length, self.overlap)
 
     def identity(self) -> dict:
         """The options that change the output (a resumed run must use the same)."""
@@ -163,6 +161,13 @@ class EmbedOptions:
         for name in ("batch_size", "checkpoint_every"):  # these change how, not what
             del record[name]
         return record
+
+
+def check_windows(max_length: int, overlap: int) -> None:
+    """ValueError unless a sentence's windows can advance: max_length > 2 x overlap >= 0."""
+    if overlap < 0 or max_length <= 2 * overlap:
+        raise ValueError(f"max-length ({max_length}) must be more than twice the overlap ({overlap}), and the "
+                         f"overlap >= 0")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -380,7 +385,7 @@ def start_progress(partial: Path, rank: int, identity: dict, resume: bool) -> Ra
             identity["checkpoint_every"] = progress.identity["checkpoint_every"]  # its segments' size: kept
             log.warning(f"resuming {partial} with segments of {identity['checkpoint_every']} sentences "
                         f"(--checkpoint-every), as it was begun")
-        if changed and "batch_size" in progress.identity:  # (older partials did not record it)
+        if "batch_size" in changed and "batch_size" in progress.identity:  # (older partials did not record it)
             now, then = (f"{size} rows" if size else "the engine's rows" for size in
                          (identity["batch_size"], progress.identity["batch_size"]))
             log.warning(f"resuming {partial} at {now}, where it was made at {then}: the vectors are the same up to "

@@ -29,6 +29,7 @@ from elmokit.extras import require
 require("sentence-transformers", "elmokit.integrations.huggingface", ("huggingface_hub",))
 
 from huggingface_hub import ModelCard, ModelCardData, ModelHubMixin, snapshot_download  # noqa: E402
+from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError  # noqa: E402
 
 from elmokit.download import is_url, mirrored  # noqa: E402
 from elmokit.io import atomic_write_text  # noqa: E402
@@ -96,7 +97,7 @@ def hub_card(bilm: BiLM, provenance: dict[str, Any], files: dict[str, str], *, l
                              license=provenance.get("license", UNKNOWN_LICENSE),
                              elmo_source=provenance.get("source"),
                              elmo_fingerprint=provenance.get("elmokit_fingerprint"))
-    n_parameters = sum(parameter.numel() for parameter in bilm.parameters())
+    n_parameters = bilm.n_parameters
     body = bilm_card(bilm.config, {**provenance, **software_versions()}, n_parameters, files)
     scalars = [(key, value) for key, value in sorted(provenance.items())
                if isinstance(value, (str, int, float, bool)) and key != "license"]
@@ -162,7 +163,11 @@ class HubBiLM(BiLM, ModelHubMixin, library_name="elmokit", tags=["elmo", "elmoki
                 or str(reference).count("/") > 1 or "\\" in str(reference):  # a path: no Hub id has this form
             raise FileNotFoundError(f"no model folder {str(reference)!r} (a Hugging Face Hub repository id is "
                                     f"'user/name')")
-        hub = super().from_pretrained(str(reference), **hub_kwargs)
+        try:
+            hub = super().from_pretrained(str(reference), **hub_kwargs)
+        except (RepositoryNotFoundError, HFValidationError, LocalEntryNotFoundError) as error:  # a mistyped folder too
+            raise FileNotFoundError(f"{str(reference)!r}: no model folder here, and the Hugging Face Hub did not give "
+                                    f"such a repository ({type(error).__name__}: {str(error)[:200]})") from None
         if license is not None and hub.provenance.get("license", UNKNOWN_LICENSE) == UNKNOWN_LICENSE:
             hub.provenance["license"] = license
         return hub

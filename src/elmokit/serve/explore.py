@@ -54,9 +54,6 @@ def explore(query: list[str], sentences: list[list[str]], vectors: list[np.ndarr
     (L+1, n, 2P), then one per sentence of `sentences`; `where` from `locate`."""
     word, position, found = where
     query_vectors = vectors[0][:, position]  # (L+1, 2P)
-    found = [(i, t) for i, tokens in enumerate(sentences) for t, token in enumerate(tokens) if token == word]
-    if not found:
-        raise BadRequest(422, f"{word!r} does not occur in the sentences: nothing to compare")
     lines = np.array([i for i, _ in found])  # (N,)
     positions = np.array([t for _, t in found])  # (N,)
     occurrences = np.stack([vectors[1 + i][:, t] for i, t in found], axis=1)  # (L+1, N, 2P)

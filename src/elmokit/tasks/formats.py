@@ -93,10 +93,14 @@ def detect_format(path: str | Path, kind: str, labels: Collection[str] | None = 
     separated = any(not line.strip() for line in sample[:-1])
     if any("\t" in line or line.startswith("-DOCSTART-") for line in sample):
         return "columns"
-    if separated:  # a column file has a token a line (and 1 to 3 labels); with the run's labels known, text
-        # whose lines are mostly sentences of more than 4 words, a blank line between some, is text
+    if separated:  # a column file: as many columns on every line, the last a label where there are several;
+        # with the run's labels known, lines mostly of more than 4 words, of several lengths, mostly not ending in
+        # a label, are sentences a line (a blank line between some): text
+        widths = {len(line.split()) for line in token_lines}
         wide = sum(len(line.split()) > 4 for line in token_lines)
-        return "text" if labels is not None and 2 * wide > len(token_lines) else "columns"
+        labelled = sum(line.split()[-1] in labels for line in token_lines) if labels is not None else 0
+        sentences = labels is not None and len(widths) > 1 and 2 * wide > len(token_lines) > 2 * labelled
+        return "text" if sentences else "columns"
     widths = {len(line.split()) for line in token_lines}
     # a column file without blank lines (one sentence) has 2 to 4 columns (CoNLL-2003's 4) on every
     # line; lines of text that happen to have the same number of words (5 and 5) are text, and so are

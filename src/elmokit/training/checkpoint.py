@@ -220,7 +220,7 @@ def save_model_dir(model: LanguageModel, directory: str | Path, vocab_path: str 
         shutil.copyfile(vocab_path, tmp)
     card = {**(provenance or {}), **software_versions()}
     atomic_write_text(directory / PROVENANCE_NAME, json.dumps(card, indent=2) + "\n")
-    n_parameters = sum(parameter.numel() for parameter in model.bilm.parameters())
+    n_parameters = model.bilm.n_parameters
     write_bilm_card(directory, model.bilm.config, card, n_parameters, command, softmax)
     return directory
 

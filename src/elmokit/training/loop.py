@@ -257,11 +257,14 @@ def start_run(config: TrainConfig, resume: bool | str) -> Run:
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         run.progress = Progress(**checkpoint["progress"])
-        if run.progress.done and (not config.max_tokens or run.progress.tokens < config.max_tokens):
-            run.progress.done = False  # it ended on its token budget, which this resume raised (or lifted)
-        elif run.progress.done and dist_.is_main:
-            log.warning(f"{out_dir}: the run already ended on its token budget (--max-tokens {config.max_tokens:,}, "
-                        f"{run.progress.tokens:,} tokens trained): raise --max-tokens to train on")
+        budget = (checkpoint.get("train_config") or {}).get("max_tokens", 0)
+        if run.progress.done and budget and run.progress.tokens >= budget:  # it ended on its token budget (not
+            # on --patience, which stays final):
+            if not config.max_tokens or run.progress.tokens < config.max_tokens:
+                run.progress.done = False  # ... which this resume raised (or lifted)
+            elif dist_.is_main:
+                log.warning(f"{out_dir}: the run already ended on its token budget (--max-tokens "
+                            f"{config.max_tokens:,}, {run.progress.tokens:,} tokens trained): raise it to train on")
         if "metrics_window" in checkpoint:  # older checkpoints: the first line after resuming covers fewer steps
             run.window.load_state_dict(checkpoint["metrics_window"])
         mine = checkpoint["ranks"][dist_.rank]
