@@ -77,3 +77,20 @@ def test_info_and_convert_round_trip(model_dir, tmp_path, capsys):
     original = read_safetensors(model_dir / "model.safetensors")
     assert back.keys() == original.keys() and all(torch.equal(back[k], original[k]) for k in back)
     assert main(["convert", "--model", str(model_dir), "--to-native", str(tmp_path / "back")]) == 2
+
+
+def test_demo_top_k_below_one_is_refused(capsys):
+    for value in ("0", "-1"):
+        assert main(["demo", "--top-k", value]) == 2
+        assert "--top-k must be >= 1" in capsys.readouterr().err
+
+
+def test_to_native_overwrite_drops_the_replaced_models_record(model_dir, tmp_path):
+    """provenance.json and README.md of the model a --to-native --overwrite replaces are not this one's."""
+    out = tmp_path / "native"
+    assert main(["convert", "--model", str(model_dir), "--to-native", str(out)]) == 0
+    (out / "provenance.json").write_text('{"tokens": 53600000, "source": "another model"}')
+    (out / "README.md").write_text("# another model")
+    assert main(["convert", "--model", str(model_dir), "--to-native", str(out), "--overwrite"]) == 0
+    assert not (out / "provenance.json").exists() and not (out / "README.md").exists()
+    assert (out / "model.safetensors").is_file()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import shutil
 import warnings
 
 import numpy as np
@@ -19,6 +20,7 @@ from sentence_transformers import SentenceTransformer  # noqa: E402
 from elmokit.cli import main  # noqa: E402
 from elmokit.model.loading import load_model  # noqa: E402
 from elmokit.model.weights import model_fingerprint  # noqa: E402
+from elmokit.integrations.sentence_transformers import save_sentence_transformers  # noqa: E402
 from tests.conftest import one_error_line  # noqa: E402
 from tests.serving import Server, save_tiny_model  # noqa: E402
 
@@ -101,8 +103,8 @@ def test_convert_refuses_what_it_should(st_folder, tmp_path, capsys, monkeypatch
     one_error_line(capsys, "--license goes on the model card that --to-sentence-transformers writes")
     monkeypatch.setitem(sys.modules, "sentence_transformers", None)  # not installed
     assert main(["convert", "--to-sentence-transformers", str(tmp_path / "x")]) == 2
-    one_error_line(capsys, "elmo convert --to-sentence-transformers needs sentence_transformers and huggingface_hub: "
-                           "pip install 'elmokit[sentence-transformers]'")
+    one_error_line(capsys, "elmo convert --to-sentence-transformers needs sentence_transformers and huggingface_hub "
+                           "and sacremoses: pip install 'elmokit[sentence-transformers]'")
     assert not (tmp_path / "x").exists()
 
 
@@ -123,3 +125,15 @@ def test_the_folder_gets_the_permissions_a_new_folder_gets(st_folder):
     mask = os.umask(0)
     os.umask(mask)
     assert st_folder.stat().st_mode & 0o777 == 0o777 & ~mask
+
+
+def test_overwrite_never_deletes_the_model_being_converted(tiny, tmp_path, capsys):
+    project = tmp_path / "proj"
+    shutil.copytree(tiny, project / "m")
+    (project / "notes.txt").write_text("mine")
+    assert main(["convert", "--model", str(project / "m"), "--to-sentence-transformers", str(project),
+                 "--overwrite"]) == 2
+    one_error_line(capsys, "holds the model being converted")
+    assert (project / "m" / "model.safetensors").is_file() and (project / "notes.txt").is_file()
+    with pytest.raises(FileExistsError, match="holds the model being converted"):
+        save_sentence_transformers(str(project / "m"), project, overwrite=True)

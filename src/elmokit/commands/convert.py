@@ -13,6 +13,8 @@ from elmokit.io import check_replaceable, refuse_overwrite
 from elmokit.model.builtin import BUILTIN_MODEL
 from elmokit.model.manylangs import ManyLangsBiLM, VOCABULARY_NAME
 from elmokit.model.weights import CONFIG_NAME, WEIGHTS_NAME, refuse_same_file, save_original, save_pretrained
+from elmokit.training.checkpoint import PROVENANCE_NAME
+from elmokit.training.model_card import CARD_NAME
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
@@ -95,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
     outputs = [args.to_native / name for name in names] if args.to_native else args.to_original
     refuse_overwrite(outputs, args.overwrite)
     if args.to_native:
+        for stale in (PROVENANCE_NAME, CARD_NAME):  # the replaced model's record and card: not this model's
+            if args.overwrite:
+                (args.to_native / stale).unlink(missing_ok=True)
         save_pretrained(model, args.to_native)
         print(f"wrote {', '.join(names[:-1])} and {names[-1]} in {args.to_native}")
     else:
@@ -122,6 +127,11 @@ def _to_sentence_transformers(args: argparse.Namespace) -> int:
     from elmokit.integrations.sentence_transformers import save_sentence_transformers
 
     refuse_overwrite([args.to_sentence_transformers], args.overwrite)
+    folder = Path(args.to_sentence_transformers).resolve()
+    for given in (model_reference(args), args.options_file, args.weight_file):  # --overwrite replaces the folder whole
+        if given and Path(given).exists() and Path(given).resolve().is_relative_to(folder):
+            raise ValueError(f"--to-sentence-transformers {args.to_sentence_transformers} holds the model being "
+                             f"converted ({given}): --overwrite would delete it with the folder; choose another")
     model = model_from_args(args)
     reference = model_reference(args) or (f"{args.options_file} + {args.weight_file}" if args.options_file
                                           else BUILTIN_MODEL)

@@ -37,6 +37,8 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.top_k < 1:  # as elmo similar's
+        raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
     bilm = model_from_args(args)
     embedder = ElmoEmbedder(module=bilm)
     config = bilm.config

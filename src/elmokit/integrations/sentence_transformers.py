@@ -160,6 +160,11 @@ def save_sentence_transformers(model: BiLM | str | Path | None, directory: str |
     if directory.exists() and not (overwrite and directory.is_dir()):
         raise FileExistsError(f"output exists: {directory} " + ("(overwrite=True replaces it)" if directory.is_dir()
                                                                  else "and is not a folder"))
+    for given in (model, source):  # overwrite=True replaces the folder whole: never one holding the input
+        if isinstance(given, (str, Path)) and Path(given).exists() and directory.exists() \
+                and Path(given).resolve().is_relative_to(directory.resolve()):
+            raise FileExistsError(f"{directory} holds the model being converted ({given}): overwrite=True would "
+                                  f"delete it with the folder; choose another output folder")
     bilm = model if isinstance(model, BiLM) else load_model(None if model is None else str(model))
     if isinstance(model, BiLM) and source is None:
         provenance = {"source": "a BiLM passed in Python", "license": license or UNKNOWN_LICENSE,
