@@ -67,7 +67,8 @@ def test_an_exported_model_directory_has_a_card(tmp_path, language_model_dir, ca
     assert main(["export", str(source), "--native", str(out), "--no-softmax"]) == 0
     assert "model card README.md" in capsys.readouterr().out
     card = (out / "README.md").read_text(encoding="utf-8")
-    n_parameters = sum(p.numel() for p in model.bilm.parameters())
+    n_parameters = model.bilm.n_parameters  # the published count: the char table's padding row left out
+    assert n_parameters == sum(p.numel() for p in model.bilm.parameters()) - model.bilm.config.char_cnn.embedding_dim
     assert card.startswith(f"# ELMo biLM ({n_parameters:,} parameters)")
     assert "45,678 training tokens in 120 steps (2 epochs)" in card and "`corpus/*.txt`" in card
     assert "| validation | 120.50 | 126.25 | 123.46 |" in card  # provenance.json's perplexities

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from elmokit.extras import require
 
-require("langchain", "elmokit.integrations.langchain")
+require("langchain", "elmokit.integrations.langchain", ("langchain_core",))  # sacremoses: when texts are tokenized
 
 from langchain_core.embeddings import Embeddings  # noqa: E402
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator  # noqa: E402

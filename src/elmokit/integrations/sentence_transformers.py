@@ -32,7 +32,8 @@ import torch
 
 from elmokit.extras import require
 
-require("sentence-transformers", "elmokit.integrations.sentence_transformers")
+require("sentence-transformers", "elmokit.integrations.sentence_transformers",
+        ("sentence_transformers", "huggingface_hub"))  # sacremoses: when texts are tokenized
 
 from sentence_transformers import SentenceTransformer  # noqa: E402
 from sentence_transformers.base.modules import InputModule  # noqa: E402
