@@ -202,14 +202,12 @@ def train(config: TrainConfig, resume: bool | str = False) -> Progress:
             if run_epoch(run, bar, stop):
                 run.progress.epoch += 1
                 run.state = None  # the next epoch's rows start fresh
-                other_work = time.perf_counter()  # left out of the next line's tokens_per_s, as in `run_epoch`
-                if config.valid_files and not (config.eval_every and run.progress.step % config.eval_every == 0):
-                    run_evaluation(run.model, config, run.vocab, run.progress, run.out_dir, run.dist_, bar)
-                run.window.exclude(time.perf_counter() - other_work)
-                other_work = time.perf_counter()
-                save_training_checkpoint(run.out_dir, config, run.model, run.optimizer, run.progress, run.state,
-                                         None, run.dist_, run.window)
-                run.window.exclude(time.perf_counter() - other_work)
+                with run.window.left_out():  # not in the next line's tokens_per_s, as in `run_epoch`
+                    if config.valid_files and not (config.eval_every and run.progress.step % config.eval_every == 0):
+                        run_evaluation(run.model, config, run.vocab, run.progress, run.out_dir, run.dist_, bar)
+                with run.window.left_out():
+                    save_training_checkpoint(run.out_dir, config, run.model, run.optimizer, run.progress, run.state,
+                                             None, run.dist_, run.window)
     bar.close()
     if run.dist_.is_main and not config.valid_files:  # nothing to select on: the last model is the best
         ckpt.save_model_dir(run.model, run.out_dir / BEST_DIR, config.vocab,
@@ -321,17 +319,15 @@ def run_epoch(run: Run, bar, stop: StopSignals) -> bool:
                                                    lr=lr, elapsed_s=round(progress.seconds, 1)), bar)
         due = bool(config.valid_files and config.eval_every) and progress.step % config.eval_every == 0
         spent = config.max_tokens and progress.tokens >= config.max_tokens
-        other_work = time.perf_counter()  # validation and checkpoints: left out of the next line's tokens_per_s
         if due or (spent and config.valid_files):  # the budget's last model too (an annealed run ends on its best)
-            run_evaluation(run.model, config, run.vocab, progress, run.out_dir, dist_, bar)
-        window.exclude(time.perf_counter() - other_work)
+            with window.left_out():  # validation and checkpoints: not in the next line's tokens_per_s
+                run_evaluation(run.model, config, run.vocab, progress, run.out_dir, dist_, bar)
         progress.done = progress.done or bool(spent)
         stopping = stop.requested(dist_)
         if progress.step % config.checkpoint_every == 0 or progress.done or stopping:
-            other_work = time.perf_counter()
-            save_training_checkpoint(run.out_dir, config, run.model, run.optimizer, progress, run.state, batches, dist_,
-                                     window)
-            window.exclude(time.perf_counter() - other_work)
+            with window.left_out():
+                save_training_checkpoint(run.out_dir, config, run.model, run.optimizer, progress, run.state, batches,
+                                         dist_, window)
         if stopping:
             bar.close()
             raise TrainingStopped(f"{stop.name} at step {progress.step}: checkpoint written; "

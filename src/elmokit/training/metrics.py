@@ -10,8 +10,10 @@ perplexities), and at every evaluation
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +45,15 @@ class MetricsWindow:
         self.steps += 1
         self.tokens += n_tokens
 
-    def exclude(self, seconds: float) -> None:
-        """Leave `seconds` spent on other work (a validation, a checkpoint) out of the window's time,
-        so that tokens_per_s is the training's speed."""
-        self.start += seconds
+    @contextlib.contextmanager
+    def left_out(self) -> Iterator[None]:
+        """Leave the time of the block (a validation, a checkpoint) out of the window's, so that
+        tokens_per_s is the training's speed."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.start += time.perf_counter() - started
 
     def record(self, **counters: Any) -> dict[str, Any]:
         """The log line (with `counters`: step, tokens, epoch, lr); starts a new window."""
