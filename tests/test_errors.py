@@ -404,3 +404,11 @@ def test_sigterm_stops_any_command_as_ctrl_c_does(monkeypatch, capsys):
     assert main(["info"]) == 130
     assert capsys.readouterr().err.strip() == "elmo info: interrupted: SIGTERM"
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.parametrize("lang", ["", "  "])
+def test_embed_tokenize_with_an_empty_lang_is_one_error(files, tmp_path, capsys, lang):
+    """Not a TypeError's traceback from the tokenizer once the first line is read."""
+    (tmp_path / "in.txt").write_text("a b\n")
+    fails_in_one_line(["embed", str(tmp_path / "in.txt"), str(tmp_path / "o.h5"), "--tokenize", "--lang", lang,
+                       "--model", str(files["model"])], capsys, "lang (--lang) must be a Moses language code")

@@ -154,6 +154,8 @@ class EmbedOptions:
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} (--{name.replace('_', '-')}) must be >= 1, got {getattr(self, name)}")
         check_windows(self.max_length, self.overlap)
+        if not isinstance(self.lang, str) or not self.lang.strip():
+            raise ValueError(f"lang (--lang) must be a Moses language code such as 'en', got {self.lang!r}")
 
     def identity(self) -> dict:
         """The options that change the output (a resumed run must use the same)."""
