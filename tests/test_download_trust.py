@@ -23,7 +23,7 @@ from elmokit.cli import main
 from elmokit.download import DownloadError, cache_dir, cache_entries, cache_path, fetch, partial_leftovers
 from elmokit.model.loading import load_model
 from elmokit.model.published import PUBLISHED, PUBLISHED_FILES, expected_file
-from tests.conftest import REPO, one_error_line
+from tests.conftest import FIXTURE, REPO, one_error_line
 from tests.http_mirror import MirrorServer, pin
 from tests.test_loading import mirror_path, publish, same_weights
 from tests.test_task_portable import ner_files  # noqa: F401  (a fixture)
@@ -392,9 +392,7 @@ def test_a_weight_file_alone_is_refused_not_cached_unchecked(cache, tmp_path, ca
 def test_the_cap_names_what_set_it(cache, tmp_path, monkeypatch):
     """A weight file past the size its options imply is refused naming the options as the reason,
     not ELMOKIT_MAX_DOWNLOAD_GB (which a user would raise in vain), even with that setting unreadable."""
-    fixture = REPO.parent / "shared" / "data" / "elmo-fixture"
-    if not fixture.is_dir():
-        pytest.skip("needs ../shared/data/elmo-fixture")
+    fixture = FIXTURE  # the copy in tests/fixtures: every clone runs this
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "options.json").write_bytes((fixture / "options.json").read_bytes())
     (tmp_path / "m" / "weights.hdf5").write_bytes((fixture / "lm_weights.hdf5").read_bytes() + bytes(2_000_000))
@@ -406,9 +404,7 @@ def test_the_cap_names_what_set_it(cache, tmp_path, monkeypatch):
 
 def test_cache_remove_takes_a_url_as_written(cache, tmp_path, capsys):
     """'@' in a URL is listed %40 in the cache; `elmo cache --remove` takes the URL as written."""
-    fixture = REPO.parent / "shared" / "data" / "elmo-fixture"
-    if not fixture.is_dir():
-        pytest.skip("needs ../shared/data/elmo-fixture")
+    fixture = FIXTURE  # the copy in tests/fixtures: every clone runs this
     (tmp_path / "v@1").mkdir()
     (tmp_path / "v@1" / "options.json").write_bytes((fixture / "options.json").read_bytes())
     with MirrorServer(tmp_path) as server:

@@ -93,6 +93,8 @@ def test_pos_tagger_learns_context(tiny_model, tmp_path, use_elmo):
     bilm = tiny_model if use_elmo else None
     results = train_task(config, bilm, TaskData(config, splits, bilm))
     assert results["test"]["accuracy"] > 90  # chance is about 1/6
+    card = (tmp_path / "pos" / "README.md").read_text(encoding="utf-8")
+    assert "given in memory" in card and "shared" not in card  # splits handed over, no data folder read
     if use_elmo:
         assert len(results["layer_weights"]) == 1 and sum(results["layer_weights"][0]) == pytest.approx(1.0)
     lines = (tmp_path / "pos" / "metrics.jsonl").read_text().splitlines()

@@ -91,13 +91,15 @@ def _bilm_lines(config: TaskConfig, record: dict | None, bilm, layer_weights) ->
     return lines
 
 
-def _data_rows(config: TaskConfig, sizes: dict[str, int]) -> list[tuple]:
-    files = config.split_files()
-    return [(split, f"`{files[split]}`", n) for split, n in sizes.items() if split in files]
+def _data_rows(files: dict[str, Path] | None, sizes: dict[str, int]) -> list[tuple]:
+    """(split, where it came from, sentences): its file, or "given in memory" for splits handed to
+    `train_task` as `TaskData` without files."""
+    return [(split, f"`{files[split]}`" if files is not None else "given in memory", n)
+            for split, n in sizes.items() if files is None or split in files]
 
 
 def run_card(results: dict, config: TaskConfig, record: dict | None, bilm, sizes: dict[str, int],
-             labels: Sequence[str], out: Path) -> str:
+             labels: Sequence[str], out: Path, files: dict[str, Path] | None = None) -> str:
     """The README.md of a task run (see the module docstring)."""
     software = software_versions()
     kind = "tagger (a label a token)" if config.spec.kind == "tagger" else "sentence classifier (a label a sentence)"
@@ -113,7 +115,7 @@ def run_card(results: dict, config: TaskConfig, record: dict | None, bilm, sizes
             f"run.predict({example}, tokenize=True)", "```", "",
             f"or `elmo task predict path/to/{out.name} input.txt -o output.txt [--tokenize]`, and "
             f"`elmo task eval path/to/{out.name} labelled-file` to score it.", "",
-            "## Trained on", "", markdown_table(("split", "file", "sentences"), _data_rows(config, sizes)),
+            "## Trained on", "", markdown_table(("split", "file", "sentences"), _data_rows(files, sizes)),
             f"Early stopping on dev: epoch {results['best_epoch']} of {results['epochs']} kept.", "",
             "## Scores", "", markdown_table(header, rows), per_type,
             "## The biLM (ELMo)", "", *_bilm_lines(config, record, bilm, results.get("layer_weights")), "",
@@ -133,7 +135,8 @@ def run_card(results: dict, config: TaskConfig, record: dict | None, bilm, sizes
 
 
 def write_run_card(out: Path, config: TaskConfig, results: dict, record: dict | None, bilm,
-                   sizes: dict[str, int], labels: Sequence[str]) -> Path:
-    """OUT/README.md (temp + rename), from the run's config and results."""
-    atomic_write_text(Path(out) / CARD_NAME, run_card(results, config, record, bilm, sizes, labels, Path(out)))
+                   sizes: dict[str, int], labels: Sequence[str], files: dict[str, Path] | None = None) -> Path:
+    """OUT/README.md (temp + rename), from the run's config and results; `files`: the file each
+    split was read from (None: the splits were given in memory)."""
+    atomic_write_text(Path(out) / CARD_NAME, run_card(results, config, record, bilm, sizes, labels, Path(out), files))
     return Path(out) / CARD_NAME

@@ -130,11 +130,14 @@ class Vocabularies:
 
 
 class TaskData:
-    """Examples, vocabularies and (for a frozen biLM) the cached layers of every split."""
+    """Examples, vocabularies and (for a frozen biLM) the cached layers of every split; `files`,
+    the file each split was read from (None: given in memory; the run's card says which)."""
 
     def __init__(self, config: TaskConfig, splits: dict[str, list], bilm: BiLM | None,
-                 layers: dict[str, list[torch.Tensor]] | None = None, vocabularies: Vocabularies | None = None):
+                 layers: dict[str, list[torch.Tensor]] | None = None, vocabularies: Vocabularies | None = None,
+                 files: dict[str, Path] | None = None):
         self.splits = splits
+        self.files = files
         self.tagging = config.spec.kind == "tagger"
         self.device = resolve_device(config.device)  # where batches go
         self.vocabularies = vocabularies or Vocabularies.build(config, splits["train"])

@@ -178,7 +178,7 @@ def train_task(config: TaskConfig, bilm: BiLM | None = None, data: TaskData | No
     if config.finetune:
         bilm = copy.deepcopy(bilm).train().requires_grad_(True)
     if data is None:
-        data = TaskData(config, load_splits(config, log=report), bilm)
+        data = TaskData(config, load_splits(config, log=report), bilm, files=config.split_files())
     seed_everything(config.seed)
     model = build_task_model(config, data.vocabularies, bilm).to(data.device)  # a fine-tuned biLM with it
     optimizer = make_optimizer(model, config)
@@ -224,7 +224,7 @@ def train_task(config: TaskConfig, bilm: BiLM | None = None, data: TaskData | No
     record = save_run(model, config, data.vocabularies, frozen_bilm, out)
     atomic_write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
     write_run_card(out, config, results, record, frozen_bilm, {s: len(e) for s, e in data.splits.items()},
-                   data.vocabularies.labels)
+                   data.vocabularies.labels, data.files)
     (out / CHECKPOINT).unlink(missing_ok=True)  # the run is whole: nothing left to resume
     return results
 
