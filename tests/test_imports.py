@@ -38,13 +38,20 @@ def state():
 
 before = state()
 import elmokit, elmokit.cli
-modules = [m.name for m in pkgutil.walk_packages(elmokit.__path__, "elmokit.") if m.name != "elmokit.__main__"]
+# elmokit.integrations.keras needs KERAS_BACKEND=torch set by its user before keras is imported, and
+# keras imports matplotlib itself: it is imported last, on its own, after keras
+modules = [m.name for m in pkgutil.walk_packages(elmokit.__path__, "elmokit.")
+           if m.name not in ("elmokit.__main__", "elmokit.integrations.keras")]
 for name in modules:
     __import__(name)
 after = state()
-print(json.dumps({"before": before, "after": after, "modules": modules,
-                  "optional": sorted(m for m in sys.modules
-                                     if m.split(".")[0] in ("matplotlib", "sacremoses", "sentencex"))}))
+optional = sorted(m for m in sys.modules if m.split(".")[0] in ("matplotlib", "sacremoses", "sentencex"))
+os.environ["KERAS_BACKEND"] = "torch"
+import keras
+with_keras = state()
+import elmokit.integrations.keras
+print(json.dumps({"before": before, "after": after, "modules": modules + ["elmokit.integrations.keras"],
+                  "optional": optional, "with_keras": with_keras, "after_keras": state()}))
 """
 
 # Every plot elmokit draws, then: was pyplot imported, was a backend chosen?
@@ -93,6 +100,7 @@ def test_importing_every_module_changes_no_global_state():
     assert after["warnings_filters"] == before["warnings_filters"], "warnings filters changed on import"
     assert after == before
     assert report["optional"] == [], f"optional packages imported on import: {report['optional']}"
+    assert report["after_keras"] == report["with_keras"], "importing elmokit.integrations.keras changed global state"
 
 
 def test_plots_need_no_pyplot_and_choose_no_backend(tmp_path):

@@ -16,6 +16,7 @@ rest is imported only where it is used, after `require` has checked it is there:
 | `sentence-transformers` | sentence-transformers, huggingface_hub, sacremoses | `elmo convert --to-sentence-transformers`, the Hugging Face layout |
 | `langchain` | langchain-core, sacremoses | `elmokit.integrations.langchain.ELMoEmbeddings` |
 | `llama-index` | llama-index-core, sacremoses | `elmokit.integrations.llama_index.ELMoEmbedding` |
+| `keras` | keras | `elmokit.integrations.keras.ElmoEmbedding`: ELMo as a Keras 3 layer (torch backend) |
 | `parquet` | pyarrow | `elmo embed OUTPUT.parquet`, `elmokit.read_embeddings` of Parquet |
 | `ray` | ray[data], pyarrow | `elmokit.ray.embed_dataset`, `elmo embed --ray` |
 | `all` | all of the above | |
@@ -36,6 +37,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "sentence-transformers": ("sentence_transformers", "huggingface_hub", "sacremoses"),
     "langchain": ("langchain_core", "sacremoses"),
     "llama-index": ("llama_index.core", "sacremoses"),
+    "keras": ("keras",),
     "parquet": ("pyarrow",),
     "ray": ("ray", "pyarrow"),
 }

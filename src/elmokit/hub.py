@@ -7,12 +7,15 @@
     hub.load("https://tfhub.dev/google/elmo/3").signatures["default"](strings)["elmo"]   # TF2's way
 
 A handle is a TF-Hub ELMo URL (google/elmo/1, 2 and 3 are the published `original` biLM:
-`elmokit.model.published`), a published name, a URL pair (options, weights), a local model folder,
-or None for the built-in model. Outputs, as TF-Hub's, with padding zero:
+`elmokit.model.published`; a module TF-Hub already cached for it in $TFHUB_CACHE_DIR is used
+first), a TF-Hub module folder or its `.tar.gz` (`elmokit.model.tfhub_module`), a published name,
+a URL pair (options, weights), a local model folder, or None for the built-in model. Outputs, as
+TF-Hub's, with padding zero:
 
     word_emb (B, T, P)   lstm_outputs1, lstm_outputs2 (B, T, 2P)   elmo (B, T, 2P): the trainable
-    mix (equal weights and gamma 1 before training)   default (B, 2P): the mean of `elmo` over
-    the real tokens   sequence_len (B,)
+    mix, scaling * sum_j softmax(weights)_j h_j (a module's own `aggregation/weights` and
+    `scaling` when loaded from its folder; else equal weights and 1)   default (B, 2P): the mean
+    of `elmo` over the real tokens   sequence_len (B,)
 
 `trainable=True` trains the 4 scalars of the mix (3 layer weights and gamma), as google/elmo/2
 and 3 do; google/elmo/1 also trains the LSTM cells. Tensors are torch tensors.
@@ -21,6 +24,7 @@ and 3 do; google/elmo/1 also trains the LSTM cells. Tensors are torch tensors.
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -33,8 +37,8 @@ from elmokit.inference.engine import bilm_forward
 from elmokit.inference.layers import token_mean
 from elmokit.model.bilm import BiLM
 from elmokit.model.chars import token_mask
-from elmokit.model.mix import ScalarMix
-from elmokit.model.published import tfhub_name
+from elmokit.model.mix import ScalarMix, scalar_mix
+from elmokit.model.tfhub_module import module_folder, module_mix
 from elmokit.model.loading import load_model
 
 SIGNATURES = ("default", "tokens")
@@ -57,19 +61,25 @@ class HubElmo(nn.Module):
     mix is the equal-weight average, `layers.sentence_vector`), and `sequence_len` (B,). Padding is zero.
 
     Call with a list of token lists or with char ids (B, T, 50) (moved to the module's device).
-    `device` and `dtype` as for `Elmo`.
+    `device` and `dtype` as for `Elmo`; `mix` the `elmo` output's starting (weights, scaling)
+    (`tfhub_module.module_mix`; default equal weights and 1).
     """
 
     def __init__(self, options_file: str | Path | None = None, weight_file: str | Path | None = None,
                  module: BiLM | None = None, trainable: bool = False, device: str | torch.device | None = None,
-                 dtype: str | torch.dtype | None = None):
+                 dtype: str | torch.dtype | None = None, mix: tuple[list[float], float] | None = None):
         super().__init__()
         self.bilm = module if module is not None else load_model(options_file, weight_file)
         self.bilm = place_bilm(self.bilm, resolve_device(device), dtype, trainable, False, "HubElmo")
         self.bilm.requires_grad_(trainable)
-        self.mix = ScalarMix(self.bilm.config.n_output_layers).to(module_device(self.bilm))
+        weights, scaling = mix if mix is not None else (None, 1.0)
+        self.mix = ScalarMix(self.bilm.config.n_output_layers, initial_scalar_parameters=weights,
+                             initial_gamma=scaling).to(module_device(self.bilm))
 
-    def forward(self, sentences: Sequence[Sequence[str]] | torch.Tensor) -> dict[str, torch.Tensor]:
+    def forward(self, sentences: Sequence[Sequence[str]] | torch.Tensor,
+                mix: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """The outputs; `mix` (scalar parameters (L+1,), gamma ()) in place of the module's own
+        (`elmokit.integrations.keras` keeps them as Keras variables)."""
         char_ids = sentences if isinstance(sentences, torch.Tensor) else self.bilm.batch_ids(sentences)
         check_char_ids(self.bilm, char_ids, "HubElmo")
         char_ids = char_ids.to(module_device(self.bilm))
@@ -78,7 +88,8 @@ class HubElmo(nn.Module):
         output = bilm_forward(self.bilm, char_ids)
         layers = [remove_boundaries(layer, output.mask)[0] for layer in output.layers]
         mask = token_mask(char_ids)  # (B, T)
-        elmo = remove_boundaries(self.mix(output.layers, output.mask), output.mask)[0]
+        mixed = self.mix(output.layers, output.mask) if mix is None else scalar_mix(output.layers, *mix)
+        elmo = remove_boundaries(mixed, output.mask)[0]
         lengths = mask.sum(dim=1)
         outputs = {"word_emb": layers[0][..., :self.bilm.config.lstm.projection_dim]}
         outputs.update({f"lstm_outputs{k}": layer for k, layer in enumerate(layers[1:], start=1)})
@@ -109,7 +120,9 @@ class Module(nn.Module):
         super().__init__()
         self.handle = handle
         train_lstm = trainable and isinstance(handle, str) and handle.rstrip("/").endswith("google/elmo/1")
-        self.elmo = HubElmo(module=load_handle(handle), trainable=train_lstm, device=device, dtype=dtype)
+        folder = module_folder(handle) if isinstance(handle, (str, Path)) else None
+        self.elmo = HubElmo(module=load_handle(handle), trainable=train_lstm, device=device, dtype=dtype,
+                            mix=module_mix(folder) if folder is not None else None)
         self.elmo.mix.requires_grad_(trainable)
         if train_lstm:  # google/elmo/1 trains "all variables of the LSTM cells", not the char CNN
             self.elmo.bilm.token_encoder.requires_grad_(False)

@@ -5,13 +5,15 @@ ELMo biLM -> one ONNX graph (`--to-onnx`, `elmokit.inference.onnx_export`)."""
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from pathlib import Path
 
 from elmokit.commands.common import add_model_arguments, model_from_args, model_reference
-from elmokit.io import check_replaceable, refuse_overwrite
+from elmokit.io import atomic_write_text, check_replaceable, refuse_overwrite
 from elmokit.model.builtin import BUILTIN_MODEL
 from elmokit.model.manylangs import ManyLangsBiLM, VOCABULARY_NAME
+from elmokit.model.tfhub_module import module_folder, module_provenance
 from elmokit.model.weights import CONFIG_NAME, WEIGHTS_NAME, refuse_same_file, save_original, save_pretrained
 from elmokit.training.checkpoint import PROVENANCE_NAME
 from elmokit.training.model_card import CARD_NAME
@@ -22,7 +24,9 @@ def register(subcommands: argparse._SubParsersAction) -> None:
         "convert", help="convert between the original HDF5 files and the native format, or to ONNX",
         description="Convert a model. Original -> native: `elmo convert --options-file O "
                     "--weight-file W --to-native DIR`. Native -> original: `elmo convert --model DIR "
-                    "--to-original OPTIONS.json WEIGHTS.hdf5`. An ELMoForManyLangs model folder -> native: "
+                    "--to-original OPTIONS.json WEIGHTS.hdf5`. A TF-Hub ELMo module folder or .tar.gz -> either: "
+                    "`elmo convert --model FOLDER --to-native DIR` or `--to-original O W` (provenance.json, or the "
+                    "options' elmokit_provenance key, names the module and keeps its elmo mix; docs/loading.md). An ELMoForManyLangs model folder -> native: "
                     "`elmo convert --model FOLDER --to-native DIR` (its character and word vocabularies go to "
                     "DIR/manylangs_vocab.json); the original format cannot hold those, so --to-original "
                     "refuses such a model. An ELMo model (not ELMoForManyLangs) -> one ONNX graph of the stateless biLM for onnxruntime: "
@@ -93,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
     if args.to_original:
         refuse_same_file(args.to_original)  # before loading: the options JSON would replace the weights
     model = model_from_args(args)
+    module = module_folder(model_reference(args))  # a TF-Hub module: its record goes with the files
+    record = module_provenance(module) if module is not None else None
     names = [CONFIG_NAME, WEIGHTS_NAME, *([VOCABULARY_NAME] if isinstance(model, ManyLangsBiLM) else [])]
     outputs = [args.to_native / name for name in names] if args.to_native else args.to_original
     refuse_overwrite(outputs, args.overwrite)
@@ -101,9 +107,12 @@ def run(args: argparse.Namespace) -> int:
             if args.overwrite:
                 (args.to_native / stale).unlink(missing_ok=True)
         save_pretrained(model, args.to_native)
+        if record is not None:
+            atomic_write_text(args.to_native / PROVENANCE_NAME, json.dumps(record, indent=2) + "\n")
+            names.append(PROVENANCE_NAME)
         print(f"wrote {', '.join(names[:-1])} and {names[-1]} in {args.to_native}")
     else:
-        save_original(model, *args.to_original)
+        save_original(model, *args.to_original, provenance=record)
         print(f"wrote {args.to_original[0]} and {args.to_original[1]}")
     return 0
 

@@ -35,27 +35,15 @@ from flair.data import Sentence  # noqa: E402
 from flair.embeddings import TokenEmbeddings  # noqa: E402
 from flair.embeddings.base import register_embeddings  # noqa: E402
 
-from elmokit.download import is_url  # noqa: E402
 from elmokit.inference.embedder import ElmoEmbedder  # noqa: E402
 from elmokit.inference.layers import OUTPUT_FORMATS, select_layers  # noqa: E402
 from elmokit.model.builtin import BUILTIN_MODEL  # noqa: E402
-from elmokit.model.loading import load_model  # noqa: E402
+from elmokit.model.loading import load_model, saved_reference  # noqa: E402
 
 __all__ = ["ELMoEmbeddings"]
 
 REGISTERED_NAME = "elmokit.ELMoEmbeddings"
 """The name Flair's embeddings registry (and so a saved tagger) knows the class by."""
-
-
-def saved_reference(reference: str | Path | None) -> str | None:
-    """What a saved tagger keeps of a model: a name or URL as given, a local path made absolute
-    (so the tagger loads from any working directory)."""
-    if reference is None:
-        return None
-    text = str(reference)
-    if text == BUILTIN_MODEL or is_url(text) or not Path(text).exists():  # as load_model reads them
-        return text
-    return str(Path(text).resolve())
 
 
 @register_embeddings(REGISTERED_NAME)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from elmokit.devices import one_thread_in_forked_children
 from elmokit.download import OPTIONS_MAX_BYTES, fetch, is_url
+from elmokit.model import tfhub_module
 from elmokit.model.bilm import BiLM
 from elmokit.model.config import ConfigError, ElmoConfig, read_options
 from elmokit.model.published import expected_file, published_model, published_names
@@ -22,9 +23,11 @@ def load_model(model: str | Path | None = None, weight_file: str | Path | None =
     * nothing, or `"gutenberg-en"`: the built-in English model shipped with elmokit;
     * `(options_file, weight_file)`: the original JSON + HDF5 pair, as paths or http(s) URLs
       (downloaded into the cache, `elmokit.download`);
-    * a directory: a native model directory, or an ELMoForManyLangs model folder;
+    * a directory: a native model directory, an ELMoForManyLangs model folder, or a TF-Hub ELMo
+      module folder (`elmokit.model.tfhub_module`; its `.tar.gz` too, extracted into the cache);
     * a published name (`small`, `medium`, `original`, `original-5.5B`, `pubmed`, `pt`;
-      `elmokit.model.published`) or a TF-Hub handle (`https://tfhub.dev/google/elmo/3`).
+      `elmokit.model.published`) or a TF-Hub handle (`https://tfhub.dev/google/elmo/3`: the
+      module TF-Hub cached for it in $TFHUB_CACHE_DIR if there is one, else the published files).
 
     Children forked from this process from now on run torch on one thread
     (`elmokit.devices.one_thread_in_forked_children`: forked after torch's thread pool ran, they
@@ -43,6 +46,9 @@ def load_model(model: str | Path | None = None, weight_file: str | Path | None =
         return load_original(options_path, weights_path)
     if model is None or str(model) == BUILTIN_MODEL:
         return load_pretrained(builtin_model_dir())
+    module = tfhub_module.module_folder(model)
+    if module is not None:
+        return tfhub_module.load_tfhub_module(module)
     path = Path(model)
     if not is_url(str(model)) and path.is_dir():
         if not (path / WEIGHTS_NAME).is_file():  # not native: perhaps an ELMoForManyLangs folder
@@ -50,6 +56,9 @@ def load_model(model: str | Path | None = None, weight_file: str | Path | None =
 
             if manylangs.is_manylangs_dir(path) or manylangs.looks_like_manylangs_dir(path):
                 return manylangs.load_manylangs(path)  # a file of theirs missing: the error names it
+            if tfhub_module.looks_like_module_folder(path):
+                raise FileNotFoundError(f"{path}: a TensorFlow module folder without its variables/variables.index "
+                                        f"and tfhub_module.pb or saved_model.pb: incomplete ({tfhub_module.DOCS})")
         return load_pretrained(path)
     published = published_model(str(model))
     if published is not None:
@@ -62,6 +71,19 @@ def load_model(model: str | Path | None = None, weight_file: str | Path | None =
                                 f"HDF5 weight file, {BUILTIN_MODEL!r}, or a published name: "
                                 f"{', '.join(published_names())})")
     raise ConfigError(f"{path}: an options file needs its weight file; give both, or a model directory")
+
+
+def saved_reference(reference: str | Path | None) -> str | None:
+    """What a saved pipeline (a Flair tagger, a spaCy pipe, a Keras model) keeps of its model: a
+    name or URL as given, a local path made absolute, so that it loads from any working directory."""
+    from elmokit.model.builtin import BUILTIN_MODEL
+
+    if reference is None:
+        return None
+    text = str(reference)
+    if text == BUILTIN_MODEL or is_url(text) or not Path(text).exists():  # as load_model reads them
+        return text
+    return str(Path(text).resolve())
 
 
 def weight_file_cap(config: ElmoConfig) -> int:

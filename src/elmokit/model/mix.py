@@ -14,11 +14,13 @@ class ScalarMix(nn.Module):
 
     With `do_layer_norm`, each layer is first normalised with one mean and one variance over all
     unmasked elements of the batch. `initial_scalar_parameters` given with `trainable=False`
-    freezes w and gamma (= 1), as AllenNLP's `scalar_mix_parameters` does.
+    freezes w and gamma (= `initial_gamma`, 1 by default), as AllenNLP's `scalar_mix_parameters`
+    does; a TF-Hub module's trained mix is its `aggregation/weights` and `aggregation/scaling`.
     """
 
     def __init__(self, n_layers: int, do_layer_norm: bool = False,
-                 initial_scalar_parameters: list[float] | None = None, trainable: bool = True):
+                 initial_scalar_parameters: list[float] | None = None, trainable: bool = True,
+                 initial_gamma: float = 1.0):
         super().__init__()
         initial = [0.0] * n_layers if initial_scalar_parameters is None else list(initial_scalar_parameters)
         if len(initial) != n_layers:
@@ -27,19 +29,24 @@ class ScalarMix(nn.Module):
         self.do_layer_norm = do_layer_norm
         self.scalar_parameters = nn.Parameter(torch.tensor(initial, dtype=torch.float32),
                                               requires_grad=trainable)
-        self.gamma = nn.Parameter(torch.tensor(1.0), requires_grad=trainable)
+        self.gamma = nn.Parameter(torch.tensor(float(initial_gamma)), requires_grad=trainable)
 
     def forward(self, layers: list[torch.Tensor], mask: torch.Tensor | None = None) -> torch.Tensor:
         """layers: L+1 tensors (B, S, D); mask (B, S) bool, needed for the layer norm."""
         if len(layers) != self.scalar_parameters.numel():
             raise ValueError(f"ScalarMix expects {self.scalar_parameters.numel()} layers, got {len(layers)}")
-        weights = torch.softmax(self.scalar_parameters, dim=0)
         if self.do_layer_norm:
             if mask is None:
                 raise ValueError("ScalarMix(do_layer_norm=True) needs the mask")
             layers = [_masked_layer_norm(layer, mask) for layer in layers]
-        mixed = sum(weight * layer for weight, layer in zip(weights, layers))
-        return self.gamma * mixed
+        return scalar_mix(layers, self.scalar_parameters, self.gamma)
+
+
+def scalar_mix(layers: list[torch.Tensor], scalar_parameters: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+    """gamma * sum_k softmax(scalar_parameters)_k * layers[k]: the mix of `ScalarMix`, for callers
+    whose parameters live elsewhere (a Keras layer's variables)."""
+    weights = torch.softmax(scalar_parameters, dim=0)
+    return gamma * sum(weight * layer for weight, layer in zip(weights, layers))
 
 
 def _masked_layer_norm(layer: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

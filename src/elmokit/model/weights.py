@@ -202,7 +202,7 @@ def _check_layer_counts(config: ElmoConfig, n_arrays: int, source: str, weight_f
                                   f"{n_arrays} arrays")
 
 
-def _native_from_original(arrays: dict[str, np.ndarray], config: ElmoConfig) -> dict[str, torch.Tensor]:
+def native_from_original(arrays: dict[str, np.ndarray], config: ElmoConfig) -> dict[str, torch.Tensor]:
     cnn = config.char_cnn
     state: dict[str, np.ndarray] = {}
     table = arrays["char_embed"]
@@ -270,7 +270,7 @@ def load_original(options_file: str | Path, weight_file: str | Path) -> BiLM:
     config = read_options(options_file)
     arrays = _read_hdf5(Path(weight_file), config, str(options_file))
     model = BiLM(config)
-    model.load_state_dict(_native_from_original(arrays, config))
+    model.load_state_dict(native_from_original(arrays, config))
     return model.eval()
 
 
@@ -290,14 +290,19 @@ def refuse_same_file(paths: list[str | Path]) -> None:
         seen.update(dict.fromkeys(keys, path))
 
 
-def save_original(model: BiLM, options_file: str | Path, weight_file: str | Path) -> None:
-    """Write the model as an original options JSON + HDF5 file (what bilm-tf and AllenNLP load).
+def save_original(model: BiLM, options_file: str | Path, weight_file: str | Path,
+                  provenance: dict | None = None) -> None:
+    """Write the model as an original options JSON + HDF5 file (what bilm-tf and AllenNLP load);
+    `provenance`, where the weights came from, goes under the options' `elmokit_provenance` key
+    (bilm-tf and AllenNLP ignore keys they do not use).
 
     Raises ConfigError, before writing anything, for a shape the original format cannot hold
     with one meaning (`ElmoConfig.check_original_format`), and ValueError if the two paths name
     one file (`refuse_same_file`)."""
     refuse_same_file([options_file, weight_file])
     options = model.config.to_options()
+    if provenance is not None:
+        options["elmokit_provenance"] = provenance
     arrays = _original_from_native(model)
     with atomic_path(weight_file) as tmp:
         # through a Python file object: a full disk is then an OSError, where HDF5's own driver
