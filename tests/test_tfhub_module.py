@@ -319,3 +319,15 @@ def test_an_archive_extracts_once(tmp_path):
     assert hub.module_folder(str(ARCHIVE)) == folders[0]
     assert not [p for p in folders[0].parent.iterdir() if p.name.endswith(".partial")]
     assert first.config.lstm.cell_dim == 64
+
+
+def test_the_integrations_take_a_module_folder(reference):
+    """LangChain's ELMoEmbeddings(model=FOLDER) gives the sentence vectors of the same weights
+    loaded from the HDF5 file (the integrations load through load_model)."""
+    pytest.importorskip("langchain_core", reason="the langchain extra: pip install 'elmokit[langchain]'")
+    from elmokit.integrations.langchain import ELMoEmbeddings
+
+    texts = ["The cat sat on the mat .", "Dogs bark ."]
+    ours = ELMoEmbeddings(model=str(MODULE)).embed_documents(texts)
+    theirs = ElmoEmbedder(module=reference).sentence_vectors([text.split() for text in texts])
+    np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-5)
