@@ -14,6 +14,7 @@ from elmokit import BiLM, Elmo, ElmoConfig, ElmoEmbedder, batch_to_ids
 from elmokit import int8, kernels
 from elmokit.cli import main
 from elmokit.int8 import Int8Linear, quantize_rows
+from tests.conftest import FIXTURE
 
 needs_int8 = pytest.mark.skipif(not int8.int8_native(), reason="this CPU has neither VNNI nor AMX-INT8")
 DEMO = Path(__file__).resolve().parents[1] / "src" / "elmokit" / "demo" / "play.txt"
@@ -231,6 +232,50 @@ def test_builtin_model_within_budget_on_ud_dev():
     sentences = [sentence.tokens for sentence in read_conllu(UD_DEV)]
     error, cosine = budget(ElmoEmbedder().embed_many(sentences), ElmoEmbedder(dtype="int8").embed_many(sentences))
     assert error <= 0.05 and cosine >= 0.999, (error, cosine)
+
+
+@needs_int8
+def test_builtin_model_within_budget_on_the_shipped_words():
+    """The budget where every clone can run it: the golden fixture's 458 words (tests/fixtures), 12
+    to a line. Like UD English EWT dev (the test above), these find the error that int8 highway
+    products made (0.09 of a layer's largest value here, where the demo text gives 0.04 and passes)."""
+    words = (FIXTURE / "vocab_test.txt").read_text(encoding="utf-8").split()
+    sentences = [words[start:start + 12] for start in range(0, len(words), 12)]
+    error, cosine = budget(ElmoEmbedder().embed_many(sentences), ElmoEmbedder(dtype="int8").embed_many(sentences))
+    assert error <= 0.05 and cosine >= 0.999, (error, cosine)
+
+
+@pytest.mark.parametrize("vnni, amx", [(True, False), (False, True), (True, True), (False, False)])
+def test_int8_native_takes_either_kind_of_int8_products(monkeypatch, vnni, amx):
+    """VNNI alone (AMD EPYC, older Xeons) or AMX-INT8 alone suffices; neither refuses int8."""
+    monkeypatch.setattr(torch.cpu, "_is_vnni_supported", lambda: vnni, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    assert int8.int8_native() == (vnni or amx)
+
+
+def test_quantize_rows_keeps_tiny_rows():
+    """The scale's floor only keeps a row of zeros finite: a row of 1e-20s quantizes as any other
+    (its largest value to 127, each value back within half a step), a zero row to zeros."""
+    x = torch.tensor([[127.0, -64.0, 32.5, 0.0], [0.0, 0.0, 0.0, 0.0]]) * 2.0 ** -70  # ~1e-21: exact in binary
+    quantized, scale = quantize_rows(x)
+    assert quantized[0].tolist() == [127, -64, 32, 0] and scale[0, 0] == 2.0 ** -70  # 32.5 -> 32: half to even
+    assert quantized[1].tolist() == [0, 0, 0, 0] and torch.isfinite(scale).all()
+    restored = quantized.float() * scale
+    assert ((restored[0] - x[0]).abs() <= scale[0] / 2 * 1.001).all()
+
+
+@needs_int8
+def test_timing_the_kernels_leaves_the_callers_random_state(monkeypatch):
+    """choose_kernel times the two kernels on inputs of its own generator: a seeded caller's next
+    random numbers are those it would have had."""
+    if int8.int8_kernel() != "auto":
+        pytest.skip("this torch has no oneDNN quantized linear: nothing is timed")
+    monkeypatch.setattr(int8, "_CHOICES", {})
+    torch.manual_seed(123)
+    expected = torch.randn(5)
+    torch.manual_seed(123)
+    Int8Linear(torch.randn(48, 16, generator=torch.Generator().manual_seed(1)), 8)  # times the two kernels
+    assert len(int8._CHOICES) == 1 and torch.equal(torch.randn(5), expected)
 
 
 @needs_int8

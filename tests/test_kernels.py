@@ -181,3 +181,23 @@ def test_linear_with_gradients_on_empty_inputs_and_under_higher_order_autograd()
     torch.testing.assert_close(tangents[0], tangents[1])
     grads = [torch.func.grad(lambda w: use(x.detach(), w).sum())(weight.detach()) for use in (kernels.linear, F.linear)]
     torch.testing.assert_close(grads[0], grads[1])
+
+
+def test_a_weights_key_holds_its_storages_so_no_new_tensor_passes_for_them():
+    """A freed tensor's memory goes to the next tensor of its size; while a key of the old one is
+    kept (beside a copy made from it), the new one gets other memory and another key. Without
+    the storages held, the new tensor took the old address (and version 0) in 19 of 20 trials."""
+    same = 0
+    for _ in range(20):
+        old = torch.randn(4096)
+        key = kernels.weights_key([old])
+        del old
+        new = torch.randn(4096)
+        same += key == kernels.weights_key([new])
+        del new
+    assert same == 0
+    linear = torch.nn.Linear(64, 64)
+    key = kernels.weights_key(linear.parameters())
+    assert key == kernels.weights_key(linear.parameters())  # the same tensors: equal keys
+    linear.to(torch.bfloat16).to(torch.float32)  # rounded values in new float32 storages
+    assert key != kernels.weights_key(linear.parameters())

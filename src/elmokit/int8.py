@@ -160,7 +160,8 @@ def choose_kernel(product: Int8Linear, quantized: torch.Tensor, rows: int) -> st
     key = (rows, *quantized.shape[::-1])
     if key not in _CHOICES:
         counted = path_counts["int8"]
-        x = torch.randn(rows, quantized.shape[1], device=quantized.device)
+        generator = torch.Generator(device=quantized.device).manual_seed(0)  # not the caller's random state
+        x = torch.randn(rows, quantized.shape[1], device=quantized.device, generator=generator)
         out = torch.empty(rows, quantized.shape[0], device=quantized.device)
         sums = torch.empty(rows, quantized.shape[0], dtype=torch.int32, device=quantized.device)
         timings = {"int_mm": _best_time(lambda: product(x, out=out, sums=sums))}

@@ -279,14 +279,38 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return _checked("matmul", product, lambda: torch.mm(a.float(), b.float()), lambda: torch.mm(a, b), a.dtype)
 
 
-def weights_key(tensors: Iterable[torch.Tensor]) -> tuple:
+class WeightsKey:
+    """What identifies the values of some tensors for a copy made from them (`weights_key`). Equal
+    keys: the same storages, in-place versions, dtypes and devices. The key holds the storages it
+    names, so that while a copy is kept under it no other tensor can be given the same memory: a
+    float32 -> bfloat16 -> float32 round trip (new storages, versions at 0) could otherwise land at
+    the old addresses and pass for the old values."""
+
+    __slots__ = ("values", "_storages")
+
+    def __init__(self, tensors: Iterable[torch.Tensor]):
+        tensors = list(tensors)
+        self.values = tuple((tensor.data_ptr(), tensor._version, tensor.dtype, tensor.device) for tensor in tensors)
+        self._storages = tuple(tensor.untyped_storage() for tensor in tensors)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, WeightsKey) and self.values == other.values
+
+    def __hash__(self) -> int:
+        return hash(self.values)
+
+    def __repr__(self) -> str:
+        return f"WeightsKey({len(self.values)} tensors)"
+
+
+def weights_key(tensors: Iterable[torch.Tensor]) -> WeightsKey:
     """What identifies the values of `tensors` for a copy made from them (a reordered, narrowed or
     precomputed one: `elmokit.inference.engine.layer_products`, `elmokit.int8.bf16_copies`,
     `elmokit.inference.cache.TokenCache`): each tensor's storage, in-place version, dtype and device.
     An edit in place (an optimizer's step, `copy_` under `torch.no_grad()`, `load_state_dict`), a
     new tensor or a move changes it, and the copy is made again; an edit through `.data` does not
     (`.data` bypasses the version counter, as it bypasses autograd): after one, edit in place instead."""
-    return tuple((tensor.data_ptr(), tensor._version, tensor.dtype, tensor.device) for tensor in tensors)
+    return WeightsKey(tensors)
 
 
 class PackedLinear:
