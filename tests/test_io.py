@@ -127,3 +127,26 @@ def test_lock_is_exclusive_within_one_process_and_released(tmp_path):
     assert not (tmp_path / "new").exists()  # the directory it made for the lock is gone too
     with output_lock(lock, "o"):  # free again
         pass
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads Linux's /proc/self/status")
+def test_the_umask_is_read_without_setting_it(tmp_path, monkeypatch):
+    """Reading the umask never sets it (to 0 and back: meanwhile a file made by another thread of
+    `elmo serve` or a Ray actor got mode 0666); where /proc is not there it is set and restored."""
+    import elmokit.io as io_module
+
+    real_umask = os.umask
+    previous = real_umask(0o027)
+    try:
+        def refused(mask: int) -> int:
+            raise AssertionError(f"os.umask({mask:#o}) called")
+
+        monkeypatch.setattr(os, "umask", refused)
+        assert io_module._umask() == 0o027
+        atomic_write_text(tmp_path / "out.txt", "done")
+        assert (tmp_path / "out.txt").stat().st_mode & 0o777 == 0o640
+        monkeypatch.setattr(os, "umask", real_umask)
+        monkeypatch.setattr(io_module, "PROC_STATUS", str(tmp_path / "no-proc"))  # another system
+        assert io_module._umask() == 0o027
+    finally:
+        real_umask(previous)

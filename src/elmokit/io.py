@@ -19,6 +19,7 @@ import socket
 import stat
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -156,9 +157,24 @@ def staging_folder(target: Path) -> Path:
     return staging
 
 
+PROC_STATUS = "/proc/self/status"  # Linux (since 4.7) says the process's umask there: "Umask:\t0022"
+_UMASK_LOCK = threading.Lock()
+
+
 def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
+    """The process's umask, read without changing it where the system says it (Linux): setting it
+    to 0 and back, as elsewhere (under a lock, among this module's callers only), gives a file
+    that another thread creates meanwhile (elmo serve, a Ray actor) mode 0666."""
+    try:
+        with open(PROC_STATUS, encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _UMASK_LOCK:
+        mask = os.umask(0)
+        os.umask(mask)
     return mask
 
 
