@@ -212,18 +212,14 @@ def test_every_surface_that_takes_int8_says_so():
     assert "another --dtype" in DESCRIPTION  # what --resume does with one
 
 
-def test_the_embedder_quotes_the_bfloat16_speedup_its_page_measures():
-    """The docstring's figures are the range of the bfloat16 rows of bench/results/embed.md."""
+def test_the_embedder_points_to_its_speed_page_without_quoting_it():
+    """A speed measured on one CPU lives in its bench page, which anyone may rerun elsewhere: the
+    docstring names the page and carries no figure of it."""
     import re
 
-    from tests.conftest import REPO
-
-    page = (REPO / "bench" / "results" / "embed.md").read_text()
-    speedups = [float(row.split("|")[6].strip().rstrip("x")) for row in page.splitlines()
-                if re.match(r"\| \w+ \| \d+ \| (on|off) \| bfloat16 \|", row)]
-    assert speedups, "no bfloat16 row in bench/results/embed.md"
     doc = " ".join(ElmoEmbedder.__doc__.split())
-    assert f"{min(speedups):.2f}-{max(speedups):.2f}x float32's tokens/s" in doc and "~2x" not in doc
+    assert "bench/results/embed.md" in doc
+    assert not re.search(r"\d+(\.\d+)?(-\d+(\.\d+)?)?x float32|tokens/s", doc), doc
 
 
 def test_resume_keeps_the_partials_segment_size(model_dir, tmp_path, monkeypatch, caplog):

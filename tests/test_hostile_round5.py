@@ -68,7 +68,7 @@ def test_blank_texts_are_zeros_served_as_in_process(served):
     here = SentenceVectors(str(model))(texts)
     there = SentenceVectors(base_url=server.url, api_key="k5", batch_size=1)(texts)
     assert here.shape == there.shape == (4, 12)
-    assert not here[[1, 2]].any() and here[[0, 3]].all(axis=1).any()
+    assert not here[[1, 2]].any() and (np.abs(here[[0, 3]]).sum(axis=1) > 0).all()  # both texts with words
     np.testing.assert_allclose(there, here, atol=1e-6)
     only_blank = SentenceVectors(base_url=server.url, api_key="k5")(["", " "])
     assert only_blank.shape == (2, 12) and not only_blank.any()

@@ -59,9 +59,8 @@ class ElmoEmbedder:
             module runs it in the precision last given for it).
         device: where to run ("cpu", "cuda", "cuda:N", "auto"; default: the CPU).
         dtype: torch.bfloat16 (or "bfloat16"): weights and products in bfloat16, the LSTM state and
-            the outputs in float32 (stateless only; faster on a CPU with AVX512-BF16: 1.53-1.65x
-            float32's tokens/s on the machine of bench/results/embed.md, which gives the speed and
-            error of each shape); "int8" (stateless, on the CPU, one with VNNI or AMX-INT8, float32
+            the outputs in float32 (stateless only; faster on a CPU with AVX512-BF16 or AMX:
+            bench/results/embed.md gives the speed and error of each shape on the machine it names); "int8" (stateless, on the CPU, one with VNNI or AMX-INT8, float32
             weights): the LSTM's input and recurrent products in int8, the rest of the products
             in bfloat16 (`elmokit.int8`; bench/results/int8_quality.md); "float32" (exact), which
             also undoes an earlier "int8" or "bfloat16" on `module`. Default: the biLM's own
