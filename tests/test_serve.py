@@ -272,7 +272,7 @@ def test_bad_input_gets_a_4xx_that_says_why(server, route, body, status, message
     got, answer, _ = server.call("POST", route, raw=raw)
     assert got == status, answer
     if message is not None:
-        assert answer["error"]["code"] == status and message in answer["error"]["message"], answer
+        assert answer["error"]["code"] == str(status) and message in answer["error"]["message"], answer
 
 
 def test_explore_checks_the_word_before_computing_anything(server):

@@ -52,7 +52,7 @@ from elmokit.serve.inputs import (
 )
 from elmokit.serve.metrics import ServeMetrics
 from elmokit.serve.recurrence import check_rings_fit
-from elmokit.serve.responses import JSONResponse, encode, error_response
+from elmokit.serve.responses import JSONResponse, answer_off_loop, encode, error_response
 
 STATIC = Path(str(files("elmokit") / "serve" / "static"))
 
@@ -222,8 +222,16 @@ async def embed_all(request: Request) -> Response:
     sentences = await service.inputs(request, body, "inputs")
     how, which = read_layers(body, service.n_layers)
     encoding = read_choice(body, "encoding", ("float", "base64"))
+    layers = await service.embed(request, sentences)  # (L+1, n, 2P) each
+    return await answer_off_loop(lambda: embed_all_answer(service, sentences, layers, how, which, encoding))
+
+
+def embed_all_answer(service: Service, sentences: list[list[str]], each_layers: list[np.ndarray], how: str,
+                     which, encoding: str) -> dict:
+    """/embed_all's answer: each sentence's tokens and its layers as `read_layers` asked (all, one,
+    or a mix), encoded (BadRequest(422) for a mix that overflows float32)."""
     data = []
-    for i, (tokens, layers) in enumerate(zip(sentences, await service.embed(request, sentences))):  # (L+1, n, 2P)
+    for i, (tokens, layers) in enumerate(zip(sentences, each_layers)):  # (L+1, n, 2P)
         if how == "one":
             layers = layers[which]  # (n, 2P)
         elif how == "mix":
@@ -233,8 +241,8 @@ async def embed_all(request: Request) -> Response:
                                       f"sum is not finite; use smaller weights")
         data.append({"index": i, "tokens": tokens, "shape": list(layers.shape), "embedding": encode(layers, encoding)})
     layers_asked = {"all": "all", "one": which, "mix": {"weights": which}}[how]  # as read, not as sent
-    return JSONResponse({"model": service.model_name, "layers": layers_asked, "encoding": encoding,
-                         "data": data, "usage": service.usage(sentences)})
+    return {"model": service.model_name, "layers": layers_asked, "encoding": encoding, "data": data,
+            "usage": service.usage(sentences)}
 
 
 async def explore_route(request: Request) -> Response:
@@ -249,7 +257,7 @@ async def explore_route(request: Request) -> Response:
     sentences = await service.inputs(request, body, "sentences", allow_tokens=False, others=1)  # with the query
     where = locate(query[0], word.strip(), sentences)  # before any vector: a word found nowhere costs nothing
     vectors = await service.embed(request, query + sentences)
-    return JSONResponse(explore(query[0], sentences, vectors, where))
+    return await answer_off_loop(lambda: explore(query[0], sentences, vectors, where))
 
 
 async def explore_examples(request: Request) -> Response:

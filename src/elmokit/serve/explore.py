@@ -19,6 +19,8 @@ from elmokit.serve.inputs import BadRequest
 from elmokit.textfiles import read_lines
 
 TOP_K = 5
+MAX_TOKENS = 4096  # tokens of the query and the sentences together: their layers come back from the model
+MAX_OCCURRENCES = 256  # occurrences of the word: each is a point of every layer's picture, with its sentence
 
 
 def examples() -> dict:
@@ -36,8 +38,14 @@ class Occurrences(NamedTuple):
 
 
 def locate(query: list[str], word: str, sentences: list[list[str]]) -> Occurrences:
-    """The word in the query and in the sentences; BadRequest(422) where it is missing from either
-    (checked before any vector is computed)."""
+    """The word in the query and in the sentences; BadRequest(422) where it is missing from either,
+    or where the request is past what /explore computes (`MAX_TOKENS`, `MAX_OCCURRENCES`: the page
+    is for sentences a person reads, and its answer grows with tokens x occurrences), checked
+    before any vector is computed."""
+    n_tokens = len(query) + sum(map(len, sentences))
+    if n_tokens > MAX_TOKENS:
+        raise BadRequest(422, f"the query and the sentences have {n_tokens} tokens, more than the limit of "
+                              f"{MAX_TOKENS} tokens that /explore computes: give fewer or shorter sentences")
     try:
         position = query_position(query, None, word)
     except ValueError as error:  # the word is not a token of the query
@@ -45,6 +53,9 @@ def locate(query: list[str], word: str, sentences: list[list[str]]) -> Occurrenc
     found = [(i, t) for i, tokens in enumerate(sentences) for t, token in enumerate(tokens) if token == word]
     if not found:
         raise BadRequest(422, f"{word!r} does not occur in the sentences: nothing to compare")
+    if len(found) > MAX_OCCURRENCES:
+        raise BadRequest(422, f"{word!r} occurs {len(found)} times in the sentences, more than the limit of "
+                              f"{MAX_OCCURRENCES} occurrences that /explore pictures: give fewer sentences")
     return Occurrences(word, position, found)
 
 

@@ -27,7 +27,7 @@ class BadRequest(Exception):
         self.status = status
         self.message = message
         self.kind = kind
-        self.code = code  # OpenAI's error code where it has one ("model_not_found"); else the status
+        self.code = code  # OpenAI's error code where it has one ("model_not_found"); else the status, as a string
 
 
 @dataclass(frozen=True)

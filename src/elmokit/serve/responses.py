@@ -3,7 +3,9 @@ as JSON numbers or base64."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+from collections.abc import Callable
 
 import numpy as np
 import orjson
@@ -18,14 +20,27 @@ class JSONResponse(Response):
     media_type = "application/json"
 
     def render(self, content) -> bytes:
-        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+        return dumps(content)
+
+
+def dumps(content) -> bytes:
+    """`content` as JSON bytes (numpy arrays written from their float32 values)."""
+    return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+async def answer_off_loop(build: Callable[[], object]) -> Response:
+    """A 200 of the JSON of `build()`, built and encoded in a worker thread: for answers that
+    grow with a request's tokens (`/embed_all`'s layers, `/explore`'s pictures), which on the
+    event loop would hold every other request, /health's included, while they are encoded."""
+    return Response(await asyncio.to_thread(lambda: dumps(build())), media_type=JSONResponse.media_type)
 
 
 def error_response(status: int, message: str, kind: str = "invalid_request_error", headers=None,
                    code: str | None = None) -> JSONResponse:
-    """OpenAI's error shape, which TEI's clients also read: {"error": {"message", "type", "code"}}
-    (`code` OpenAI's where it has one, such as "model_not_found"; else the status)."""
-    return JSONResponse({"error": {"message": message, "type": kind, "code": code or status}}, status,
+    """OpenAI's error shape, which TEI's clients also read: {"error": {"message", "type", "code"}},
+    `code` a string for every error: OpenAI's where it has one, such as "model_not_found", else
+    the status ("422"), so that a client reads one type whatever the error."""
+    return JSONResponse({"error": {"message": message, "type": kind, "code": code or str(status)}}, status,
                         headers=headers)
 
 
