@@ -65,6 +65,7 @@ SERVE_VECTORS = "tests/test_serve_trust.py::test_the_served_sentence_vector_is_t
 ONNX_CLIPPED = "tests/test_onnx.py::test_differing_clips_and_three_layers_match_elmokit"
 DOWNLOADS = "tests/test_download_trust.py::"
 MANYLANGS_NUMBERS = "tests/test_manylangs.py::test_their_numbers_through_elmo_embedder"
+TFHUB = "tests/test_tfhub_module.py::"
 MUTANTS = [
     # the cell (model/cell.py): every driver runs these lines
     Mutant("cell: forget and input gates swapped", "model/cell.py",
@@ -392,6 +393,41 @@ MUTANTS = [
     Mutant("rows: elmo serve's --rows ignored (the engine's choice always)", "serve/app.py",
            "        if rows is None:\n            rows = embedder.rows_at(", "        if True:\n            rows = embedder.rows_at(",
            ("tests/test_serve.py::test_the_rows_are_the_engines_choice_for_the_batch_tokens_unless_given",)),
+    # TF-Hub modules from disk (model/tf_bundle.py, model/tfhub_module.py) and the Keras layer
+    Mutant("tf bundle: a block's CRC not checked", "model/tf_bundle.py",
+           "if crc32c(index[offset:offset + size + 1]) != unmask_crc(stored):", "if False:",
+           (TFHUB + "test_damaged_data_and_index_fail_their_crc",)),
+    Mutant("tf bundle: a tensor's CRC not checked", "model/tf_bundle.py",
+           "if entry.crc32c is not None and crc32c(raw) != unmask_crc(entry.crc32c):", "if False:",
+           (TFHUB + "test_damaged_data_and_index_fail_their_crc",)),
+    Mutant("tf bundle: a tensor may end 4 bytes past its data file", "model/tf_bundle.py",
+           "if entry.offset + entry.size > available:", "if entry.offset + entry.size > available + 4:",
+           (TFHUB + "test_a_data_file_short_by_a_few_bytes",)),
+    Mutant("tf bundle: CRC32C's chunks folded in the wrong order", "model/tf_bundle.py",
+           "registers = _apply_operator(_zeros_operator(width), registers[0::2]) ^ registers[1::2]",
+           "registers = _apply_operator(_zeros_operator(width), registers[1::2]) ^ registers[0::2]",
+           ("tests/test_tfhub_module.py::test_crc32c_equals_the_bitwise_definition",)),
+    Mutant("tf bundle: a CRC unmasked by the wrong rotation", "model/tf_bundle.py",
+           "return ((rotated >> 17) | (rotated << 15)) & 0xFFFFFFFF", "return ((rotated >> 15) | (rotated << 17)) & 0xFFFFFFFF",
+           (TFHUB + "test_entry_crcs_are_those_of_the_tensor_bytes",)),
+    Mutant("TF-Hub: the char table's last row dropped, not its 'no token' row", "model/tfhub_module.py",
+           'arrays["char_embed"] = arrays["char_embed"][1:]', 'arrays["char_embed"] = arrays["char_embed"][:-1]',
+           (TFHUB + "test_module_weights_equal_the_hdf5_files",)),
+    Mutant("TF-Hub: no projection clip for an unpublished shape", "model/tfhub_module.py",
+           'PUBLISHED_CLIPS = {"cell_clip": 3.0, "proj_clip": 3.0}', 'PUBLISHED_CLIPS = {"cell_clip": 3.0, "proj_clip": 0.0}',
+           (TFHUB + "test_module_weights_equal_the_hdf5_files",)),
+    Mutant("TF-Hub: the module's scaling not the mix's gamma", "hub.py",
+           "initial_gamma=scaling).to(module_device(self.bilm))", "initial_gamma=1.0).to(module_device(self.bilm))",
+           (TFHUB + "test_hub_module_from_disk_has_the_modules_mix",)),
+    Mutant("TF-Hub: the cache folder named by another hash of the handle", "model/tfhub_module.py",
+           'hashlib.sha1(handle.encode("utf-8")).hexdigest()', 'hashlib.sha256(handle.encode("utf-8")).hexdigest()',
+           (TFHUB + "test_a_handle_uses_the_module_tfhub_cached",)),
+    Mutant("TF-Hub: an archive member with '..' extracted", "model/tfhub_module.py",
+           'if name.startswith("/") or ".." in parts or', 'if name.startswith("/") or',
+           (TFHUB + "test_hostile_archives_are_refused_before_writing",)),
+    Mutant("Keras: the layer's mix variables not used", "integrations/keras.py",
+           "outputs = elmo(char_ids, mix=(self.mix_weights.value, self.mix_scaling.value))", "outputs = elmo(char_ids)",
+           ("tests/test_integration_keras.py::test_trainable_trains_the_mix_only_and_saves_by_reference",)),
 ]
 
 

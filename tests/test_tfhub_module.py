@@ -237,6 +237,14 @@ def test_damaged_data_and_index_fail_their_crc(tmp_path):
         load_model(folder)
 
 
+def test_a_data_file_short_by_a_few_bytes(tmp_path):
+    folder = module_copy(tmp_path)
+    data = folder / "variables" / "variables.data-00000-of-00001"
+    data.write_bytes(data.read_bytes()[:-4])
+    with pytest.raises(WeightFileError, match="truncated"):
+        load_model(folder)
+
+
 def test_shapes_that_disagree(tmp_path):
     tensors = fixture_tensors()
     tensors["bilm/CNN_proj/W_proj"] = np.zeros((124, 17), np.float32)  # P = 17, the LSTM says 16
