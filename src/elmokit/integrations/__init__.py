@@ -8,7 +8,7 @@ importing this package needs none of those libraries:
     elmokit.integrations.spacy   the `elmo` pipe of spaCy: nlp.add_pipe("elmo") (pip install 'elmokit[spacy]')
     elmokit.integrations.sentence_transformers  `ELMoSentenceEncoder`, the module of `elmo convert
                                  --to-sentence-transformers` folders (pip install 'elmokit[sentence-transformers]')
-    elmokit.integrations.huggingface  `HubBiLM`: save_pretrained / from_pretrained / push_to_hub of native
+    elmokit.integrations.huggingface  `HuggingFaceBiLM`: save_pretrained / from_pretrained / push_to_hub of native
                                  folders, and the Hub's model card (the same extra)
     elmokit.integrations.langchain  `ELMoEmbeddings`, LangChain's Embeddings of elmo serve's sentence
                                  vectors, in-process or from a running server (pip install 'elmokit[langchain]')

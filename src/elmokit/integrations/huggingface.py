@@ -2,13 +2,13 @@
 `from_pretrained` and `push_to_hub` (huggingface_hub's `ModelHubMixin`), and the model card with
 the Hub's metadata block that every folder written for the Hub carries.
 
-    from elmokit.integrations.huggingface import HubBiLM
-    bilm = HubBiLM.from_pretrained()                   # the built-in model; or "original", a folder, a URL...
-    bilm = HubBiLM.from_pretrained("user/elmo-repo")   # a Hub repository (downloaded into the HF cache)
+    from elmokit.integrations.huggingface import HuggingFaceBiLM
+    bilm = HuggingFaceBiLM.from_pretrained()                   # the built-in model; or "original", a folder, a URL...
+    bilm = HuggingFaceBiLM.from_pretrained("user/elmo-repo")   # a Hub repository (downloaded into the HF cache)
     bilm.save_pretrained("my-elmo")                    # config.json, model.safetensors, provenance.json, README.md
     bilm.push_to_hub("user/my-elmo")                   # the same files, one commit (needs `hf auth login`)
 
-A `HubBiLM` is a `BiLM` (everything that takes one takes it: `ElmoEmbedder(module=bilm)`,
+A `HuggingFaceBiLM` is a `BiLM` (everything that takes one takes it: `ElmoEmbedder(module=bilm)`,
 `Elmo(module=...)`), and its folder is elmokit's native one, so `elmo embed --model my-elmo` and
 `elmokit.load_model("my-elmo")` read what `save_pretrained` wrote. The card (README.md) is
 elmokit's model card (`elmokit.training.model_card`) under a YAML block the Hub reads: library,
@@ -48,7 +48,7 @@ from elmokit.model.weights import (  # noqa: E402
 from elmokit.training.checkpoint import PROVENANCE_NAME  # noqa: E402
 from elmokit.training.model_card import CARD_NAME, bilm_card, markdown_table, software_versions  # noqa: E402
 
-__all__ = ["HubBiLM", "hub_card", "model_provenance"]
+__all__ = ["HuggingFaceBiLM", "hub_card", "model_provenance"]
 
 REPO_URL = "https://github.com/elmokit/elmokit"
 HUB_FILES = (CONFIG_NAME, WEIGHTS_NAME, PROVENANCE_NAME, CARD_NAME)
@@ -110,9 +110,9 @@ def hub_card(bilm: BiLM, provenance: dict[str, Any], files: dict[str, str], *, l
 NATIVE_USAGE = [
     "## From the Hugging Face Hub", "",
     "```python",
-    "from elmokit.integrations.huggingface import HubBiLM  # pip install 'elmokit[sentence-transformers]'",
+    "from elmokit.integrations.huggingface import HuggingFaceBiLM  # pip install 'elmokit[sentence-transformers]'",
     "from elmokit import ElmoEmbedder", "",
-    'bilm = HubBiLM.from_pretrained("REPO_ID")  # downloaded into the Hugging Face cache',
+    'bilm = HuggingFaceBiLM.from_pretrained("REPO_ID")  # downloaded into the Hugging Face cache',
     'layers = ElmoEmbedder(module=bilm).embed_sentence(["The", "cat", "sat"])  # (layers, tokens, dims)',
     "```",
 ]
@@ -121,7 +121,7 @@ NATIVE_USAGE = [
 # ---------------------------------------------------------------------------------------------
 # The mixin
 # ---------------------------------------------------------------------------------------------
-class HubBiLM(BiLM, ModelHubMixin, library_name="elmokit", tags=["elmo", "elmokit", "feature-extraction"],
+class HuggingFaceBiLM(BiLM, ModelHubMixin, library_name="elmokit", tags=["elmo", "elmokit", "feature-extraction"],
               pipeline_tag="feature-extraction", repo_url=REPO_URL):
     """A `BiLM` with huggingface_hub's `save_pretrained`, `from_pretrained` and `push_to_hub`.
 
@@ -133,11 +133,11 @@ class HubBiLM(BiLM, ModelHubMixin, library_name="elmokit", tags=["elmo", "elmoki
     provenance: dict[str, Any]
 
     @classmethod
-    def from_bilm(cls, bilm: BiLM, provenance: dict[str, Any] | None = None) -> HubBiLM:
-        """The same weights (copied) as a HubBiLM, in eval mode on `bilm`'s device. An
+    def from_bilm(cls, bilm: BiLM, provenance: dict[str, Any] | None = None) -> HuggingFaceBiLM:
+        """The same weights (copied) as a HuggingFaceBiLM, in eval mode on `bilm`'s device. An
         ELMoForManyLangs biLM (its own vocabulary and class) is refused: TypeError."""
         if type(bilm) is not BiLM and not isinstance(bilm, cls):
-            raise TypeError(f"HubBiLM holds an ELMo BiLM; got a {type(bilm).__name__} (an ELMoForManyLangs model "
+            raise TypeError(f"HuggingFaceBiLM holds an ELMo BiLM; got a {type(bilm).__name__} (an ELMoForManyLangs model "
                             "keeps a vocabulary of its own: save it with elmokit.save_pretrained and upload that folder)")
         device = next(bilm.parameters()).device
         hub = cls(bilm.config).to(device)  # (a non-persistent buffer rules out building on "meta")
@@ -147,7 +147,7 @@ class HubBiLM(BiLM, ModelHubMixin, library_name="elmokit", tags=["elmo", "elmoki
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | Path | None = None, *,
-                        license: str | None = None, **hub_kwargs) -> HubBiLM:
+                        license: str | None = None, **hub_kwargs) -> HuggingFaceBiLM:
         """Load a biLM: any reference `elmokit.load_model` takes (None: the built-in model; a
         published name, a TF-Hub handle, a local folder), else a Hugging Face Hub repository id
         ("user/name"), downloaded by huggingface_hub (`revision=`, `cache_dir=`, `token=`,
@@ -187,7 +187,7 @@ class HubBiLM(BiLM, ModelHubMixin, library_name="elmokit", tags=["elmo", "elmoki
     @classmethod
     def _from_pretrained(cls, *, model_id: str, revision: str | None, cache_dir: str | Path | None,
                          force_download: bool, proxies: dict | None, resume_download: bool | None,
-                         local_files_only: bool, token: str | bool | None, **model_kwargs) -> HubBiLM:
+                         local_files_only: bool, token: str | bool | None, **model_kwargs) -> HuggingFaceBiLM:
         """(huggingface_hub's hook) The folder of `model_id` (a local folder, or the repository's
         `HUB_FILES` downloaded with `snapshot_download`) read by elmokit's `load_pretrained`."""
         if os.path.isdir(model_id):
@@ -216,3 +216,14 @@ def _is_elmokit_reference(reference: str) -> bool:
     TF-Hub handle, a URL, an existing path; False for anything else (a Hub repository id)."""
     return (reference == BUILTIN_MODEL or published_model(reference) is not None or is_url(reference)
             or Path(reference).exists())
+
+
+def __getattr__(name: str):
+    """`HubBiLM`, this class's former name, still imports, with a DeprecationWarning: in elmokit
+    "hub" names TF-Hub (`elmokit.hub`), and this is the Hugging Face Hub's class."""
+    if name == "HubBiLM":
+        import warnings
+
+        warnings.warn("elmokit.integrations.huggingface.HubBiLM is now HuggingFaceBiLM", DeprecationWarning, stacklevel=2)
+        return HuggingFaceBiLM
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""The Hugging Face Hub's conventions for native model folders (`HubBiLM`: huggingface_hub's
+"""The Hugging Face Hub's conventions for native model folders (`HuggingFaceBiLM`: huggingface_hub's
 ModelHubMixin): save_pretrained / from_pretrained round trips, the card's metadata, and push_to_hub
 up to the upload, checked against a local stand-in of the Hub's HTTP API (tests/hub_server.py):
 what the real client sends is what save_pretrained writes, and what it downloads loads again."""
@@ -17,7 +17,7 @@ huggingface_hub = pytest.importorskip("huggingface_hub", reason="needs the sente
 from huggingface_hub import ModelCard  # noqa: E402
 
 from elmokit import BiLM, ElmoEmbedder, load_model  # noqa: E402
-from elmokit.integrations.huggingface import HubBiLM  # noqa: E402
+from elmokit.integrations.huggingface import HuggingFaceBiLM  # noqa: E402
 from elmokit.model.builtin import builtin_model_dir  # noqa: E402
 from elmokit.model.weights import WeightFileError, model_fingerprint  # noqa: E402
 from tests.hub_server import HubServer  # noqa: E402
@@ -31,11 +31,11 @@ def same_weights(a: BiLM, b: BiLM) -> bool:
 
 
 def test_save_pretrained_and_from_pretrained_round_trip(model_dir, tmp_path):
-    bilm = HubBiLM.from_pretrained(str(model_dir))
+    bilm = HuggingFaceBiLM.from_pretrained(str(model_dir))
     assert isinstance(bilm, BiLM) and not bilm.training and same_weights(bilm, load_model(str(model_dir)))
     bilm.save_pretrained(tmp_path / "hub")
     assert {p.name for p in (tmp_path / "hub").iterdir()} == NATIVE_FILES
-    again = HubBiLM.from_pretrained(tmp_path / "hub")
+    again = HuggingFaceBiLM.from_pretrained(tmp_path / "hub")
     assert same_weights(again, bilm)
     native = load_model(str(tmp_path / "hub"))  # elmokit reads the folder as its own native one
     sentence = ["The", "cat", "sat", "."]
@@ -47,14 +47,14 @@ def test_save_pretrained_and_from_pretrained_round_trip(model_dir, tmp_path):
     assert card.data.to_dict()["elmo_fingerprint"] == model_fingerprint(bilm)
     assert card.data.to_dict()["elmo_source"] == str(model_dir.resolve())
     with pytest.raises(TypeError, match="apply to a Hub repository"):
-        HubBiLM.from_pretrained(str(model_dir), revision="main")
+        HuggingFaceBiLM.from_pretrained(str(model_dir), revision="main")
     for missing in (str(tmp_path / "missing"), tmp_path / "missing", "./missing", "a/b/c"):
         with pytest.raises(FileNotFoundError, match="no model folder .*missing|no model folder 'a/b/c'"):
-            HubBiLM.from_pretrained(missing)
+            HuggingFaceBiLM.from_pretrained(missing)
 
 
 def test_the_builtin_model_by_default():
-    bilm = HubBiLM.from_pretrained()
+    bilm = HuggingFaceBiLM.from_pretrained()
     assert same_weights(bilm, load_model())
     recorded = json.loads((builtin_model_dir() / "provenance.json").read_text())
     assert bilm.provenance["tokens"] == recorded["tokens"] and bilm.provenance["license"] == "apache-2.0"
@@ -64,7 +64,7 @@ def test_the_builtin_model_by_default():
 def test_push_to_hub_sends_what_save_pretrained_writes(model_dir, tmp_path, monkeypatch):
     with HubServer() as hub:
         hub.point_huggingface_hub_here(monkeypatch)
-        bilm = HubBiLM.from_pretrained(str(model_dir), license="mit")
+        bilm = HuggingFaceBiLM.from_pretrained(str(model_dir), license="mit")
         commit = bilm.push_to_hub("someone/tiny-elmo", token="hf_not_a_real_token")
         assert commit.commit_url.startswith(hub.url + "/someone/tiny-elmo/commit/")
         posts = [path for method, path in hub.requests if method == "POST" and path != "/api/validate-yaml"]
@@ -77,9 +77,9 @@ def test_push_to_hub_sends_what_save_pretrained_writes(model_dir, tmp_path, monk
         assert ModelCard(hub.validated[0]).data.license == "mit"  # the block the Hub would validate, parsed here
         assert f"{bilm.n_parameters:,} parameters" in sent["README.md"].decode()  # the one count (elmo info's)
         with pytest.raises(FileNotFoundError, match="'runs/best': no model folder here, and the Hugging Face Hub"):
-            HubBiLM.from_pretrained("runs/best", cache_dir=tmp_path / "cache0")  # a mistyped folder: no such repo
+            HuggingFaceBiLM.from_pretrained("runs/best", cache_dir=tmp_path / "cache0")  # a mistyped folder: no such repo
         # and back: from_pretrained of the repository id downloads it through huggingface_hub
-        downloaded = HubBiLM.from_pretrained("someone/tiny-elmo", cache_dir=tmp_path / "cache")
+        downloaded = HuggingFaceBiLM.from_pretrained("someone/tiny-elmo", cache_dir=tmp_path / "cache")
         assert same_weights(downloaded, bilm)
         assert downloaded.provenance["hub_repository"] == "someone/tiny-elmo"
         assert downloaded.provenance["license"] == "mit"
@@ -92,7 +92,7 @@ def test_push_to_hub_sends_what_save_pretrained_writes(model_dir, tmp_path, monk
         hub.repos["someone/tiny-elmo"]["model.safetensors"] = save(tensors)
         with pytest.raises(WeightFileError, match="someone/tiny-elmo: the weights' fingerprint .* is not the .* its "
                                                   "provenance.json records"):
-            HubBiLM.from_pretrained("someone/tiny-elmo", cache_dir=tmp_path / "cache2")
+            HuggingFaceBiLM.from_pretrained("someone/tiny-elmo", cache_dir=tmp_path / "cache2")
 
 
 def test_a_published_name_from_a_mirror_is_not_credited_to_the_published_files(monkeypatch, tmp_path):
@@ -133,3 +133,10 @@ def test_a_sentence_transformers_folder_from_the_hub(model_dir, tmp_path, monkey
         local = SentenceTransformer(str(tmp_path / "st"), device="cpu")
         texts = ["Hello, world!", "It's 3.5 km."]
         np.testing.assert_array_equal(model.encode(texts), local.encode(texts))
+
+
+def test_the_former_name_still_imports_with_a_warning():
+    import elmokit.integrations.huggingface as huggingface
+
+    with pytest.warns(DeprecationWarning, match="HubBiLM is now HuggingFaceBiLM"):
+        assert huggingface.HubBiLM is huggingface.HuggingFaceBiLM
