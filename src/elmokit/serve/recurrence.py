@@ -13,7 +13,9 @@ sentence waits for the whole batch.
 
 Each sentence starts from a zero state, so its vectors are those it gets alone (stateless):
 `ElmoEmbedder.embed_many`'s numbers to float32 rounding (the input and recurrent products are one
-product here, two in the engine; in int8 two here too, giving the engine's int8 numbers exactly).
+product here, two in the engine; in int8 two here too, giving the engine's int8 numbers exactly;
+in bfloat16 the one product rounds elsewhere than the engine's two: within the budget of float32
+that docs/serve.md states, not the engine's bfloat16 numbers).
 The formulas are `elmokit.model.cell`'s (the cell, the residual from layer 2 on); the products
 are oneDNN's with the weights reordered once (`elmokit.kernels.PackedLinear`, as the engine's; the
 candidate's rows doubled, `candidate_doubled`, so that one sigmoid covers the four gates). Weights
