@@ -133,7 +133,7 @@ def test_overwrite_never_deletes_the_model_being_converted(tiny, tmp_path, capsy
     (project / "notes.txt").write_text("mine")
     assert main(["convert", "--model", str(project / "m"), "--to-sentence-transformers", str(project),
                  "--overwrite"]) == 2
-    one_error_line(capsys, "holds the model being converted")
+    one_error_line(capsys, f"output {project} holds the input {project / 'm'}")
     assert (project / "m" / "model.safetensors").is_file() and (project / "notes.txt").is_file()
-    with pytest.raises(FileExistsError, match="holds the model being converted"):
+    with pytest.raises(ValueError, match="holds the input"):
         save_sentence_transformers(str(project / "m"), project, overwrite=True)

@@ -4,6 +4,7 @@ on the disk (fsync) before it is renamed; the output lock lets one writer in at 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -106,7 +107,8 @@ def test_a_second_writer_is_refused_naming_the_first(tmp_path):
         holder.wait()
 
 
-def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path, capsys):
+def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(logging.getLogger("elmokit"), "level", logging.NOTSET)  # a library's default, not -q
     lock = tmp_path / "run" / "train.lock"
     holder = _hold_lock_in_another_process(lock)
     holder.kill()  # SIGKILL: no cleanup, the lock file stays

@@ -72,7 +72,7 @@ def test_second_embed_to_one_output_is_refused_and_a_stale_lock_taken_over(model
     finally:
         _kill(holder)  # SIGKILL: its lock file stays behind
     assert (tmp_path / "o.h5.lock").exists()
-    assert _embed(source, out, model_dir) == 0
+    assert _embed(source, out, model_dir, quiet=False) == 0  # said without -q (with -q: tests/test_outputs_and_inputs.py)
     assert f"stale lock of {out} left by pid {holder.pid}" in capsys.readouterr().err
     assert len(read_embeddings(out)) == len(LINES) and not (tmp_path / "o.h5.lock").exists()
 

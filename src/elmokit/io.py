@@ -4,6 +4,7 @@
     durable_replace                the rename itself: fsync the file, rename, fsync the directory
     refuse_overwrite               the one rule of every command: an existing output is replaced
                                    only with --overwrite
+    refuse_output_over_input       and its twin: no output is, holds or sits inside an input
     output_lock                    one writer at a time for an output file or run directory
 """
 
@@ -23,6 +24,8 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+
+from elmokit.progress import quiet
 
 
 # ---------------------------------------------------------------------------------------------
@@ -134,6 +137,19 @@ def check_replaceable(path: Path) -> None:
                               "give a file name")
 
 
+def check_replaceable_folder(path: Path) -> None:
+    """Refuse, before any work, an output folder that is replaced whole (renamed into place) but
+    cannot be: a file, or a symbolic link (the rename would replace the link, not the folder it
+    names, and removing the old folder through a link fails only once everything is written)."""
+    path = Path(path)
+    _check_folder_above(path)
+    if path.is_symlink():
+        raise NotADirectoryError(f"output {path} is a symbolic link (to {path.resolve()}): an output folder is "
+                                 f"replaced whole, not through a link; give the folder itself")
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"output {path} is a file: give a folder name for the output")
+
+
 def _check_folder_above(path: Path) -> None:
     """NotADirectoryError if the nearest existing path above `path` is not a folder (`t.onnx/x.onnx`
     with t.onnx a file), named, where making the folders would fail with "[Errno 17] File exists"."""
@@ -200,6 +216,28 @@ def refuse_overwrite(paths: Iterable[str | Path], overwrite: bool, what: str = "
         raise FileExistsError(f"{what} exists: {', '.join(existing)} (overwrite=True replaces it)")
 
 
+def refuse_output_over_input(inputs: Iterable[str | Path], outputs: Iterable[str | Path]) -> None:
+    """ValueError naming the pair if writing one of `outputs` could destroy one of `inputs`: an
+    output that is the input (the same path, a symbolic link to it, a hard link), an output folder
+    that holds the input (replaced whole with --overwrite, it goes with it), or an output inside an
+    input folder (a model's: it would replace what is being read). Every command calls it with all
+    it reads and all it writes, before it reads anything; a folder written into rather than
+    replaced is given as the files written in it. Symbolic links are followed."""
+    given = [(Path(path), Path(path).resolve()) for path in inputs if str(path)]
+    for output in map(Path, outputs):
+        where = output.resolve()
+        for path, real in given:
+            if where == real or (output.exists() and path.exists() and os.path.samefile(output, path)):
+                problem = f"is the input {path}: writing it would replace what is being read"
+            elif where in real.parents:
+                problem = f"holds the input {path}: replacing it would delete the input with the folder"
+            elif real in where.parents:
+                problem = f"is inside the input folder {path}: writing it would change what is being read"
+            else:
+                continue
+            raise ValueError(f"output {output} {problem}; choose another output")
+
+
 @contextlib.contextmanager
 def removed_if_unfinished(directory: str | Path, keep_if: str | tuple[str, ...]) -> Iterator[None]:
     """Write a run into `directory`: if the block stops (an error, an interrupt) before a file
@@ -236,7 +274,8 @@ def output_lock(lock_path: str | Path, what: str) -> Iterator[None]:
     The lock is `fcntl.flock` on `lock_path`, which names its holder (pid, host, start time,
     command) for the message a second writer gets (OutputInUseError, at once: no waiting). The
     system drops the lock when its process ends, however it ends, so the file a killed process
-    leaves behind is a stale lock that the next writer simply takes over (and says so). The file
+    leaves behind is a stale lock that the next writer simply takes over (and says so, unless
+    `elmokit.progress.quiet`). The file
     is removed on release; a directory made here for it is removed too if left empty.
 
     Only a lock of ours is ever written or removed: the file is opened without following a
@@ -269,7 +308,7 @@ def output_lock(lock_path: str | Path, what: str) -> Iterator[None]:
         os.close(fd)
     try:
         stale = _read_holder(fd)
-        if stale:
+        if stale and not quiet():  # -q (or a program's logging above INFO): errors only
             print(f"note: taking over the stale lock of {what} left by {_describe_holder(stale)}, which "
                   "has ended", file=sys.stderr)
         record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),

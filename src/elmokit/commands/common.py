@@ -40,6 +40,14 @@ def model_reference(args: argparse.Namespace) -> str | None:
     return positional if positional is not None else args.model
 
 
+def model_paths(args: argparse.Namespace) -> list[str]:
+    """The files or folders on this machine that the model arguments name (MODEL, --model,
+    --options-file, --weight-file): the inputs an output must not replace (`refuse_output_over_input`);
+    a published name or a URL is none."""
+    named = (model_reference(args), getattr(args, "options_file", None), getattr(args, "weight_file", None))
+    return [str(path) for path in named if path and Path(path).exists()]
+
+
 def model_from_args(args: argparse.Namespace) -> BiLM:
     model = model_reference(args)
     if model is not None and (args.options_file or args.weight_file):

@@ -9,8 +9,8 @@ import json
 import math
 from pathlib import Path
 
-from elmokit.commands.common import add_model_arguments, model_from_args, model_reference
-from elmokit.io import atomic_write_text, check_replaceable, refuse_overwrite
+from elmokit.commands.common import add_model_arguments, model_from_args, model_paths, model_reference
+from elmokit.io import atomic_write_text, check_replaceable, refuse_output_over_input, refuse_overwrite
 from elmokit.model.builtin import BUILTIN_MODEL
 from elmokit.model.manylangs import ManyLangsBiLM, VOCABULARY_NAME
 from elmokit.model.tfhub_module import module_folder, module_provenance
@@ -90,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--mix-gamma scales the mix that --mix-weights adds: give both, or neither")
     if args.license is not None and not args.to_sentence_transformers:
         raise ValueError("--license goes on the model card that --to-sentence-transformers writes: give both")
+    written = ([args.to_native / name for name in (CONFIG_NAME, WEIGHTS_NAME, VOCABULARY_NAME, PROVENANCE_NAME, CARD_NAME)]
+               if args.to_native else args.to_original or [args.to_onnx or args.to_sentence_transformers])
+    refuse_output_over_input(model_paths(args), written)  # before the model is read; a folder replaced whole too
     if args.to_onnx:
         return _to_onnx(args)
     if args.to_sentence_transformers:
@@ -136,11 +139,6 @@ def _to_sentence_transformers(args: argparse.Namespace) -> int:
     from elmokit.integrations.sentence_transformers import save_sentence_transformers
 
     refuse_overwrite([args.to_sentence_transformers], args.overwrite)
-    folder = Path(args.to_sentence_transformers).resolve()
-    for given in (model_reference(args), args.options_file, args.weight_file):  # --overwrite replaces the folder whole
-        if given and Path(given).exists() and Path(given).resolve().is_relative_to(folder):
-            raise ValueError(f"--to-sentence-transformers {args.to_sentence_transformers} holds the model being "
-                             f"converted ({given}): --overwrite would delete it with the folder; choose another")
     model = model_from_args(args)
     reference = model_reference(args) or (f"{args.options_file} + {args.weight_file}" if args.options_file
                                           else BUILTIN_MODEL)

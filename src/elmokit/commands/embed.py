@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import os
 import signal
 import threading
@@ -19,7 +20,9 @@ from elmokit.commands.common import (
     add_progress_argument,
     device_from_args,
     model_from_args,
+    model_paths,
 )
+from elmokit.io import check_replaceable_folder, refuse_output_over_input
 from elmokit.inference.embedder import ElmoEmbedder
 from elmokit.training.config import max_threads
 from elmokit.inference.estimate import OutputTooLargeError, format_bytes
@@ -71,7 +74,7 @@ CPUs). Ray shows the progress; OUTPUT_DIR appears when every file is written (OU
 until then; no --resume).
 
 Before writing, the output's size is estimated from the input's tokens and logged; a run
-estimated above --max-output-gb (default 10) stops there. After, it reports the sentences,
+estimated above --max-output-gb (default 10; inf: no limit) stops there. After, it reports the sentences,
 tokens, time, tokens/s and the size written. Progress: a bar on a terminal, a line every 30 s
 in a log file (ELMOKIT_PROGRESS_INTERVAL), none with --no-progress or -q.
 
@@ -133,7 +136,8 @@ def register(subcommands: argparse._SubParsersAction) -> None:
                              "can be much faster than several)")
     parser.add_argument("--max-output-gb", type=float, default=DEFAULT_MAX_OUTPUT_GB, metavar="GB",
                         help="refuse to start when the output is estimated above GB gigabytes "
-                             f"(10^9 bytes; default: {DEFAULT_MAX_OUTPUT_GB:g}); raise it to write more")
+                             f"(10^9 bytes; default: {DEFAULT_MAX_OUTPUT_GB:g}); raise it to write more, or "
+                             "give inf for no limit")
     on_ray = parser.add_argument_group("on a Ray cluster (docs/scale.md)")
     on_ray.add_argument("--ray", metavar="ADDRESS",
                      help="embed on Ray: auto, ray://HOST:PORT, or local (a Ray instance on this machine)")
@@ -147,7 +151,9 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    refuse_output_over_input([*args.input, *model_paths(args)], [args.output])  # before anything is read
     if args.ray is not None:
+        check_replaceable_folder(args.output)  # replaced whole once every file is written: said now
         return run_on_ray(args)
     if len(args.input) > 1:
         raise ValueError(f"several INPUT files ({len(args.input)}) need --ray; without it, embed one file at a time")
@@ -167,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
                              f"got {args.threads}")
         torch.set_num_threads(args.threads)
     if not args.max_output_gb > 0:
-        raise ValueError(f"--max-output-gb must be > 0, got {args.max_output_gb}")
+        raise ValueError(f"--max-output-gb must be a number of gigabytes > 0 (inf: no limit), got {args.max_output_gb}")
     fix_malloc_mmap_threshold()  # peak memory flat however long the input
     rank, world_size, barrier = distributed_from_env()
     try:
@@ -179,7 +185,8 @@ def run(args: argparse.Namespace) -> int:
             report = embed_file_report(embedder, args.input, args.output, options, overwrite=args.overwrite,
                                        resume=args.resume, progress=not args.no_progress, rank=rank,
                                        world_size=world_size, barrier=barrier,
-                                       max_output_bytes=int(args.max_output_gb * 1e9))
+                                       max_output_bytes=None if math.isinf(args.max_output_gb)
+                                       else int(args.max_output_gb * 1e9))
     except OutputTooLargeError as error:
         needed = f"{error.estimate / 1e9 * 1.1:.2g}"  # above the estimate, which is within a few %
         raise ValueError(f"{args.output} would be about {format_bytes(error.estimate)}, above --max-output-gb "

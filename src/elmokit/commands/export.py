@@ -62,19 +62,28 @@ def named_source(source: Path) -> Path:
     return source
 
 
+def source_path(source: Path, last: bool = False) -> Path:
+    """What `elmo export` reads of SOURCE (no file is opened here): its checkpoint file with
+    `last` (a run's checkpoint.pt), a checkpoint file given, else the model folder (a run's best/)."""
+    from elmokit.training.checkpoint import CHECKPOINT_NAME
+    from elmokit.commands.perplexity import resolve_model_dir
+
+    source = named_source(source)
+    if source.is_dir() and last:
+        source = source / CHECKPOINT_NAME
+    return source if source.is_file() else resolve_model_dir(source)
+
+
 def load_source(source: Path, last: bool = False):
     """(LanguageModel, vocab path or None, provenance or None) from a run dir, a model dir, a
     checkpoint file or the built-in model's name; a checkpoint's provenance is built from its
     progress and the run's metrics.jsonl beside it (`checkpoint_provenance`), a model dir's is
     its provenance.json."""
-    source = named_source(source)
-    from elmokit.training.checkpoint import (CHECKPOINT_NAME, PROVENANCE_NAME, VOCAB_NAME, checkpoint_provenance,
+    from elmokit.training.checkpoint import (PROVENANCE_NAME, VOCAB_NAME, checkpoint_provenance,
                                              load_checkpoint, load_model_dir, model_from_checkpoint)
     from elmokit.training.loop import METRICS_NAME
-    from elmokit.commands.perplexity import resolve_model_dir
 
-    if source.is_dir() and last:
-        source = source / CHECKPOINT_NAME
+    source = source_path(source, last)
     if source.is_file():
         checkpoint = load_checkpoint(source)
         vocab = checkpoint.get("train_config", {}).get("vocab") or None
@@ -82,7 +91,7 @@ def load_source(source: Path, last: bool = False):
         vocab = vocab if vocab and Path(vocab).is_file() else (local if local.is_file() else None)
         card = checkpoint_provenance(checkpoint, source.parent / METRICS_NAME) if "progress" in checkpoint else None
         return model_from_checkpoint(checkpoint), vocab, card
-    directory = resolve_model_dir(source)
+    directory = source
     card_path = Path(directory) / PROVENANCE_NAME
     card = json.loads(card_path.read_text(encoding="utf-8")) if card_path.is_file() else None
     return (*load_model_dir(directory), card)
@@ -91,7 +100,7 @@ def load_source(source: Path, last: bool = False):
 def run(args: argparse.Namespace) -> int:
     from elmokit.training.checkpoint import PROVENANCE_NAME, VOCAB_NAME, save_model_dir
     from elmokit.training.model_card import CARD_NAME
-    from elmokit.io import refuse_overwrite
+    from elmokit.io import refuse_output_over_input, refuse_overwrite
     from elmokit.model.weights import CONFIG_NAME, WEIGHTS_NAME, refuse_same_file, save_original
 
     if args.original is None and args.native is None:
@@ -101,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
     refuse_same_file([*(args.original or []), *native])  # one output must not replace another
     refuse_overwrite([*(args.original or []), *native], args.overwrite)  # before anything is written
     args.source = one_source(args.source, args.model)
+    refuse_output_over_input([source_path(args.source, args.last)], [*(args.original or []), *native])
     model, vocab_path, card = load_source(args.source, args.last)
     if args.original is not None:
         save_original(model.bilm, *args.original)

@@ -93,7 +93,7 @@ def builtin_scoring_model() -> Path:
 def run(args: argparse.Namespace) -> int:
     from elmokit.training.checkpoint import load_model_dir
     from elmokit.textfiles import expand_paths
-    from elmokit.io import refuse_overwrite
+    from elmokit.io import refuse_output_over_input, refuse_overwrite
     from elmokit.training.perplexity import corpus_perplexity
     from elmokit.training.vocab import Vocabulary
 
@@ -103,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         refuse_overwrite([args.per_sentence], args.overwrite)
     model_dir, patterns = (resolve_model_dir(args.model), args.inputs) if args.model else split_inputs(args.inputs)
     files = expand_paths(patterns)  # a missing file is named before any model is loaded
+    refuse_output_over_input([*files, *([model_dir] if model_dir else [])], [args.per_sentence] if args.per_sentence else [])
     model, vocab_path = load_model_dir(model_dir or builtin_scoring_model())
     vocab = Vocabulary.load(vocab_path)
     device = device_from_args(args)

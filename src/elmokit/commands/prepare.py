@@ -8,7 +8,9 @@ import os
 from pathlib import Path
 
 from elmokit.commands.common import add_progress_argument
-from elmokit.training.corpus import prepare_corpus
+from elmokit.io import refuse_output_over_input
+from elmokit.textfiles import expand_paths
+from elmokit.training.corpus import PREPARE_RECORD, prepare_corpus
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
@@ -48,6 +50,8 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise ValueError(f"--workers must be at least 1, got {args.workers}")
+    written = [args.out / PREPARE_RECORD, *sorted(args.out.glob("shard-*.txt*"))]  # the old shards: replaced
+    refuse_output_over_input(expand_paths(args.inputs), written)
     stats = prepare_corpus(
         args.inputs, args.out, shard_size=args.shard_size, workers=args.workers,
         pretokenized=args.pretokenized, lang=args.lang, compress=not args.plain,

@@ -15,8 +15,9 @@ from elmokit.commands.common import (
     add_progress_argument,
     device_from_args,
     model_from_args,
+    model_paths,
 )
-from elmokit.io import refuse_overwrite
+from elmokit.io import refuse_output_over_input, refuse_overwrite
 from elmokit.inference.embedder import ElmoEmbedder
 from elmokit.inference.files import check_input_file, make_tokenizer
 from elmokit.extras import require
@@ -83,6 +84,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    refuse_output_over_input([args.corpus, *model_paths(args)], [] if args.plot is None else [args.plot])
     check_input_file(args.corpus, "corpus")
     if args.plot is not None:
         if args.plot.is_dir():

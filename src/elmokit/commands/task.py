@@ -165,10 +165,12 @@ def run_eval(args: argparse.Namespace) -> int:
 def run_predict(args: argparse.Namespace) -> int:
     import logging
 
-    from elmokit.io import refuse_overwrite
+    from elmokit.io import refuse_output_over_input, refuse_overwrite
     from elmokit.tasks.predict import predict_file
     from elmokit.tasks.run import load
 
+    refuse_output_over_input([args.run, args.input, *([args.model] if args.model else [])],
+                             [args.output] if args.output is not None else [])  # before anything is read
     refuse_overwrite([args.output] if args.output is not None else [], args.overwrite)
     run = load(args.run, device_or_advice(args.device or default_device()), args.model)
     done = predict_file(run, args.input, args.output, args.data_format, args.column, args.tokenize, args.jsonl,

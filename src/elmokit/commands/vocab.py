@@ -7,7 +7,8 @@ import logging
 from pathlib import Path
 
 from elmokit.commands.common import add_progress_argument
-from elmokit.io import refuse_overwrite
+from elmokit.io import refuse_output_over_input, refuse_overwrite
+from elmokit.textfiles import expand_paths
 from elmokit.training.vocab import make_vocab, stats_path
 
 
@@ -30,6 +31,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    refuse_output_over_input(expand_paths(args.inputs), [args.out, stats_path(args.out)])
     refuse_overwrite([args.out, stats_path(args.out)], args.overwrite)
     stats = make_vocab(args.inputs, args.out, min_count=args.min_count, max_size=args.max_size,
                        progress=not args.no_progress)

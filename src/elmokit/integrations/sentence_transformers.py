@@ -41,7 +41,7 @@ from sentence_transformers.base.modules import InputModule  # noqa: E402
 from elmokit.inference.embedder import ElmoEmbedder  # noqa: E402
 from elmokit.inference.layers import select_layers, sentence_vector  # noqa: E402
 from elmokit.integrations.huggingface import UNKNOWN_LICENSE, hub_card, model_provenance  # noqa: E402
-from elmokit.io import atomic_write_text, durable_replace, staging_folder  # noqa: E402
+from elmokit.io import atomic_write_text, durable_replace, refuse_output_over_input, staging_folder  # noqa: E402
 from elmokit.model.bilm import BiLM  # noqa: E402
 from elmokit.model.loading import load_model  # noqa: E402
 from elmokit.model.weights import CONFIG_NAME, WEIGHTS_NAME, model_fingerprint, save_pretrained  # noqa: E402
@@ -154,18 +154,18 @@ def save_sentence_transformers(model: BiLM | str | Path | None, directory: str |
     with the Hub's metadata (library sentence-transformers, tags, license, the biLM's source and
     fingerprint: `model_provenance` of `source`, the reference a `BiLM` given as `model` was loaded
     from). Written into a temporary folder beside `directory`, then renamed into place; an existing
-    `directory` is refused (FileExistsError) unless `overwrite` (a file there always)."""
+    `directory` is refused (FileExistsError) unless `overwrite` (a file there always); one that
+    holds the model of `model` or `source` (a path), or lies inside its folder, always (ValueError,
+    `refuse_output_over_input`)."""
     directory = Path(directory)
     if not isinstance(lang, str) or not lang:  # checked before the biLM is loaded: a folder that cannot encode
         raise TypeError(f"save_sentence_transformers: lang must be a Moses language code such as 'en', got {lang!r}")
     if directory.exists() and not (overwrite and directory.is_dir()):
         raise FileExistsError(f"output exists: {directory} " + ("(overwrite=True replaces it)" if directory.is_dir()
                                                                  else "and is not a folder"))
-    for given in (model, source):  # overwrite=True replaces the folder whole: never one holding the input
-        if isinstance(given, (str, Path)) and Path(given).exists() and directory.exists() \
-                and Path(given).resolve().is_relative_to(directory.resolve()):
-            raise FileExistsError(f"{directory} holds the model being converted ({given}): overwrite=True would "
-                                  f"delete it with the folder; choose another output folder")
+    # overwrite=True replaces the folder whole: never one holding the model being converted
+    refuse_output_over_input([given for given in (model, source) if isinstance(given, (str, Path))
+                              and Path(given).exists()], [directory])
     bilm = model if isinstance(model, BiLM) else load_model(None if model is None else str(model))
     if isinstance(model, BiLM) and source is None:
         provenance = {"source": "a BiLM passed in Python", "license": license or UNKNOWN_LICENSE,

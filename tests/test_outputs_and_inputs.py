@@ -1,0 +1,179 @@
+"""Issue 54, audit round 5: no output is, holds or sits inside an input (refused before anything is
+read, by every command, with one message: `elmokit.io.refuse_output_over_input`); a symbolic link
+as a replaced output folder is refused before the run; `--max-output-gb inf` is no limit; -q hides
+the stale-lock note; `--lang` must be a language sacremoses knows; bfloat16 on a CPU without native
+bfloat16 products warns; leftovers of killed writes of the same output are removed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from elmokit.cli import main
+from elmokit import io
+from tests.conftest import one_error_line
+
+SENTENCES = "the cat sat\na dog ran home\n"
+
+
+def _text(path: Path, text: str = SENTENCES) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. No output may be, hold or sit inside an input
+# ---------------------------------------------------------------------------------------------
+def test_the_rule_itself_same_file_link_holder_and_inside(tmp_path):
+    corpus = _text(tmp_path / "data" / "in.txt")
+    link = tmp_path / "link.txt"
+    link.symlink_to(corpus)
+    for output, said in [(corpus, "is the input"), (link, "is the input"), (tmp_path / "data", "holds the input"),
+                         (tmp_path, "holds the input")]:
+        with pytest.raises(ValueError, match=said):
+            io.refuse_output_over_input([corpus], [output])
+    model = tmp_path / "m"
+    model.mkdir()
+    with pytest.raises(ValueError, match="is inside the input folder"):
+        io.refuse_output_over_input([model], [model / "model.onnx"])
+    io.refuse_output_over_input([corpus], [tmp_path / "data" / "out.h5", tmp_path / "data2"])  # beside it: fine
+
+
+def test_embed_into_its_own_input_is_refused(model_dir, tmp_path, capsys):
+    corpus = _text(tmp_path / "in.txt")
+    assert main(["embed", str(corpus), str(corpus), "--overwrite", "--model", str(model_dir)]) == 2
+    one_error_line(capsys, str(corpus), "is the input")
+    assert corpus.read_text(encoding="utf-8") == SENTENCES
+
+
+def test_embed_through_a_link_to_its_input_is_refused(model_dir, tmp_path, capsys):
+    corpus = _text(tmp_path / "in.txt")
+    (tmp_path / "out.h5").symlink_to(corpus)
+    assert main(["embed", str(corpus), str(tmp_path / "out.h5"), "--overwrite", "--model", str(model_dir)]) == 2
+    one_error_line(capsys, "is the input")
+    assert corpus.read_text(encoding="utf-8") == SENTENCES
+
+
+def test_embed_on_ray_into_the_folder_of_its_input_is_refused_before_ray(model_dir, tmp_path, capsys, monkeypatch):
+    import elmokit.ray
+
+    def reached(*args, **kwargs):
+        raise AssertionError("Ray was reached: the folder holding the input would have been replaced")
+
+    monkeypatch.setattr(elmokit.ray, "embed_files", reached)
+    folder = tmp_path / "in_dir"
+    part = _text(folder / "part.txt")
+    assert main(["embed", "--ray", "local", str(part), str(folder), "--overwrite", "--model", str(model_dir)]) == 2
+    one_error_line(capsys, str(folder), "holds the input")
+    assert part.read_text(encoding="utf-8") == SENTENCES
+
+
+def test_vocab_onto_its_input_is_refused(tmp_path, capsys):
+    corpus = _text(tmp_path / "in.txt")
+    assert main(["vocab", str(corpus), "-o", str(corpus), "--overwrite"]) == 2
+    one_error_line(capsys, "is the input")
+    assert corpus.read_text(encoding="utf-8") == SENTENCES
+
+
+def test_similar_plot_onto_its_corpus_is_refused(model_dir, tmp_path, capsys):
+    corpus = _text(tmp_path / "corpus.txt")
+    assert main(["similar", str(corpus), "--query", "the cat sat", "--word", "cat", "--plot", str(corpus),
+                 "--overwrite", "--model", str(model_dir)]) == 2
+    one_error_line(capsys, "is the input")
+    assert corpus.read_text(encoding="utf-8") == SENTENCES
+
+
+def test_convert_into_the_model_folder_is_refused(model_dir, capsys):
+    weights = model_dir / "model.safetensors"
+    before = weights.read_bytes()
+    assert main(["convert", "--model", str(model_dir), "--to-onnx", str(weights), "--overwrite"]) == 2
+    one_error_line(capsys, "is inside the input folder", str(model_dir))
+    assert weights.read_bytes() == before
+
+
+def test_export_into_the_run_it_reads_is_refused(model_dir, capsys):
+    """The run folder (here a model folder: refused before it is read) is an input of elmo export."""
+    config = (model_dir / "config.json").read_text()
+    assert main(["export", str(model_dir), "--native", str(model_dir), "--overwrite"]) == 2
+    one_error_line(capsys, "is inside the input folder")
+    assert (model_dir / "config.json").read_text() == config
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. A symbolic link as the output folder: refused before any work
+# ---------------------------------------------------------------------------------------------
+def test_a_linked_output_folder_is_refused_before_the_run(model_dir, tmp_path, capsys, monkeypatch):
+    import elmokit.ray
+
+    def connect(*args, **kwargs):
+        raise AssertionError("the run started: the link is said only once every file is written")
+
+    monkeypatch.setattr(elmokit.ray, "connect", connect)
+    corpus = _text(tmp_path / "in.txt")
+    target = tmp_path / "vectors"
+    target.mkdir()
+    (target / "old.parquet").write_bytes(b"old")
+    (tmp_path / "out").symlink_to(target)
+    assert main(["embed", "--ray", "local", str(corpus), str(tmp_path / "out"), "--overwrite",
+                 "--model", str(model_dir)]) == 2
+    one_error_line(capsys, str(tmp_path / "out"), "symbolic link", str(target))
+    assert (target / "old.parquet").read_bytes() == b"old"
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. --max-output-gb inf: no limit
+# ---------------------------------------------------------------------------------------------
+def test_max_output_gb_inf_is_no_limit(model_dir, tmp_path, capsys):
+    corpus = _text(tmp_path / "in.txt")
+    out = tmp_path / "out.npz"
+    assert main(["embed", str(corpus), str(out), "--max-output-gb", "inf", "--model", str(model_dir),
+                 "--no-progress"]) == 0
+    assert out.is_file()
+    capsys.readouterr()
+    assert main(["embed", str(corpus), str(tmp_path / "o2.npz"), "--max-output-gb", "nan",
+                 "--model", str(model_dir)]) == 2
+    one_error_line(capsys, "--max-output-gb", "inf: no limit")
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. -q: no stale-lock note
+# ---------------------------------------------------------------------------------------------
+def _stale_lock(output: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    record = {"pid": int(dead.stdout), "host": "here", "started": "2020-01-01 00:00:00", "command": "elmo embed"}
+    output.with_name(output.name + ".lock").write_text(json.dumps(record))
+
+
+def test_quiet_hides_the_stale_lock_note(model_dir, tmp_path, capsys):
+    corpus = _text(tmp_path / "in.txt")
+    out = tmp_path / "out.npz"
+    _stale_lock(out)
+    assert main(["-q", "embed", str(corpus), str(out), "--model", str(model_dir)]) == 0
+    assert capsys.readouterr().err == ""
+    _stale_lock(out)
+    assert main(["embed", str(corpus), str(out), "--overwrite", "--model", str(model_dir), "--no-progress"]) == 0
+    assert "stale lock" in capsys.readouterr().err  # said without -q
+
+
+def test_prepare_over_its_own_shards_is_refused(tmp_path, capsys):
+    shards = tmp_path / "shards"
+    shard = _text(shards / "shard-00000.txt")
+    assert main(["prepare", str(shard), "-o", str(shards), "--overwrite", "--plain", "--pretokenized"]) == 2
+    one_error_line(capsys, "is the input")
+    assert shard.read_text(encoding="utf-8") == SENTENCES
+
+
+def test_perplexity_and_predict_onto_an_input_are_refused(tmp_path, capsys):
+    corpus = _text(tmp_path / "in.txt")
+    assert main(["perplexity", str(corpus), "--per-sentence", str(corpus), "--overwrite"]) == 2
+    one_error_line(capsys, "is the input")
+    run = tmp_path / "run"
+    run.mkdir()
+    assert main(["task", "predict", str(run), str(corpus), "-o", str(run / "labels.txt")]) == 2
+    one_error_line(capsys, "is inside the input folder")
+    assert corpus.read_text(encoding="utf-8") == SENTENCES
