@@ -160,6 +160,30 @@ def test_quiet_hides_the_stale_lock_note(model_dir, tmp_path, capsys):
     assert "stale lock" in capsys.readouterr().err  # said without -q
 
 
+# ---------------------------------------------------------------------------------------------
+# 5. --lang: a language sacremoses knows
+# ---------------------------------------------------------------------------------------------
+def test_an_unknown_lang_is_refused_naming_the_known_ones(model_dir, tmp_path, capsys):
+    corpus = _text(tmp_path / "in.txt")
+    assert main(["embed", str(corpus), str(tmp_path / "o.npz"), "--tokenize", "--lang", "xx",
+                 "--model", str(model_dir)]) == 2
+    one_error_line(capsys, "--lang", "'xx'", "de", "fr")
+    assert not (tmp_path / "o.npz").exists()
+    assert main(["prepare", str(corpus), "-o", str(tmp_path / "shards"), "--lang", "xx", "--raw"]) == 2
+    one_error_line(capsys, "--lang", "'xx'")
+    assert not (tmp_path / "shards").exists()
+
+
+def test_known_langs_still_tokenize(model_dir, tmp_path):
+    from elmokit.tokenizer import tokenize
+
+    assert tokenize("l'homme", lang="fr") == ["l'", "homme"]
+    assert tokenize("It's", lang="en") == ["It", "'s"]
+    corpus = _text(tmp_path / "in.txt", "Der Hund lief.\n")
+    assert main(["embed", str(corpus), str(tmp_path / "o.npz"), "--tokenize", "--lang", "de",
+                 "--model", str(model_dir), "--no-progress"]) == 0
+
+
 def test_prepare_over_its_own_shards_is_refused(tmp_path, capsys):
     shards = tmp_path / "shards"
     shard = _text(shards / "shard-00000.txt")

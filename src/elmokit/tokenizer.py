@@ -20,11 +20,35 @@ import unicodedata
 from elmokit.extras import require
 
 
+CJK_LANGS = ("ja", "ko", "cjk")  # MosesTokenizer's own CJK cases, which have no nonbreaking prefixes
+
+
+@functools.lru_cache(maxsize=None)
+def moses_langs() -> tuple[str, ...]:
+    """The language codes Moses tokenizes as themselves: those sacremoses ships nonbreaking
+    prefixes for, and the CJK codes its tokenizer handles. Any other code sacremoses takes
+    silently, and tokenizes as English."""
+    from sacremoses.corpus import NonbreakingPrefixes
+
+    return tuple(sorted({*NonbreakingPrefixes().available_langs.values(), *CJK_LANGS}))
+
+
+def check_lang(lang: str, what: str = "lang") -> None:
+    """ValueError naming `what` (the argument: "lang", "--lang") and the known codes if Moses does
+    not know `lang` (`moses_langs`); needs sacremoses."""
+    require("prepare", "Moses tokenization", ("sacremoses",))
+    if lang not in moses_langs():
+        raise ValueError(f"{what} {lang!r} is not a language Moses knows: sacremoses would tokenize it as English "
+                         f"without a word; give one of {', '.join(moses_langs())} (the codes sacremoses ships "
+                         "nonbreaking prefixes for, and its CJK cases ja, ko and cjk)")
+
+
 @functools.lru_cache(maxsize=None)
 def _moses(lang: str):
     """One sacremoses.MosesTokenizer per language, built once (its regexes are compiled on build)."""
     from sacremoses import MosesTokenizer
 
+    check_lang(lang)
     return MosesTokenizer(lang=lang)
 
 
@@ -33,7 +57,7 @@ def tokenize(text: str, lang: str = "en") -> list[str]:
 
     Args:
         text: one sentence or paragraph of raw text (a str; not split into sentences here).
-        lang: the Moses language code ("en", "de", "fr", ...): it decides e.g. where an apostrophe
+        lang: the Moses language code ("en", "de", "fr", ...; `moses_langs`): it decides e.g. where an apostrophe
             splits ("it's" -> "it" "'s" in English, "l'homme" -> "l'" "homme" in French).
 
     Returns:
@@ -41,6 +65,7 @@ def tokenize(text: str, lang: str = "en") -> list[str]:
 
     Raises:
         TypeError: `text` or `lang` is not a str.
+        ValueError: `lang` is not a code Moses knows (`moses_langs`).
         MissingExtraError: sacremoses is not installed (pip install 'elmokit[prepare]').
     """
     if not isinstance(text, str):

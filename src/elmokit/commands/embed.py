@@ -36,6 +36,7 @@ from elmokit.inference.files import (
 from elmokit.inference.parquet import is_parquet
 from elmokit.inference.segments import FILE_FORMATS, format_for_path
 from elmokit.progress import clear_stop, quiet, request_stop
+from elmokit.tokenizer import check_lang
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_OUTPUT_GB = 10.0
@@ -113,7 +114,9 @@ def register(subcommands: argparse._SubParsersAction) -> None:
                         help="output file format (default: npz or parquet if OUTPUT ends in .npz or .parquet, else hdf5)")
     parser.add_argument("--tokenize", action="store_true",
                         help="INPUT is raw text: Moses-tokenize each line (default: split on whitespace)")
-    parser.add_argument("--lang", default="en", help="language for --tokenize (default: en)")
+    parser.add_argument("--lang", default="en",
+                        help="language for --tokenize, a code Moses knows (those sacremoses ships nonbreaking "
+                             "prefixes for, and ja, ko, cjk; an unknown code is refused; default: en)")
     parser.add_argument("--batch-size", type=int, default=None,
                         help="sentences in the recurrence at once (default: the engine's choice, 128 rows "
                              "for a full window of sentences, fewer for a short input); with --ray, a Ray batch "
@@ -152,6 +155,8 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     refuse_output_over_input([*args.input, *model_paths(args)], [args.output])  # before anything is read
+    if args.tokenize:  # on Ray too, where the actors would tokenize an unknown language as English
+        check_lang(args.lang, "--lang")
     if args.ray is not None:
         check_replaceable_folder(args.output)  # replaced whole once every file is written: said now
         return run_on_ray(args)

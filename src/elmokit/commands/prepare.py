@@ -10,7 +10,8 @@ from pathlib import Path
 from elmokit.commands.common import add_progress_argument
 from elmokit.io import refuse_output_over_input
 from elmokit.textfiles import expand_paths
-from elmokit.training.corpus import PREPARE_RECORD, prepare_corpus
+from elmokit.tokenizer import check_lang
+from elmokit.training.corpus import PREPARE_RECORD, is_chinese, prepare_corpus
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
@@ -36,8 +37,9 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     form.add_argument("--raw", dest="pretokenized", action="store_false",
                       help="input is raw text: always split and tokenize (default: detect)")
     parser.add_argument("--lang", default="en",
-                        help="language for sentence splitting and Moses (default: en); zh: Chinese, "
-                             "segmented into words with jieba (pip install 'elmokit[zh]')")
+                        help="language for sentence splitting and Moses (default: en): a code Moses knows "
+                             "(those sacremoses ships nonbreaking prefixes for, and ja, ko, cjk; an unknown code "
+                             "is refused); zh: Chinese, segmented into words with jieba (pip install 'elmokit[zh]')")
     parser.add_argument("--plain", action="store_true", help="write plain .txt shards instead of .txt.gz")
     parser.add_argument("--skip-bad-lines", action="store_true",
                         help="skip lines that are not valid UTF-8 (counted, the first one reported) "
@@ -52,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--workers must be at least 1, got {args.workers}")
     written = [args.out / PREPARE_RECORD, *sorted(args.out.glob("shard-*.txt*"))]  # the old shards: replaced
     refuse_output_over_input(expand_paths(args.inputs), written)
+    if not is_chinese(args.lang):  # Moses: an unknown code would be English without a word
+        check_lang(args.lang, "--lang")
     stats = prepare_corpus(
         args.inputs, args.out, shard_size=args.shard_size, workers=args.workers,
         pretokenized=args.pretokenized, lang=args.lang, compress=not args.plain,

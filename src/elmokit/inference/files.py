@@ -89,7 +89,7 @@ from elmokit.inference.layers import check_output_format, shape_output
 from elmokit.inference.windows import position_windows
 
 from elmokit.extras import require
-from elmokit.tokenizer import tokenize as moses_tokens
+from elmokit.tokenizer import check_lang, tokenize as moses_tokens
 from elmokit.io import atomic_write_text, check_replaceable, durable_replace, output_lock, refuse_overwrite
 from elmokit.textfiles import CorpusError, not_a_regular_file, read_lines
 from elmokit.inference.estimate import EmbedReport, InputScan, check_output_size
@@ -156,6 +156,8 @@ class EmbedOptions:
         check_windows(self.max_length, self.overlap)
         if not isinstance(self.lang, str) or not self.lang.strip():
             raise ValueError(f"lang (--lang) must be a Moses language code such as 'en', got {self.lang!r}")
+        if self.tokenize:  # not silently English
+            check_lang(self.lang, "lang (--lang)")
 
     def identity(self) -> dict:
         """The options that change the output (a resumed run must use the same)."""

@@ -37,6 +37,7 @@ from typing import IO
 from elmokit.extras import require
 from elmokit.io import atomic_path, atomic_write_text
 from elmokit.textfiles import CorpusError, expand_paths, is_gzip, open_binary, text_size
+from elmokit.tokenizer import check_lang
 
 CHUNK_LINES = 256  # raw lines per task sent to a worker
 
@@ -348,6 +349,7 @@ def prepare_corpus(
             require("zh", f"elmo prepare --lang {lang}")
         else:
             require("prepare", "elmo prepare")
+            check_lang(lang)  # sacremoses takes an unknown code as English, silently
     writer = ShardWriter(out_dir, shard_size, compress)  # checks shard_size before anything is touched
     total = sum(map(text_size, paths))  # reads the inputs' sizes (a corrupt .gz fails here) before too
     made = not out_dir.exists()
