@@ -27,8 +27,8 @@ WIDTH = 4  # the width of `token_vector`'s vectors
 
 def token_vector(tokens: list[str]) -> np.ndarray:
     """(WIDTH,) float32 that tells texts apart: the token count, the characters, the first
-    character's code, 1."""
-    return np.array([len(tokens), sum(map(len, tokens)), ord(tokens[0][0]) if tokens else 0, 1], np.float32)
+    character's code, 1; zeros for no token (what the client gives a text without tokens)."""
+    return np.array([len(tokens), sum(map(len, tokens)), ord(tokens[0][0]) if tokens else 0, bool(tokens)], np.float32)
 
 
 def encoded(vector: np.ndarray) -> str:

@@ -4,7 +4,9 @@ the internet): set it as ELMOKIT_MIRROR and the published URLs are fetched from 
     with MirrorServer(folder, break_first=(".hdf5",)) as server:
         os.environ["ELMOKIT_MIRROR"] = server.url
         ...
-        server.requests   # [(path, status, bytes sent)], in order
+        server.requests   # [(path, status, bytes sent)], in order, each recorded before it is
+                          # answered (a client that has its answer finds it there); -1 bytes: the
+                          # client hung up before the body was sent
 
 A file whose name ends with one of `break_first` gets a first response that announces its whole
 length and breaks off halfway (the connection closed), as a dropped connection does. `dribble`
@@ -79,19 +81,17 @@ class MirrorServer:
             def do_GET(self) -> None:
                 if self.path in server.routes:
                     status, headers, body = server.routes[self.path]
+                    server._record(self.path, status, len(body))
                     self.send_response(status)
                     for key, value in {"Content-Length": str(len(body)), **headers}.items():
                         self.send_header(key, value)
                     self.end_headers()
                     self.wfile.write(body)
-                    with server._lock:
-                        server.requests.append((self.path, status, len(body)))
                     return
                 path = server.root / self.path.split("?")[0].lstrip("/")
                 if not path.is_file() or ".." in self.path:
+                    server._record(self.path, 404, 0)
                     self.send_error(404)
-                    with server._lock:
-                        server.requests.append((self.path, 404, 0))
                     return
                 data = path.read_bytes()
                 with server._lock:
@@ -99,6 +99,7 @@ class MirrorServer:
                     if breaks:
                         server._broken.add(self.path)
                 sent = len(data) // 2 if breaks else len(data)
+                record = server._record(self.path, 200, sent)
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(data)))
                 self.send_header("Content-Type", "application/octet-stream")
@@ -114,10 +115,15 @@ class MirrorServer:
                         self.wfile.write(data[:sent])
                         self.wfile.flush()
                 except OSError:  # the client gave up
-                    sent = -1
+                    with server._lock:
+                        server.requests[record] = (self.path, 200, -1)
                 if breaks:
                     self.close_connection = True
-                with server._lock:
-                    server.requests.append((self.path, 200, sent))
 
         return Handler
+
+    def _record(self, path: str, status: int, sent: int) -> int:
+        """Record a request before it is answered; its place in `requests`."""
+        with self._lock:
+            self.requests.append((path, status, sent))
+            return len(self.requests) - 1

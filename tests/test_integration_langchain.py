@@ -4,6 +4,9 @@ real `elmo serve` on 127.0.0.1), and gives the vectors `elmo serve` answers for 
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import numpy as np
 import pytest
 
@@ -16,6 +19,7 @@ from langchain_tests.unit_tests import EmbeddingsUnitTests  # noqa: E402
 
 from elmokit import ElmoEmbedder, tokenize  # noqa: E402
 from elmokit.integrations.langchain import ELMoEmbeddings  # noqa: E402
+from tests.hostile_http import HostileServer, Request, embeddings_answer, token_vector  # noqa: E402
 from tests.serving import Server, save_tiny_model  # noqa: E402
 
 
@@ -92,11 +96,41 @@ def test_the_served_vectors_in_process_and_through_the_server(tiny, server):
 
 
 @pytest.mark.asyncio
-async def test_the_async_pair_gives_the_same_numbers(tiny, server):
-    local = ELMoEmbeddings(model=str(tiny))
-    remote = ELMoEmbeddings(base_url=server.url, api_key=KEY)
-    assert await local.aembed_documents(TEXTS) == local.embed_documents(TEXTS)
-    assert await remote.aembed_query(TEXTS[0]) == remote.embed_query(TEXTS[0])
+async def test_the_async_pair_runs_off_the_event_loop():
+    """The server answers only once a coroutine on the caller's event loop has run: an async
+    method that blocked the loop (the call made in its thread) would get the server's 503 instead
+    of the vectors, which must be the sync methods' and those of the texts' own tokens."""
+    released = threading.Event()
+
+    def held(request: Request) -> None:
+        if not released.wait(60):
+            return request.send(503, {"error": {"message": "never released: the event loop was blocked"}})
+        embeddings_answer(request)
+
+    async def release() -> None:
+        released.set()
+
+    with HostileServer(held) as served:
+        embeddings = ELMoEmbeddings(base_url=served.url, batch_size=2)
+        documents, _ = await asyncio.gather(embeddings.aembed_documents(TEXTS), release())
+        released.clear()
+        query, _ = await asyncio.gather(embeddings.aembed_query(TEXTS[2]), release())
+        assert documents == embeddings.embed_documents(TEXTS) and query == embeddings.embed_query(TEXTS[2])
+    np.testing.assert_array_equal(documents, [token_vector(tokenize(text)) for text in TEXTS])
+    np.testing.assert_array_equal(query, token_vector(tokenize(TEXTS[2])))
+
+
+def test_a_list_goes_to_the_server_batch_size_texts_a_request():
+    """7 texts with tokens and 2 without, batch_size 3: requests of 3, 3 and 1 texts, in order;
+    the texts without tokens are not sent and get zeros."""
+    texts = [f"Text number {i} here." for i in range(7)]
+    texts[2:2], texts[6:6] = [""], ["\x07"]
+    with HostileServer(embeddings_answer) as served:
+        vectors = ELMoEmbeddings(base_url=served.url + "/v1", batch_size=3).embed_documents(texts)
+    sent = [request.json()["input"] for request in served.requests]
+    assert [len(batch) for batch in sent] == [3, 3, 1] and {r.path for r in served.requests} == {"/v1/embeddings"}
+    assert [tokens for batch in sent for tokens in batch] == [tokenize(text) for text in texts if text.strip("\x07")]
+    np.testing.assert_array_equal(vectors, [token_vector(tokenize(text)) for text in texts])
 
 
 def test_texts_without_tokens_are_zeros_through_the_server_too(tiny, server):
@@ -126,5 +160,6 @@ def test_what_the_server_refuses_is_said(tiny, server):
         ELMoEmbeddings(base_url="http://127.0.0.1:1").embed_query("hello")
     with pytest.raises(ValueError, match="base_url must be the http"):
         ELMoEmbeddings(base_url="127.0.0.1:8000")
+    assert ELMoEmbeddings(base_url="http://127.0.0.1:8080/v1/").base_url == "http://127.0.0.1:8080"  # OpenAI's form
     with pytest.raises(TypeError, match=r"texts\[1\] is a int"):
         ELMoEmbeddings(model=str(tiny)).embed_documents(["fine", 3])

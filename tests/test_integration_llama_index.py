@@ -4,6 +4,9 @@ in-process and from a real server on 127.0.0.1."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import numpy as np
 import pytest
 
@@ -13,6 +16,7 @@ from llama_index.core.base.embeddings.base import BaseEmbedding  # noqa: E402
 
 from elmokit import ElmoEmbedder, tokenize  # noqa: E402
 from elmokit.integrations.llama_index import ELMoEmbedding  # noqa: E402
+from tests.hostile_http import HostileServer, Request, embeddings_answer, token_vector  # noqa: E402
 from tests.serving import Server, save_tiny_model  # noqa: E402
 
 TEXTS = ["I like to eat apple.", "I like apple products, don't you?", "They play football on Sundays."]
@@ -62,3 +66,38 @@ def test_the_builtin_model_by_default_and_refusals(served):
         ELMoEmbedding(base_url=server.url, model="other").get_query_embedding("hello")
     with pytest.raises(ValueError, match="base_url must be the http"):
         ELMoEmbedding(base_url="localhost:8000")
+    assert ELMoEmbedding(base_url="http://127.0.0.1:8080/v1").base_url == "http://127.0.0.1:8080"  # OpenAI's form
+
+
+def test_a_list_goes_to_the_server_embed_batch_size_texts_a_request():
+    texts = [f"Text number {i} here." for i in range(7)]
+    with HostileServer(embeddings_answer) as served:
+        vectors = ELMoEmbedding(base_url=served.url, embed_batch_size=3).get_text_embedding_batch(texts)
+    sent = [request.json()["input"] for request in served.requests]
+    assert [len(batch) for batch in sent] == [3, 3, 1]
+    assert [tokens for batch in sent for tokens in batch] == [tokenize(text) for text in texts]
+    np.testing.assert_array_equal(vectors, [token_vector(tokenize(text)) for text in texts])
+
+
+@pytest.mark.asyncio
+async def test_the_async_methods_run_off_the_event_loop():
+    """The server answers only once a coroutine on the caller's event loop has run: an async
+    method that blocked the loop would get its 503 instead of the vectors of the texts' tokens."""
+    released = threading.Event()
+
+    def held(request: Request) -> None:
+        if not released.wait(60):
+            return request.send(503, {"error": {"message": "never released: the event loop was blocked"}})
+        embeddings_answer(request)
+
+    async def release() -> None:
+        released.set()
+
+    with HostileServer(held) as served:
+        embedding = ELMoEmbedding(base_url=served.url, embed_batch_size=2)
+        batch, _ = await asyncio.gather(embedding.aget_text_embedding_batch(TEXTS), release())
+        released.clear()
+        query, _ = await asyncio.gather(embedding.aget_query_embedding(TEXTS[2]), release())
+    assert sorted(len(request.json()["input"]) for request in served.requests) == [1, 1, 2]
+    np.testing.assert_array_equal(batch, [token_vector(tokenize(text)) for text in TEXTS])
+    np.testing.assert_array_equal(query, token_vector(tokenize(TEXTS[2])))

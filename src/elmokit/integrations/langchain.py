@@ -3,7 +3,7 @@
     from elmokit.integrations.langchain import ELMoEmbeddings
     embeddings = ELMoEmbeddings()                                   # the built-in model, in this process
     embeddings = ELMoEmbeddings(model="original", device="cuda")    # any model elmokit loads
-    embeddings = ELMoEmbeddings(base_url="http://127.0.0.1:8000")   # a running `elmo serve`
+    embeddings = ELMoEmbeddings(base_url="http://127.0.0.1:8080")   # a running `elmo serve`
     vector = embeddings.embed_query("What do cats eat?")            # list of 2P floats
     vectors = embeddings.embed_documents(["Cats eat fish.", "Dogs bark."])
 

@@ -3,7 +3,7 @@
     from llama_index.core import Settings
     from elmokit.integrations.llama_index import ELMoEmbedding
     Settings.embed_model = ELMoEmbedding()                          # the built-in model, in this process
-    embedding = ELMoEmbedding(base_url="http://127.0.0.1:8000")     # or a running `elmo serve`
+    embedding = ELMoEmbedding(base_url="http://127.0.0.1:8080")     # or a running `elmo serve`
     vector = embedding.get_query_embedding("What do cats eat?")     # list of 2P floats
 
 The same vectors as `elmokit.integrations.langchain.ELMoEmbeddings` and `elmo serve`'s
