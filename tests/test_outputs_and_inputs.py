@@ -184,6 +184,22 @@ def test_known_langs_still_tokenize(model_dir, tmp_path):
                  "--model", str(model_dir), "--no-progress"]) == 0
 
 
+# ---------------------------------------------------------------------------------------------
+# 6. bfloat16 on a CPU without native bfloat16 products: one warning line
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("native", [False, True])
+def test_bfloat16_without_native_products_warns(model_dir, tmp_path, capsys, monkeypatch, native):
+    import elmokit.kernels
+
+    monkeypatch.setattr(elmokit.kernels, "bf16_native", lambda: native)
+    corpus = _text(tmp_path / "in.txt")
+    assert main(["embed", str(corpus), str(tmp_path / "o.npz"), "--dtype", "bfloat16", "--device", "cpu",
+                 "--model", str(model_dir), "--no-progress"]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "slower than float32" in line]
+    assert len(warned) == (0 if native else 1), warned
+    assert native or "--dtype float32" in warned[0]
+
+
 def test_prepare_over_its_own_shards_is_refused(tmp_path, capsys):
     shards = tmp_path / "shards"
     shard = _text(shards / "shard-00000.txt")

@@ -21,6 +21,7 @@ the carried state) is behind a lock; the biLM's forward pass changes nothing sha
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 import threading
 from collections.abc import Callable, Mapping
@@ -109,6 +110,8 @@ def place_bilm(bilm: BiLM, device: torch.device, dtype: str | torch.dtype | None
     weights' dtype, or int8 where an earlier `dtype="int8"` marked it, as every holder of a shared
     module runs it. bfloat16 and int8 are for stateless inference: an error otherwise."""
     resolved = None if dtype is None else resolve_dtype(dtype)
+    if resolved == torch.bfloat16 and device.type == "cpu":
+        warn_if_bfloat16_is_emulated()
     if resolved is not None and resolved != torch.int8:
         bilm.to(dtype=resolved)
         unquantize_modules(int8_modules(bilm))
@@ -127,6 +130,17 @@ def place_bilm(bilm: BiLM, device: torch.device, dtype: str | torch.dtype | None
     if precision == "int8":  # marks it (again: checks the device of a module marked earlier)
         quantize_modules(int8_modules(bilm), device)
     return bilm
+
+
+def warn_if_bfloat16_is_emulated() -> None:
+    """One warning line when this CPU has no native bfloat16 products (`elmokit.kernels.bf16_native`):
+    torch emulates them there, slower than float32, and the user asked for bfloat16 to be faster."""
+    from elmokit.kernels import bf16_native
+
+    if not bf16_native():
+        logging.getLogger(__name__).warning(
+            "dtype bfloat16 is slower than float32 on this CPU, which has no native bfloat16 products "
+            "(AVX512-BF16 or AMX) for torch to use; float32 (--dtype float32, the default) is faster and exact")
 
 
 def bilm_precision(bilm: BiLM) -> str:
