@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -182,3 +183,49 @@ def test_a_metrics_line_cut_short_by_a_kill_is_dropped_on_resume(tmp_path):
     path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo\n{"step": 3, "loss": 1.0}\n')
     with pytest.raises(ValueError, match="metrics.jsonl, line 2: not a JSON record"):
         truncate_metrics(path, 3)  # damage before the last line is no interrupted write
+
+
+def _start_as_rank(rank: int, port: int, config_path: str, run_dirs: list[str], results: str) -> None:
+    """Worker of `test_every_rank_follows_rank_0s_view_of_the_run_directory`: join a 2-process gloo
+    group, `start_run(resume="auto")` in this rank's own run directory, write what came of it."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from elmokit.training.config import TrainConfig
+    from elmokit.training.loop import start_run
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=120))  # a rank left waiting fails, not hangs
+    try:
+        run = start_run(TrainConfig.load(config_path, output_dir=run_dirs[rank]), "auto")
+        outcome = ["resumed" if run.progress.step else "started", run.progress.step]
+    except Exception as error:  # what each rank raised is the result
+        outcome = [type(error).__name__, str(error)]
+    Path(results, f"rank{rank}.json").write_text(json.dumps(outcome))
+    dist.destroy_process_group()
+
+
+def test_every_rank_follows_rank_0s_view_of_the_run_directory(short_run, tmp_path):
+    """--auto-resume where the ranks see different run directories (a node whose view lacks the
+    checkpoint, or holds a stale one): rank 0 finds a checkpoint, rank 1 none: both try to resume
+    and refuse together, naming the rank that could not read it; rank 0 finds none, rank 1 one:
+    both start the run afresh. A rank that trusted its own view entered other collectives than
+    the rest (a hang, a garbled exchange) or refused alone."""
+    import torch.multiprocessing as mp
+
+    done = tmp_path / "done"
+    assert main(["train", "--config", str(short_run), "--output-dir", str(done), "--max-tokens", "60"]) == 0
+    for case, holder in (("rank0_sees_it", 0), ("rank1_sees_it", 1)):
+        run_dirs = [tmp_path / case / f"view{rank}" for rank in (0, 1)]
+        run_dirs[1 - holder].mkdir(parents=True)
+        shutil.copytree(done, run_dirs[holder])
+        mp.spawn(_start_as_rank, args=(free_port(), str(short_run), [str(d) for d in run_dirs], str(tmp_path / case)),
+                 nprocs=2)
+        outcomes = [json.loads((tmp_path / case / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+        if holder == 0:
+            assert outcomes[0][0] == "ConfigError" and "rank 1: FileNotFoundError" in outcomes[0][1], outcomes
+            assert outcomes[1][0] == "FileNotFoundError" and str(run_dirs[1]) in outcomes[1][1], outcomes
+        else:
+            assert outcomes == [["started", 0], ["started", 0]]

@@ -588,3 +588,129 @@ def test_a_run_stopped_by_patience_stays_stopped_on_resume(corpus, tmp_path):
     assert last < 60  # stopped early (two epochs of the base config are 123 steps)
     assert main(["train", "--resume", "--output-dir", str(run)]) == 0
     assert max(r["step"] for r in read(run / "metrics.jsonl") if "loss" in r) == last
+
+
+# Issue 54: a run never writes, nor resumes from, weights that are not finite or bytes that are damaged
+def test_a_loss_gone_nan_stops_the_run_at_its_step_and_keeps_the_last_finite_checkpoint(corpus, tmp_path,
+                                                                                        monkeypatch, capsys):
+    """The 5th training window's loss made NaN: elmo train stops at step 5 with one line naming it
+    (exit 2); checkpoint.pt stays step 3's, every weight finite, and no best/ is written (a run
+    without validation writes its last model there at its end; it ran on to exit 0 before)."""
+    import itertools
+
+    from elmokit.training.lm import LanguageModel
+
+    config = {**json.loads(corpus["train_json"].read_text()), "valid_files": [], "epochs": 1}
+    (tmp_path / "train.json").write_text(json.dumps(config), encoding="utf-8")
+    forward, windows = LanguageModel.forward, itertools.count(1)
+
+    def poisoned(self, *args, **kwargs):
+        out = forward(self, *args, **kwargs)
+        return out._replace(forward_nll=out.forward_nll * math.nan) if self.training and next(windows) == 5 else out
+
+    monkeypatch.setattr(LanguageModel, "forward", poisoned)
+    run = tmp_path / "run"
+    capsys.readouterr()
+    assert main(["train", "--config", str(tmp_path / "train.json"), "--output-dir", str(run)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "step 5" in error and "NaN" in error, error
+    checkpoint = torch.load(run / "checkpoint.pt", weights_only=True)
+    assert checkpoint["progress"]["step"] == 3
+    assert all(bool(torch.isfinite(tensor).all()) for tensor in checkpoint["model"].values())
+    assert not (run / "best").exists() and max(losses(run)) == 4
+
+
+def test_weights_gone_infinite_after_a_finite_loss_are_never_checkpointed(corpus, tmp_path, capsys):
+    """--resume --lr 1e300 --checkpoint-every 1: step 4's loss is finite, its update is not; the
+    checkpoint of step 4 is refused with one line naming the step, checkpoint.pt stays step 3's."""
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(corpus["train_json"]), "--output-dir", str(run), "--max-tokens", "60",
+                 "--eval-every", "1000"]) == 0
+    assert load_step(run) == 3
+    capsys.readouterr()
+    assert main(["train", "--resume", "--output-dir", str(run), "--max-tokens", "200", "--lr", "1e300",
+                 "--checkpoint-every", "1"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "step 4" in error, error
+    assert math.isfinite(losses(run)[4]) and load_step(run) == 3
+
+
+def load_step(run: Path) -> int:
+    return torch.load(run / "checkpoint.pt", weights_only=True)["progress"]["step"]
+
+
+def flip_a_tensor_byte(path: Path) -> str:
+    """Flip one byte in the middle of the largest member of a torch.save zip (a tensor's bytes);
+    returns the member's name."""
+    import struct
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        tensors = [info for info in archive.infolist() if "/data/" in info.filename]
+    member = max(tensors, key=lambda info: info.file_size)
+    data = bytearray(path.read_bytes())
+    name_length, extra_length = struct.unpack_from("<HH", data, member.header_offset + 26)  # the local header's
+    data[member.header_offset + 30 + name_length + extra_length + member.file_size // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    return member.filename
+
+
+def test_a_resume_refuses_a_damaged_or_non_finite_checkpoint(corpus, tmp_path, capsys):
+    """One flipped byte in a tensor (torch.load reads it without a word) fails its CRC-32: the
+    resume is refused naming the file and the member; a checkpoint with a NaN weight is refused
+    naming the file and the tensor; the intact checkpoint then resumes."""
+    import io
+
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(corpus["train_json"]), "--output-dir", str(run), "--max-tokens", "60",
+                 "--eval-every", "1000"]) == 0
+    path = run / "checkpoint.pt"
+    intact = path.read_bytes()
+    member = flip_a_tensor_byte(path)
+    torch.load(path, weights_only=True)  # torch reads the damaged tensor without a word
+    resume = ["train", "--resume", "--output-dir", str(run), "--max-tokens", "100"]
+    capsys.readouterr()
+    assert main(resume) == 2
+    error = capsys.readouterr().err
+    assert str(path) in error and member in error and "CRC" in error, error
+
+    checkpoint = torch.load(io.BytesIO(intact), weights_only=True)
+    name = sorted(checkpoint["model"])[1]
+    checkpoint["model"][name].view(-1)[0] = math.nan
+    torch.save(checkpoint, path)
+    assert main(resume) == 2
+    error = capsys.readouterr().err
+    assert str(path) in error and repr(name) in error and "NaN" in error, error
+    path.write_bytes(intact)
+    assert main(resume) == 0 and load_step(run) == 5
+
+
+def test_a_start_or_resume_removes_what_killed_writes_of_the_run_left(corpus, tmp_path):
+    """The temporary files that atomic_path leaves when its writer is killed (made here by a
+    process killed mid-write) of checkpoint.pt, train_config.json and best/'s files: a fresh start
+    removes those of its directory, a resume those of best/ too; other files stay."""
+    run = tmp_path / "run"
+
+    def killed_writes(*names: str) -> list[Path]:
+        script = ("import os, sys; from elmokit.io import atomic_path\n"
+                  "for name in sys.argv[1:]: atomic_path(name).__enter__().write_bytes(b'half a file')\n"
+                  "os._exit(9)")
+        subprocess.run([sys.executable, "-c", script, *(str(run / name) for name in names)], check=False,
+                       env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+        left = sorted(set(run.rglob(".*.tmp")) - set(kept))
+        assert len(left) == len(names), left
+        return left
+
+    kept = [run / "notes.tmp", run / ".checkpoint.pt.tmp"]
+    run.mkdir()
+    for path in kept:
+        path.write_text("not the run's")
+    killed_writes("checkpoint.pt")
+    base = ["train", "--config", str(corpus["train_json"]), "--output-dir", str(run), "--eval-every", "1000"]
+    assert main([*base, "--auto-resume", "--max-tokens", "60"]) == 0
+    assert sorted(run.rglob("*.tmp")) == sorted(kept)
+    kept.append(run / "best" / ".other.safetensors.x1y2z3w4.tmp")
+    kept[-1].write_text("not the run's")
+    killed_writes("checkpoint.pt", "train_config.json", "best/model.safetensors", "best/README.md")
+    assert main(["train", "--resume", "--output-dir", str(run), "--max-tokens", "100"]) == 0
+    assert sorted(run.rglob("*.tmp")) == sorted(kept)

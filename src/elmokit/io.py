@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import json
 import os
 import re
@@ -93,6 +94,16 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         raise _write_failure(path, code) from error
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def unfinished_writes(path: str | Path) -> list[Path]:
+    """The temporary files of `atomic_path(path)` that writers killed before their rename left
+    beside `path` (named as atomic_path names them: `.NAME.` + mkstemp's random letters + `.tmp`),
+    for the next writer of `path` to remove (a kill runs no `finally`)."""
+    path = Path(path)
+    pattern = re.compile(re.escape(f".{path.name}.") + r"[A-Za-z0-9_]+\.tmp")
+    found = path.parent.glob(f".{glob.escape(path.name)}.*.tmp")
+    return sorted(temporary for temporary in found if pattern.fullmatch(temporary.name))
 
 
 ERRNO_IN_MESSAGE = re.compile(r"errno = (\d+)|os error (\d+)|\[Errno (\d+)\]")  # h5py, Rust (safetensors), Python

@@ -19,6 +19,9 @@ import json
 import random
 import shutil
 import warnings
+import zipfile
+import zlib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +29,17 @@ import numpy as np
 import torch
 
 from elmokit.model.config import ConfigError, ElmoConfig
-from elmokit.io import atomic_path, atomic_write_text
+from elmokit.io import atomic_path, atomic_write_text, unfinished_writes
 from elmokit.training.lm import LanguageModel
 from elmokit.training.metrics import read_metrics
-from elmokit.training.model_card import software_versions, write_bilm_card
+from elmokit.training.model_card import CARD_NAME, software_versions, write_bilm_card
+from elmokit.model.errors import check_finite
 from elmokit.model.weights import CONFIG_NAME, WEIGHTS_NAME, WeightFileError, load_pretrained, read_safetensors, save_pretrained
 
 CHECKPOINT_NAME = "checkpoint.pt"
 VOCAB_NAME = "vocab.txt"
 PROVENANCE_NAME = "provenance.json"
+MODEL_DIR_FILES = (CONFIG_NAME, WEIGHTS_NAME, VOCAB_NAME, PROVENANCE_NAME, CARD_NAME)  # what save_model_dir writes
 _NDARRAY = "__ndarray__"
 
 
@@ -116,10 +121,13 @@ def _write_error(path: Path, error: RuntimeError) -> OSError:
 def load_checkpoint(path: str | Path, required: tuple[str, ...] = ("model", "elmo_config", "vocab_size"),
                     what: str = "an elmokit training checkpoint") -> dict[str, Any]:
     """Read a checkpoint written by `save_checkpoint` (no arbitrary unpickling): `what`, holding
-    the keys `required` (by default, a biLM training run's)."""
+    the keys `required` (by default, a biLM training run's). Refused (WeightFileError naming the
+    file) where a member's bytes fail their CRC-32 (`check_crcs`) or a weight of its "model" is
+    NaN or infinite (a run that diverged: nothing to resume or export)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
+    check_crcs(path)
     try:
         with warnings.catch_warnings():  # torch's remarks on pickle protocols: the error below says it all
             warnings.simplefilter("ignore")
@@ -133,7 +141,27 @@ def load_checkpoint(path: str | Path, required: tuple[str, ...] = ("model", "elm
     for key in required:
         if not isinstance(checkpoint, dict) or key not in checkpoint:
             raise WeightFileError(f"{path}: not {what} (no {key!r})")
+    for name, tensor in (checkpoint["model"].items() if isinstance(checkpoint.get("model"), dict) else ()):
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():  # a run that diverged wrote it
+            check_finite(path, f"the model's tensor {name!r}", tensor)
     return checkpoint
+
+
+def check_crcs(path: Path) -> None:
+    """WeightFileError naming `path` and the member whose bytes fail their CRC-32. torch.save writes
+    a zip whose members carry one each, but torch.load never checks them: a tensor damaged on the
+    disk or in a copy would load (and train on) without a word. Reads the whole file once more; a
+    file that is no zip is left to torch.load to name."""
+    if not zipfile.is_zipfile(path):
+        return
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()  # the first member whose bytes fail their CRC-32
+    except (zipfile.BadZipFile, zlib.error, EOFError) as error:
+        raise WeightFileError(f"{path}: damaged, its zip structure is broken ({error})") from error
+    if damaged is not None:
+        raise WeightFileError(f"{path}: damaged: the bytes of {damaged!r} fail their CRC-32 check (changed on the "
+                              "disk or in a copy since they were written); restore an intact copy")
 
 
 def check_ranks_agree(path: Path, reports: list[Any], rank: int) -> None:
@@ -159,14 +187,41 @@ def check_ranks_agree(path: Path, reports: list[Any], rank: int) -> None:
                           "shared by all nodes, not a copy per node)")
 
 
-def remove_unfinished_writes(directory: Path) -> list[Path]:
-    """Remove the temporary files of checkpoint writes that a kill interrupted (`atomic_path`
-    leaves `.checkpoint.pt.*.tmp`, as large as a checkpoint, when its process is killed); called
-    by the one process that writes checkpoints, before it writes again. Returns what it removed."""
-    removed = sorted(directory.glob(f".{CHECKPOINT_NAME}.*.tmp"))
-    for path in removed:
-        path.unlink(missing_ok=True)
+def remove_unfinished_writes(paths: Iterable[Path]) -> list[Path]:
+    """Remove the temporary files that writes of `paths` interrupted by a kill left beside them
+    (`elmokit.io.unfinished_writes`: a checkpoint's is as large as the checkpoint); called by the
+    one process that writes them, before it writes again. Returns what it removed."""
+    removed = [temporary for path in paths for temporary in unfinished_writes(path)]
+    for temporary in removed:
+        temporary.unlink(missing_ok=True)
     return removed
+
+
+class TrainingDiverged(ValueError):
+    """The loss, the gradient or the weights of a run became NaN or infinite: the run stops at
+    that step and writes nothing of it (no checkpoint, no best/), so that its last checkpoint
+    keeps finite weights to resume from (the CLI: one line, exit 2)."""
+
+
+def diverged(out_dir: Path, step: int, what: str) -> TrainingDiverged:
+    """The error of a run in `out_dir` whose `what` (its loss, its weights) went NaN or infinite
+    at `step`, saying what is left to continue from."""
+    path = Path(out_dir) / CHECKPOINT_NAME
+    left = (f"{path} keeps the last checkpoint before it, with finite weights: --resume it with a lower --lr"
+            if path.is_file() else "no checkpoint was written before it: start again with a lower --lr")
+    return TrainingDiverged(f"training diverged at step {step}: {what}; the run stops there without writing a "
+                            f"checkpoint or best/ of it; {left} (or a smaller --grad-clip)")
+
+
+def check_finite_weights(model: torch.nn.Module, out_dir: Path, step: int) -> None:
+    """`diverged` naming the tensors unless every weight of `model` is finite: called before a
+    checkpoint or best/ is written from them (by every rank alike: DDP keeps their weights equal),
+    since a step whose loss and gradient were finite can still leave infinite weights."""
+    bad = [name for name, tensor in model.state_dict().items()
+           if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+    if bad:
+        listed = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise diverged(out_dir, step, f"its update left NaN or infinite values in {listed}")
 
 
 def model_from_checkpoint(checkpoint: dict[str, Any]) -> LanguageModel:

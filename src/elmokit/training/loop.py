@@ -35,6 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from elmokit.training import checkpoint as ckpt
 from elmokit.model.config import ConfigError, ElmoConfig
+from elmokit.model.weights import CONFIG_NAME
 from elmokit.training.build import (build_model, build_optimizer, configure_device, padding_batch, train_batches,
                                     valid_batches)
 from elmokit.training.data import LMBatch
@@ -210,6 +211,7 @@ def train(config: TrainConfig, resume: bool | str = False) -> Progress:
                                              None, run.dist_, run.window)
     bar.close()
     if run.dist_.is_main and not config.valid_files:  # nothing to select on: the last model is the best
+        ckpt.check_finite_weights(run.model, run.out_dir, run.progress.step)
         ckpt.save_model_dir(run.model, run.out_dir / BEST_DIR, config.vocab,
                             ckpt.provenance(asdict(config), asdict(run.progress), None))
     return run.progress
@@ -225,10 +227,11 @@ def start_run(config: TrainConfig, resume: bool | str) -> Run:
     dist_ = setup_distributed(config)
     out_dir = Path(config.output_dir)
     vocab = Vocabulary.load(config.vocab)
-    if resume == "auto":  # rank 0's view decides for every rank
-        resume = dist_.gather((out_dir / ckpt.CHECKPOINT_NAME).is_file())[0]
+    found = dist_.gather((out_dir / ckpt.CHECKPOINT_NAME).is_file())[0]  # rank 0's view decides for every rank
+    if resume == "auto":  # (a rank deciding on its own view would enter other collectives than the rest)
+        resume = found
     checkpoint = _resume_checkpoint(out_dir, config, dist_, vocab) if resume else None
-    if checkpoint is None and (out_dir / ckpt.CHECKPOINT_NAME).exists():
+    if checkpoint is None and found:
         raise ConfigError(f"{out_dir} already holds a run ({ckpt.CHECKPOINT_NAME}); "
                           "continue it with --resume or choose another --output-dir")
     if config.bf16 and dist_.is_main:
@@ -244,6 +247,8 @@ def start_run(config: TrainConfig, resume: bool | str) -> Run:
     configure_device(config, model, dist_.device)
     wrapped = DistributedDataParallel(model) if dist_.world_size > 1 else model
     run = Run(config, dist_, out_dir, vocab, model, wrapped, optimizer, Progress())
+    if dist_.is_main:  # what writers killed mid-write left (a lost worker's job), before writing again
+        ckpt.remove_unfinished_writes(written_files(out_dir))
     if checkpoint is None:
         seed_everything(config.seed + dist_.rank)
         if dist_.is_main:
@@ -272,10 +277,15 @@ def start_run(config: TrainConfig, resume: bool | str) -> Run:
         run.data_state = ckpt.from_plain(mine["data"])
         if dist_.is_main:
             truncate_metrics(out_dir / METRICS_NAME, run.progress.step)
-            ckpt.remove_unfinished_writes(out_dir)  # a writer killed mid-write (a lost worker's job)
         run.changed = _changed_settings(checkpoint.get("train_config"), config)
     model.train()
     return run
+
+
+def written_files(out_dir: Path) -> list[Path]:
+    """Every file a run writes (each through `elmokit.io.atomic_path`): its own and best/'s."""
+    names = (ckpt.CHECKPOINT_NAME, TRAIN_CONFIG_NAME, CONFIG_NAME, METRICS_NAME, CURVES_NAME)
+    return [out_dir / name for name in names] + [out_dir / BEST_DIR / name for name in ckpt.MODEL_DIR_FILES]
 
 
 def training_total(config: TrainConfig) -> int:
@@ -308,6 +318,9 @@ def run_epoch(run: Run, bar, stop: StopSignals) -> bool:
     while (batch := next_batch(batches, config, dist_)) is not None:
         lr = progress.lr(config)  # this step's (the log line says the last step's, not the next one's)
         result = train_step(run.wrapped, run.optimizer, batch, run.state, lr, config, dist_)
+        if not (math.isfinite(result.loss) and math.isfinite(result.grad_norm)):  # global figures: every rank stops
+            raise ckpt.diverged(run.out_dir, progress.step + 1, f"the training loss is {_number(result.loss)}, "
+                                f"its gradient's norm {_number(result.grad_norm)} (--lr {lr:g})")
         run.state = result.state
         progress.step += 1
         progress.tokens += result.n_tokens
@@ -363,6 +376,7 @@ def run_evaluation(model: LanguageModel, config: TrainConfig, vocab, progress: P
     _log(out_dir, dist_, record, bar)
     if result["ppl"] < progress.best_ppl:
         progress.best_ppl, progress.bad_evals = result["ppl"], 0
+        ckpt.check_finite_weights(model, out_dir, progress.step)
         if dist_.is_main:
             ckpt.save_model_dir(model, out_dir / BEST_DIR, config.vocab,
                                 ckpt.provenance(asdict(config), asdict(progress), result))
@@ -381,7 +395,9 @@ def run_evaluation(model: LanguageModel, config: TrainConfig, vocab, progress: P
 
 def save_training_checkpoint(out_dir: Path, config: TrainConfig, model: LanguageModel, optimizer, progress: Progress,
                              state: LstmState | None, batches, dist_: Dist, window: MetricsWindow) -> None:
-    """Write checkpoint.pt: shared parts once, and every rank's RNGs, carried state and data position."""
+    """Write checkpoint.pt: shared parts once, and every rank's RNGs, carried state and data position;
+    never weights that are not finite (every rank refuses alike, before any exchange)."""
+    ckpt.check_finite_weights(model, out_dir, progress.step)
     mine = {"rng": ckpt.rng_state(),
             "lstm_state": None if state is None else [t.detach().cpu() for t in state],
             "data": ckpt.to_plain(batches.state_dict()) if batches is not None else None}
@@ -430,6 +446,11 @@ def _resume_checkpoint(out_dir: Path, config: TrainConfig, dist_: Dist, vocab) -
                           f"{', other tokens' if checkpoint['vocab_size'] == len(vocab) else ''}); its softmax "
                           "rows belong to that vocabulary: resume with it")
     return checkpoint
+
+
+def _number(value: float) -> str:
+    """A figure of an error message: NaN as NaN, others as %g."""
+    return "NaN" if math.isnan(value) else f"{value:g}"
 
 
 def _file_sha256(path: str | Path) -> str:
