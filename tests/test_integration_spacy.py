@@ -163,7 +163,7 @@ def test_the_entry_point_and_to_disk_in_a_fresh_process(model_dir, tmp_path):
     record = json.loads(result.stdout.strip().splitlines()[-1])
     assert record["pipes"] == ["elmo"] and record["same"]
     assert record["config"] == {"factory": "elmo", "model": str(model_dir), "layers": 1, "batch_size": 64,
-                                "device": "cpu"}
+                                "device": None}  # none chosen: none recorded
     saved = {path.name for path in (tmp_path / "pipeline").iterdir()}
     assert saved == {"config.cfg", "meta.json", "tokenizer", "vocab"}, saved  # spaCy's own files, no weights
     expected = ElmoEmbedder(str(model_dir)).embed_sentence(["The", "cat", "sat", "."])[1, 1]
@@ -207,3 +207,25 @@ def test_nlp_pipe_with_two_processes_finishes_and_gives_the_same_docs(model_dir,
         pytest.fail("nlp.pipe(n_process=2) did not finish in 120 s: its workers hung")
     assert process.returncode == 0, err[-3000:]
     assert out.split() == ["ok", str(3 * len(TEXTS))]
+
+
+def test_the_device_is_recorded_only_when_chosen(nlp_with, monkeypatch):
+    """A pipe given no device records none (null in config.cfg) and runs where every elmokit command
+    runs by default: ELMOKIT_DEVICE, else auto (the GPU when torch sees one), decided where it loads."""
+    import elmokit.integrations.spacy as pipe_module
+
+    asked = []
+    real = pipe_module.ElmoEmbedder
+
+    def recording(model, device=None, **kwargs):
+        asked.append(device)
+        return real(model, device="cpu", **kwargs)
+
+    monkeypatch.setattr(pipe_module, "ElmoEmbedder", recording)
+    monkeypatch.setenv("ELMOKIT_DEVICE", "cuda:3")
+    assert nlp_with().config["components"]["elmo"]["device"] is None
+    monkeypatch.delenv("ELMOKIT_DEVICE")
+    nlp_with()
+    chosen = nlp_with(device="cpu")
+    assert chosen.config["components"]["elmo"]["device"] == "cpu"
+    assert asked == ["cuda:3", "auto", "cpu"]

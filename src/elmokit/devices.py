@@ -27,6 +27,21 @@ DEVICE_PATTERN = r"auto|cpu|cuda(:[0-9]+)?"  # the names a config file may hold
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.int8}
 
 
+DEFAULT_DEVICE = "auto"  # every command's, and a spaCy pipe's given none: the GPU when torch sees one
+DEVICE_VARIABLE = "ELMOKIT_DEVICE"  # replaces that default (the tests set cpu)
+
+
+def default_device() -> str:
+    """The device of a command given no --device (and of a spaCy pipe given none): ELMOKIT_DEVICE
+    if set, else `DEFAULT_DEVICE`."""
+    name = os.environ.get(DEVICE_VARIABLE, "").strip() or DEFAULT_DEVICE
+    try:
+        check_device_name(name)
+    except ValueError:
+        raise ValueError(f"{DEVICE_VARIABLE} must be {DEVICE_HELP}; got {name!r}") from None
+    return name
+
+
 def check_device_name(name: str) -> None:
     """ValueError unless `name` is one of the device names a saved config may hold (whether that
     device exists is checked when the run starts, on the machine it runs on)."""

@@ -4,12 +4,18 @@ to run it (`elmokit.devices`), and whether to show progress (`elmokit.progress`)
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 import torch
 
-from elmokit.devices import DEVICE_HELP, DTYPES, check_device_name, resolve_device
+from elmokit.devices import (  # noqa: F401 (default_device, DEFAULT_DEVICE: the commands' import them from here)
+    DEFAULT_DEVICE,
+    DEVICE_HELP,
+    DEVICE_VARIABLE,
+    DTYPES,
+    default_device,
+    resolve_device,
+)
 from elmokit.model.bilm import BiLM
 from elmokit.model.published import published_names
 from elmokit.model.loading import load_model
@@ -59,20 +65,8 @@ def model_from_args(args: argparse.Namespace) -> BiLM:
     return load_model(model)
 
 
-DEFAULT_DEVICE = "auto"  # every command's: the GPU when torch sees one, else the CPU
-DEVICE_VARIABLE = "ELMOKIT_DEVICE"  # replaces that default (the tests set cpu)
 DEVICE_DEFAULT_SENTENCE = f"default: auto, the GPU when torch sees one, else the CPU; {DEVICE_VARIABLE} changes it"
 DEVICE_OPTION_HELP = f"where to run: {DEVICE_HELP} ({DEVICE_DEFAULT_SENTENCE})"
-
-
-def default_device() -> str:
-    """The device of a command given no --device: ELMOKIT_DEVICE if set, else `DEFAULT_DEVICE`."""
-    name = os.environ.get(DEVICE_VARIABLE, "").strip() or DEFAULT_DEVICE
-    try:
-        check_device_name(name)
-    except ValueError:
-        raise ValueError(f"{DEVICE_VARIABLE} must be {DEVICE_HELP}; got {name!r}") from None
-    return name
 
 
 def add_progress_argument(parser: argparse.ArgumentParser) -> None:

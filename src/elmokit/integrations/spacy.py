@@ -36,6 +36,7 @@ from spacy.language import Language  # noqa: E402
 from spacy.tokens import Doc, Span, Token  # noqa: E402
 from spacy.util import minibatch  # noqa: E402
 
+from elmokit.devices import default_device  # noqa: E402
 from elmokit.inference.embedder import ElmoEmbedder  # noqa: E402
 from elmokit.inference.layers import select_layers, token_mean  # noqa: E402
 from elmokit.model.builtin import BUILTIN_MODEL  # noqa: E402
@@ -111,15 +112,18 @@ class ElmoComponent:
             default), "top", or a layer index 0..L (0: the context-free token layer).
         batch_size: docs run through the biLM at once where the pipe is given no batch size
             (`nlp.pipe(texts, batch_size=N)` gives its own N, spaCy's convention).
-        device: where the biLM runs ("cpu", "cuda", "cuda:N", "auto"); the arrays are numpy.
+        device: where the biLM runs ("cpu", "cuda", "cuda:N", "auto"); the arrays are numpy. None
+            (the default, saved as null: no choice recorded in the pipeline) is every elmokit
+            command's default where the pipe loads: ELMOKIT_DEVICE, else "auto" (the GPU when
+            torch sees one; `elmokit.devices.default_device`).
     """
 
     def __init__(self, nlp: Language, name: str = "elmo", *, model: str = BUILTIN_MODEL,
-                 layers: str | int = "average", batch_size: int = 64, device: str = "cpu"):
+                 layers: str | int = "average", batch_size: int = 64, device: str | None = None):
         if batch_size < 1:
             raise ValueError(f"elmo pipe: batch_size must be >= 1, got {batch_size}")
         self.name = name
-        self.embedder = ElmoEmbedder(model, device=device)
+        self.embedder = ElmoEmbedder(model, device=default_device() if device is None else device)
         n_layers = self.embedder.bilm.config.n_output_layers
         if isinstance(layers, bool) or not (layers in LAYER_CHOICES or isinstance(layers, int)
                                             and 0 <= layers < n_layers):
@@ -164,8 +168,8 @@ class ElmoComponent:
 
 
 @Language.factory("elmo", default_config={"model": BUILTIN_MODEL, "layers": "average", "batch_size": 64,
-                                          "device": "cpu"})
-def make_elmo(nlp: Language, name: str, model: str, layers: str | int, batch_size: int, device: str
+                                          "device": None})
+def make_elmo(nlp: Language, name: str, model: str, layers: str | int, batch_size: int, device: str | None
               ) -> ElmoComponent:
     """spaCy's factory of the `elmo` pipe (the `spacy_factories` entry point names it)."""
     return ElmoComponent(nlp, name, model=model, layers=layers, batch_size=batch_size, device=device)
