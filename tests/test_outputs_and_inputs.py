@@ -7,14 +7,17 @@ bfloat16 products warns; leftovers of killed writes of the same output are remov
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from elmokit.cli import main
 from elmokit import io
+from elmokit.io import atomic_write_text
 from tests.conftest import one_error_line
 
 SENTENCES = "the cat sat\na dog ran home\n"
@@ -198,6 +201,41 @@ def test_bfloat16_without_native_products_warns(model_dir, tmp_path, capsys, mon
     warned = [line for line in capsys.readouterr().err.splitlines() if "slower than float32" in line]
     assert len(warned) == (0 if native else 1), warned
     assert native or "--dtype float32" in warned[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. The temporary files of killed writes are removed by the next write of the same output
+# ---------------------------------------------------------------------------------------------
+def _dead_pid() -> int:
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(child.stdout)
+
+
+def test_a_later_convert_removes_the_leftovers_of_its_own_output(model_dir, tmp_path):
+    out = tmp_path / "original"
+    out.mkdir()
+    options, weights = out / "options.json", out / "weights.hdf5"
+    killed = out / f".weights.hdf5.{_dead_pid()}_abcd1234.tmp"  # a convert killed while writing
+    living = out / f".weights.hdf5.{os.getpid()}_abcd1234.tmp"  # a write in progress, this process's
+    old = out / ".weights.hdf5.x1y2z3w4.tmp"  # an older elmokit's name, no pid: by age
+    young = out / ".weights.hdf5.q1y2z3w4.tmp"
+    other = out / f".options.json.{_dead_pid()}_abcd1234.tmp"  # another output's: left to its own write
+    for path in (killed, living, old, young, other):
+        path.write_bytes(b"half")
+    day_ago = time.time() - 2 * 86400
+    os.utime(old, (day_ago, day_ago))
+    assert main(["convert", "--model", str(model_dir), "--to-original", str(options), str(weights)]) == 0
+    assert weights.is_file() and not killed.exists() and not old.exists()
+    assert living.exists() and young.exists()
+    assert not other.exists()  # options.json was written too: its own leftover went then
+
+
+def test_atomic_write_names_its_temporary_file_with_its_pid(tmp_path, monkeypatch):
+    seen = []
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda src, dst: (seen.append(Path(src).name), real_replace(src, dst)))
+    atomic_write_text(tmp_path / "a.txt", "x")
+    assert seen and seen[0].startswith(f".a.txt.{os.getpid()}_") and seen[0].endswith(".tmp"), seen
 
 
 def test_prepare_over_its_own_shards_is_refused(tmp_path, capsys):

@@ -70,12 +70,17 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     (`durable_replace`).
 
     On an exception (or a kill) the destination is untouched and the temporary file removed
-    (a kill leaves only a `.tmp` file, never a corrupt destination).
+    (a kill leaves only a `.tmp` file, never a corrupt destination). The temporary file's name
+    holds this process's pid, so the next write of `path` removes what killed writers left
+    (`abandoned_writes`) and never a live writer's.
     """
     path = Path(path)
     check_replaceable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    for leftover in abandoned_writes(path):
+        with contextlib.suppress(OSError):  # another writer may remove it first
+            leftover.unlink()
+    handle, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}_", suffix=".tmp", dir=path.parent)
     os.close(handle)
     tmp = Path(tmp_name)
     try:
@@ -98,12 +103,44 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 def unfinished_writes(path: str | Path) -> list[Path]:
     """The temporary files of `atomic_path(path)` that writers killed before their rename left
-    beside `path` (named as atomic_path names them: `.NAME.` + mkstemp's random letters + `.tmp`),
-    for the next writer of `path` to remove (a kill runs no `finally`)."""
+    beside `path` (named as atomic_path names them: `.NAME.` + the writer's pid, `_` and mkstemp's
+    random letters, or the letters alone before elmokit put the pid there, + `.tmp`), for the next
+    writer of `path` to remove (a kill runs no `finally`)."""
     path = Path(path)
     pattern = re.compile(re.escape(f".{path.name}.") + r"[A-Za-z0-9_]+\.tmp")
     found = path.parent.glob(f".{glob.escape(path.name)}.*.tmp")
     return sorted(temporary for temporary in found if pattern.fullmatch(temporary.name))
+
+
+UNNAMED_LEFTOVER_SECONDS = 24 * 3600  # a temporary file without a pid (an older elmokit's) is abandoned after a day
+
+
+def abandoned_writes(path: str | Path) -> list[Path]:
+    """The `unfinished_writes(path)` that no live process holds: named with the pid of a process
+    that has ended (this machine's pids: one output is written from one machine at a time), or,
+    named without a pid by an older elmokit, untouched for `UNNAMED_LEFTOVER_SECONDS`."""
+    path = Path(path)
+    abandoned = []
+    for temporary in unfinished_writes(path):
+        owner = re.fullmatch(r"(\d+)_[a-z0-9_]{8}", temporary.name[len(path.name) + 2:-len(".tmp")])
+        try:
+            ended = (not _pid_alive(int(owner.group(1))) if owner else
+                     time.time() - temporary.stat().st_mtime > UNNAMED_LEFTOVER_SECONDS)
+        except OSError:  # removed meanwhile
+            continue
+        if ended:
+            abandoned.append(temporary)
+    return abandoned
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 ERRNO_IN_MESSAGE = re.compile(r"errno = (\d+)|os error (\d+)|\[Errno (\d+)\]")  # h5py, Rust (safetensors), Python
