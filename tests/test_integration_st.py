@@ -85,10 +85,10 @@ def test_the_card_carries_the_hubs_metadata(tiny, st_folder):
     card = ModelCard.load(st_folder / "README.md")  # huggingface_hub's own parser of the YAML block
     assert card.data.library_name == "sentence-transformers" and card.data.license == "mit"
     assert {"sentence-transformers", "elmo", "feature-extraction"} <= set(card.data.tags)
-    assert card.data.pipeline_tag == "sentence-similarity"
+    assert card.data.pipeline_tag == "feature-extraction"  # not trained for sentence similarity: the card says so
     fingerprint = model_fingerprint(load_model(str(tiny)))
     assert card.data.to_dict()["elmo_fingerprint"] == fingerprint
-    assert card.data.to_dict()["elmo_source"] == str(tiny.resolve())
+    assert card.data.to_dict()["elmo_source"] == "a local folder named model"  # not the builder's path
     assert fingerprint in card.text and "SentenceTransformer(" in card.text
     provenance = json.loads((st_folder / "provenance.json").read_text())
     assert provenance["elmokit_fingerprint"] == fingerprint and provenance["license"] == "mit"
@@ -137,3 +137,44 @@ def test_overwrite_never_deletes_the_model_being_converted(tiny, tmp_path, capsy
     assert (project / "m" / "model.safetensors").is_file() and (project / "notes.txt").is_file()
     with pytest.raises(ValueError, match="holds the input"):
         save_sentence_transformers(str(project / "m"), project, overwrite=True)
+
+
+def test_token_embeddings_are_each_texts_own_tokens_with_a_prompt(tiny, st_folder):
+    """Texts of different lengths in one batch, with a prompt: each text's rows are the layer
+    average of the tokens of prompt + text, as ElmoEmbedder gives them alone, and no padding row."""
+    from elmokit import ElmoEmbedder, tokenize
+
+    texts = ["Short one.", "A much longer sentence, with commas, and more words than the others!", "Mid length text"]
+    prompt = "query: "
+    rows = load_without_remote_code(st_folder).encode(texts, output_value="token_embeddings", prompt=prompt,
+                                                      batch_size=3)
+    embedder = ElmoEmbedder(str(tiny))
+    for text, got in zip(texts, rows):
+        layers = embedder.embed_sentence(tokenize(prompt + text))  # (L+1, n, 2P)
+        np.testing.assert_allclose(got.numpy(), layers.mean(axis=0), atol=1e-6, rtol=1e-5)
+
+
+
+def test_the_card_names_no_local_path_and_the_reported_perplexity(tiny, tmp_path):
+    """A model folder whose provenance has the builder's absolute paths, a training-time
+    perplexity and the first-5,000-sentence one the README reports: the card and provenance.json
+    name files without the builder's folders, and the card shows the reported perplexity; its
+    "Use it" section shows SentenceTransformer."""
+    model = tmp_path / "built"
+    shutil.copytree(tiny, model)
+    record = {"train_files": ["/root/runs/gutenberg/train/*.txt.gz"], "vocab": "/root/runs/gutenberg/vocab.txt",
+              "tokens": 1000, "steps": 10, "valid_files": ["/root/runs/gutenberg/valid-2k.txt"],
+              "valid_ppl": 97.632, "valid_forward_ppl": 96.877, "valid_backward_ppl": 98.393,
+              "valid_first_5000_sentences": {"forward_ppl": 99.29, "backward_ppl": 101.7, "ppl": 100.49, "n_tokens": 153070},
+              "test_first_5000_sentences": {"forward_ppl": 82.3, "backward_ppl": 84.49, "ppl": 83.39, "n_tokens": 151685}}
+    (model / "provenance.json").write_text(json.dumps(record))
+    out = save_sentence_transformers(str(model), tmp_path / "st")
+    card = (out / "README.md").read_text()
+    for written in (card, (out / "provenance.json").read_text()):
+        assert "/root" not in written and str(tmp_path) not in written
+    assert "`*.txt.gz`" in card and "`vocab.txt`" in card
+    perplexity = card[card.index("## Perplexity"):card.index("## Software")]
+    assert "100.49" in perplexity and "83.39" in perplexity and "97.63" not in perplexity
+    use_it = card[card.index("## Use it"):card.index("## The model")]
+    assert "SentenceTransformer(" in use_it and "ElmoEmbedder(" in use_it
+    assert "not trained for similarity of meaning" in card and "load a folder only from a source you trust" in card

@@ -1,6 +1,7 @@
 """Where and in what precision elmokit runs: the one reading of `device=` / `--device` and of
 `dtype=` / `--dtype` that every entry point shares (Elmo, ElmoEmbedder, HubElmo, `elmo embed`,
-`elmo similar`, `elmo task`, `elmo train`, `elmo perplexity`).
+`elmo similar`, `elmo task`, `elmo train`, `elmo perplexity`); and of `threads=` / `--threads`,
+the torch threads a model runs on the CPU (`use_threads`, `default_threads`).
 
     device   "cpu", "cuda", "cuda:N", "auto" (the GPU if torch sees one, else the CPU), a
              torch.device, or None (the CPU). Under torchrun, "cuda" and "auto" take the GPU of the
@@ -17,8 +18,13 @@
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
 import os
 import re
+import statistics
+import time
+from pathlib import Path
 
 import torch
 
@@ -140,3 +146,174 @@ def memory_bytes(device: torch.device) -> int | None:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
         return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Threads: how many torch runs a model on, when the caller gives no count
+# ---------------------------------------------------------------------------------------------
+PROC = Path("/proc")  # where the process's CPUs, cgroups and the machine's load are read (tests point them elsewhere)
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+LOAD_WINDOW_S = 60.0  # the 1-minute load average's time constant
+_threads_given = {"count": None}  # the count last given to `use_threads`: later defaults leave it
+
+
+def max_threads() -> int:
+    """The most torch threads an option may ask for: 4 a CPU core, at least 64. Beyond it OpenMP
+    fails (20000: libgomp cannot make them) or the process crashes (100000: a segfault that leaves
+    a stale lock and a half-made run)."""
+    return max(64, 4 * (os.cpu_count() or 1))
+
+
+def check_threads(threads: int, name: str = "threads") -> None:
+    """ValueError naming `name` (`--threads`, `threads`) unless 1 <= threads <= max_threads()."""
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= max_threads():
+        raise ValueError(f"{name} must be from 1 to {max_threads()} (4 a CPU core, at least 64), got {threads!r}")
+
+
+def use_threads(threads: int | None, device: torch.device) -> int:
+    """Set the torch threads a model about to run on `device` gets; returns torch's count then.
+
+    `threads` given: that many (`torch.set_num_threads`, for the whole process, as torch has it),
+    and later models built without a count keep it. None, on the CPU: `default_threads()`, never
+    more than torch has now (a count the process lowered itself, `torch.set_num_threads(1)` or a
+    forked worker's one, stays), and nothing at all where OMP_NUM_THREADS is set (the user's choice,
+    which torch read) or a count was given before. On a GPU, None changes nothing.
+    """
+    if threads is not None:
+        check_threads(threads)
+        torch.set_num_threads(threads)
+        _threads_given["count"] = threads
+    elif device.type == "cpu" and _threads_given["count"] is None and "OMP_NUM_THREADS" not in os.environ:
+        chosen = min(torch.get_num_threads(), default_threads())
+        if chosen != torch.get_num_threads():
+            torch.set_num_threads(chosen)
+    return torch.get_num_threads()
+
+
+def default_threads() -> int:
+    """The threads for a process given no count: the CPUs it may use (`usable_cpus`: its affinity
+    and its cgroup's CPU quota) and that other processes leave free (the machine's CPUs less
+    `busy_cpus`, rounded), at least 1.
+
+    Why not torch's own (every core): on a machine other work keeps busy, a parallel region waits
+    for its slowest thread, and a thread that has to share its core with another process makes
+    every step wait for its turn; one thread per free core avoids that (bench/results/threads.md).
+    """
+    machine, busy, usable = os.cpu_count() or 1, busy_cpus(), usable_cpus()
+    chosen = max(1, min(usable, int(machine - busy + 0.5)))
+    logging.getLogger(__name__).debug(f"default threads: {chosen} ({usable} CPUs usable by affinity and cgroup "
+                                      f"quota; {busy:.2f} of the machine's {machine} busy with other work)")
+    return chosen
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity (`os.sched_getaffinity`, what taskset and
+    cpusets give it), at most its cgroup's CPU quota rounded down (`cgroup_cpu_quota`), at least 1."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cpus = os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    return max(1, min(cpus, int(quota))) if quota is not None else cpus
+
+
+def cgroup_cpu_quota() -> float | None:
+    """The CPUs a second that this process's cgroups allow it (quota / period): the tightest limit
+    along its cgroup's path, read from cgroup v2's `cpu.max` or v1's `cpu.cfs_quota_us` and
+    `cpu.cfs_period_us` (the folders of /proc/self/cgroup under /sys/fs/cgroup; inside a container
+    the path may not exist, its root folder then being the container's own). None: no limit, or
+    none readable."""
+    try:
+        lines = (PROC / "self" / "cgroup").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    limits = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":  # cgroup v2: one hierarchy
+            mounts, read = [CGROUP_ROOT], _v2_quota
+        elif "cpu" in controllers.split(","):  # cgroup v1's cpu controller, mounted by its name
+            mounts, read = [CGROUP_ROOT / controllers, CGROUP_ROOT / "cpu"], _v1_quota
+        else:
+            continue
+        parts = [part for part in path.strip().split("/") if part not in ("", ".", "..")]
+        for mount in mounts:
+            for depth in range(len(parts), -1, -1):  # the cgroup, then each of its parents
+                folder = mount.joinpath(*parts[:depth])
+                if folder.is_dir():
+                    limits.append(read(folder))
+    limits = [limit for limit in limits if limit is not None]
+    return min(limits) if limits else None
+
+
+def _v2_quota(folder: Path) -> float | None:
+    """`cpu.max` ("QUOTA PERIOD" in microseconds, or "max PERIOD": no limit) as CPUs."""
+    try:
+        quota, period = (folder / "cpu.max").read_text(encoding="utf-8").split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        return None
+
+
+def _v1_quota(folder: Path) -> float | None:
+    """`cpu.cfs_quota_us` / `cpu.cfs_period_us` as CPUs (a quota of -1: no limit)."""
+    try:
+        quota = int((folder / "cpu.cfs_quota_us").read_text(encoding="utf-8"))
+        period = int((folder / "cpu.cfs_period_us").read_text(encoding="utf-8"))
+        return None if quota <= 0 or period <= 0 else quota / period
+    except (OSError, ValueError):
+        return None
+
+
+def busy_cpus(readings: int = 5) -> float:
+    """The CPUs other processes keep busy: the larger of the machine's runnable threads now (the
+    median of a few readings of /proc/loadavg's run queue, less this process's own running
+    threads) and the 1-minute load average less this process's own share of it (the CPU time it
+    has used, spread over its life, as the load average weighs it). The run queue sees work that
+    has just started; the load average, work that comes and goes. 0 where neither can be read."""
+    now = []
+    for i in range(readings):
+        fields = _read(PROC / "loadavg").split()
+        if len(fields) < 4:
+            return 0.0
+        now.append(int(fields[3].split("/")[0]) - _own_running_threads())
+        if i + 1 < readings:
+            time.sleep(0.001)
+    return max(0.0, statistics.median(now), float(fields[0]) - _own_load_share())
+
+
+def _own_running_threads() -> int:
+    """This process's threads in state R (running or runnable): at least the one reading."""
+    running = 0
+    try:
+        for task in (PROC / "self" / "task").iterdir():
+            running += _stat_fields(_read(task / "stat"))[:1] == ["R"]
+    except OSError:
+        pass
+    return max(1, running)
+
+
+def _own_load_share() -> float:
+    """What this process adds to the 1-minute load average, were it busy at its average rate all
+    its life: its CPU seconds / its age x (1 - e^(-age / 60 s))."""
+    fields = _stat_fields(_read(PROC / "self" / "stat"))
+    uptime = _read(PROC / "uptime").split()
+    if len(fields) < 20 or not uptime:
+        return 0.0
+    age = float(uptime[0]) - int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime, in ticks
+    if age <= 0:
+        return 0.0
+    return time.process_time() / age * (1 - math.exp(-age / LOAD_WINDOW_S))
+
+
+def _stat_fields(stat: str) -> list[str]:
+    """The fields of a /proc/.../stat line after the command name (which may hold spaces):
+    [state, ppid, ...], field N of proc(5) at index N - 3."""
+    return stat.rpartition(")")[2].split()
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return ""

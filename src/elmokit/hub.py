@@ -61,16 +61,17 @@ class HubElmo(nn.Module):
     mix is the equal-weight average, `layers.sentence_vector`), and `sequence_len` (B,). Padding is zero.
 
     Call with a list of token lists or with char ids (B, T, 50) (moved to the module's device).
-    `device` and `dtype` as for `Elmo`; `mix` the `elmo` output's starting (weights, scaling)
+    `device`, `dtype` and `threads` as for `Elmo`; `mix` the `elmo` output's starting (weights, scaling)
     (`tfhub_module.module_mix`; default equal weights and 1).
     """
 
     def __init__(self, options_file: str | Path | None = None, weight_file: str | Path | None = None,
                  module: BiLM | None = None, trainable: bool = False, device: str | torch.device | None = None,
-                 dtype: str | torch.dtype | None = None, mix: tuple[list[float], float] | None = None):
+                 dtype: str | torch.dtype | None = None, mix: tuple[list[float], float] | None = None,
+                 threads: int | None = None):
         super().__init__()
         self.bilm = module if module is not None else load_model(options_file, weight_file)
-        self.bilm = place_bilm(self.bilm, resolve_device(device), dtype, trainable, False, "HubElmo")
+        self.bilm = place_bilm(self.bilm, resolve_device(device), dtype, trainable, False, "HubElmo", threads)
         self.bilm.requires_grad_(trainable)
         weights, scaling = mix if mix is not None else (None, 1.0)
         self.mix = ScalarMix(self.bilm.config.n_output_layers, initial_scalar_parameters=weights,
@@ -113,16 +114,17 @@ class Module(nn.Module):
     """`hub.Module(handle, trainable=False)`: call it with `signature="default"` (untokenized
     strings, split on spaces) or `signature="tokens"` (`inputs={"tokens": (B, T) strings with ""
     padding, "sequence_len": (B,)}`); `as_dict=True` gives every output, else `default`.
-    `device` and `dtype` as for `Elmo`."""
+    `device`, `dtype` and `threads` as for `Elmo`."""
 
     def __init__(self, handle: str | tuple[str, str] | None = None, trainable: bool = False, *,
-                 device: str | torch.device | None = None, dtype: str | torch.dtype | None = None):
+                 device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
+                 threads: int | None = None):
         super().__init__()
         self.handle = handle
         train_lstm = trainable and isinstance(handle, str) and handle.rstrip("/").endswith("google/elmo/1")
         folder = module_folder(handle) if isinstance(handle, (str, Path)) else None
         self.elmo = HubElmo(module=load_handle(handle), trainable=train_lstm, device=device, dtype=dtype,
-                            mix=module_mix(folder) if folder is not None else None)
+                            mix=module_mix(folder) if folder is not None else None, threads=threads)
         self.elmo.mix.requires_grad_(trainable)
         if train_lstm:  # google/elmo/1 trains "all variables of the LSTM cells", not the char CNN
             self.elmo.bilm.token_encoder.requires_grad_(False)

@@ -24,7 +24,7 @@ from elmokit.commands.common import (
 )
 from elmokit.io import check_replaceable_folder, refuse_output_over_input
 from elmokit.inference.embedder import ElmoEmbedder
-from elmokit.training.config import max_threads
+from elmokit.devices import check_threads
 from elmokit.inference.estimate import OutputTooLargeError, format_bytes
 from elmokit.inference.files import (
     EmbedOptions,
@@ -135,8 +135,8 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser.add_argument("--checkpoint-every", type=int, default=EmbedOptions.checkpoint_every,
                         help="sentences between checkpoints, the most --resume redoes (default: 2000)")
     parser.add_argument("--threads", type=int,
-                        help="CPU threads for torch (default: torch's choice; on a busy machine 1 "
-                             "can be much faster than several)")
+                        help="CPU threads for torch (default: the CPUs this process may use, by its affinity "
+                             "and cgroup quota, less those other processes keep busy; at least 1)")
     parser.add_argument("--max-output-gb", type=float, default=DEFAULT_MAX_OUTPUT_GB, metavar="GB",
                         help="refuse to start when the output is estimated above GB gigabytes "
                              f"(10^9 bytes; default: {DEFAULT_MAX_OUTPUT_GB:g}); raise it to write more, or "
@@ -173,10 +173,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, max_length=args.max_length, overlap=args.overlap,
         checkpoint_every=args.checkpoint_every)
     if args.threads is not None:
-        if not 1 <= args.threads <= max_threads():
-            raise ValueError(f"--threads must be from 1 to {max_threads()} (4 a CPU core, at least 64), "
-                             f"got {args.threads}")
-        torch.set_num_threads(args.threads)
+        check_threads(args.threads, "--threads")
     if not args.max_output_gb > 0:
         raise ValueError(f"--max-output-gb must be a number of gigabytes > 0 (inf: no limit), got {args.max_output_gb}")
     fix_malloc_mmap_threshold()  # peak memory flat however long the input
@@ -185,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         device = device_from_args(args)
         if device.type == "cuda" and world_size > 1:  # one GPU a process
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        embedder = ElmoEmbedder(module=model_from_args(args), device=device, dtype=args.dtype)
+        embedder = ElmoEmbedder(module=model_from_args(args), device=device, dtype=args.dtype, threads=args.threads)
         with sigterm_as_interrupt(args.output):
             report = embed_file_report(embedder, args.input, args.output, options, overwrite=args.overwrite,
                                        resume=args.resume, progress=not args.no_progress, rank=rank,

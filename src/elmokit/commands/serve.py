@@ -9,12 +9,10 @@ import signal
 import socket
 import sys
 
-import torch
-
 from elmokit.commands.common import add_device_arguments, add_model_arguments, device_from_args, model_from_args
 from elmokit.extras import require
 from elmokit.serve.inputs import Limits  # plain Python: no extra needed
-from elmokit.training.config import max_threads
+from elmokit.devices import check_threads
 
 API_KEY_VARIABLE = "ELMOKIT_API_KEY"
 
@@ -74,7 +72,9 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     parser.add_argument("--shutdown-timeout", type=float, default=25.0,
                         help="seconds SIGTERM waits for the requests in flight before it cancels them (503) "
                              "and exits (default: 25, within the 30 s Kubernetes gives before SIGKILL)")
-    parser.add_argument("--threads", type=int, help="torch threads for the model (default: torch's own)")
+    parser.add_argument("--threads", type=int,
+                        help="torch threads for the model (default: the CPUs this process may use, by its "
+                             "affinity and cgroup quota, less those other processes keep busy when it starts)")
     add_model_arguments(parser)
     add_device_arguments(parser, dtype=True)
     parser.set_defaults(func=run)
@@ -90,9 +90,8 @@ def run(args: argparse.Namespace) -> int:
                          f"got {args.shutdown_timeout}")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be between 0 and 65535, got {args.port}")
-    if args.threads is not None and not 1 <= args.threads <= max_threads():  # as elmo embed's --threads
-        raise ValueError(f"--threads must be from 1 to {max_threads()} (4 a CPU core, at least 64), "
-                         f"got {args.threads}")
+    if args.threads is not None:
+        check_threads(args.threads, "--threads")
     if args.api_key is None:
         args.api_key = os.environ.get(API_KEY_VARIABLE)
     if args.api_key is not None and not args.api_key.strip():
@@ -134,10 +133,9 @@ def _serve(args: argparse.Namespace, limits, listener: socket.socket) -> int:
     from elmokit.inference.files import make_tokenizer
     from elmokit.serve.app import Service, build_app
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
     model_name = args.model or args.options_file or "gutenberg-en"
-    service = Service(ElmoEmbedder(module=model_from_args(args), device=device_from_args(args), dtype=args.dtype),
+    service = Service(ElmoEmbedder(module=model_from_args(args), device=device_from_args(args), dtype=args.dtype,
+                                   threads=args.threads),
                       model_name, limits, make_tokenizer(True), "moses", args.api_key, args.rows)  # no other reference:
     # the embedder leaves this process for the model's (elmokit.serve.worker) once that has loaded it
     host, port = listener.getsockname()[:2]

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS
-from elmokit.devices import dtype_name, resolve_device, resolve_dtype
+from elmokit.devices import dtype_name, resolve_device, resolve_dtype, use_threads
 from elmokit.int8 import is_int8, quantize_modules, unquantize_modules
 from elmokit.kernels import weights_key
 from elmokit.model.bilm import BiLM, BiLMOutput, LstmState
@@ -101,14 +101,17 @@ def run_bilm(bilm: BiLM, char_ids: torch.Tensor, carried: CarriedState | None) -
 
 
 def place_bilm(bilm: BiLM, device: torch.device, dtype: str | torch.dtype | None, trainable: bool,
-               stateful: bool, who: str) -> BiLM:
-    """Move `bilm` (in place, as `nn.Module.to`) to `device` and, unless `dtype` is None, its
+               stateful: bool, who: str, threads: int | None = None) -> BiLM:
+    """Set the torch threads it runs on (`elmokit.devices.use_threads`: `threads`, or on the CPU
+    the default for what this process may use now), move `bilm` (in place, as `nn.Module.to`) to
+    `device` and, unless `dtype` is None, its
     weights to `dtype`; "int8" marks the LSTM for int8 products and the token encoder for bfloat16
     ones (`int8_modules`, `elmokit.int8.quantize_modules`, the CPU only) on float32 weights: a biLM
     in another dtype is refused (its weights already rounded; load it in float32). "float32" or
     "bfloat16" removes the marks. None keeps the biLM's own precision (`bilm_precision`): its
     weights' dtype, or int8 where an earlier `dtype="int8"` marked it, as every holder of a shared
     module runs it. bfloat16 and int8 are for stateless inference: an error otherwise."""
+    use_threads(threads, device)
     resolved = None if dtype is None else resolve_dtype(dtype)
     if resolved == torch.bfloat16 and device.type == "cpu":
         warn_if_bfloat16_is_emulated()
@@ -236,6 +239,8 @@ class Elmo(nn.Module):
             (`elmokit.int8`); "float32" (exact). Default: the biLM's own precision
             (`bilm_precision`: float32 for a model loaded here; for `module`, its weights' dtype,
             or int8 if an earlier `dtype="int8"` marked it).
+        threads: torch's CPU threads (for the whole process, as `torch.set_num_threads`). Default:
+            the CPUs this process may use that other work leaves free (`elmokit.devices.use_threads`).
 
     Forward: `inputs` (B, T, 50) char ids (any leading dims), or `word_inputs` (B, T) ids into
     `vocab_to_cache` (0 = padding), moved to the module's device. Returns
@@ -248,7 +253,7 @@ class Elmo(nn.Module):
                  vocab_to_cache: list[str] | None = None, keep_sentence_boundaries: bool = False,
                  scalar_mix_parameters: list[float] | None = None, module: BiLM | None = None, *,
                  stateful: bool = False, device: str | torch.device | None = None,
-                 dtype: str | torch.dtype | None = None):
+                 dtype: str | torch.dtype | None = None, threads: int | None = None):
         super().__init__()
         if isinstance(num_output_representations, bool) or not isinstance(num_output_representations, int) \
                 or num_output_representations < 1:
@@ -257,7 +262,8 @@ class Elmo(nn.Module):
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout <= 1:
             raise ValueError(f"Elmo: dropout must be a probability in [0, 1], got {dropout!r}")
         self.bilm = module if module is not None else load_model(options_file, weight_file)
-        self.bilm = place_bilm(self.bilm, resolve_device(device), dtype, requires_grad, stateful, "Elmo")
+        self.bilm = place_bilm(self.bilm, resolve_device(device), dtype, requires_grad, stateful, "Elmo",
+                               threads)
         self.bilm.requires_grad_(requires_grad)
         self.keep_sentence_boundaries = keep_sentence_boundaries
         self.dropout = nn.Dropout(dropout)

@@ -66,6 +66,8 @@ class ElmoEmbedder:
             also undoes an earlier "int8" or "bfloat16" on `module`. Default: the biLM's own
             precision (`elmokit.inference.elmo.bilm_precision`): float32 for a model loaded here; for
             `module`, its weights' dtype, or int8 if an earlier `dtype="int8"` marked it.
+        threads: torch's CPU threads (for the whole process, as `torch.set_num_threads`). Default:
+            the CPUs this process may use that other work leaves free (`elmokit.devices.use_threads`).
 
     The copies made from the weights (reordered products, the token cache) follow edits in
     place and `load_state_dict` (`elmokit.kernels.weights_key`), not edits through `.data`.
@@ -78,10 +80,10 @@ class ElmoEmbedder:
     def __init__(self, options_file: str | Path | None = None, weight_file: str | Path | None = None,
                  cuda_device: int = -1, *, stateful: bool = False, cache_tokens: bool = True,
                  module: BiLM | None = None, device: str | torch.device | None = None,
-                 dtype: str | torch.dtype | None = None):
+                 dtype: str | torch.dtype | None = None, threads: int | None = None):
         self.device = resolve_device(device, cuda_device)
         bilm = module if module is not None else load_model(options_file, weight_file)
-        self.bilm = place_bilm(bilm, self.device, dtype, False, stateful, "ElmoEmbedder").eval()
+        self.bilm = place_bilm(bilm, self.device, dtype, False, stateful, "ElmoEmbedder", threads).eval()
         self.bilm.requires_grad_(False)
         self.carried = CarriedState() if stateful else None
         self.cache = TokenCache(self.bilm) if cache_tokens else None

@@ -58,12 +58,15 @@ class ELMoEmbeddings(TokenEmbeddings):
             given together; they take the place of `model`, as in Flair.
         embedding_mode: "all" (the L+1 layers concatenated, Flair's default), "top" or "average".
         batch_size: at most this many sentences run through the biLM at once.
+        threads: torch's CPU threads (default: `elmokit.devices.use_threads`'s, from the CPUs this
+            process may use and the other work on them); a setting of this machine, not saved with a tagger.
 
     Shapes: each token's embedding is ((L+1) * 2P,) for "all", (2P,) otherwise, on `flair.device`.
     """
 
     def __init__(self, model: str | Path | None = BUILTIN_MODEL, options_file: str | Path | None = None,
-                 weight_file: str | Path | None = None, embedding_mode: str = "all", *, batch_size: int = 64):
+                 weight_file: str | Path | None = None, embedding_mode: str = "all", *, batch_size: int = 64,
+                 threads: int | None = None):
         if embedding_mode not in OUTPUT_FORMATS:
             raise ValueError(f"embedding_mode must be one of {', '.join(OUTPUT_FORMATS)}, got {embedding_mode!r}")
         if (options_file is None) != (weight_file is None):
@@ -80,6 +83,7 @@ class ELMoEmbeddings(TokenEmbeddings):
         self.weight_file = saved_reference(weight_file)
         self.embedding_mode = embedding_mode
         self.batch_size = batch_size
+        self.threads = threads
         self._embedder = self._load_embedder()  # a plain attribute: its biLM is not in the state dict
 
     def _load_embedder(self) -> ElmoEmbedder:
@@ -87,7 +91,7 @@ class ELMoEmbeddings(TokenEmbeddings):
             bilm = load_model(self.options_file, self.weight_file)
         else:
             bilm = load_model(self.model)
-        return ElmoEmbedder(module=bilm, device=flair.device)
+        return ElmoEmbedder(module=bilm, device=flair.device, threads=self.threads)
 
     @property
     def embedding_length(self) -> int:
@@ -97,7 +101,7 @@ class ELMoEmbeddings(TokenEmbeddings):
     def embedder(self) -> ElmoEmbedder:
         """The `ElmoEmbedder` that computes the vectors, moved to `flair.device` if that changed."""
         if self._embedder.device != torch.device(flair.device):
-            self._embedder = ElmoEmbedder(module=self._embedder.bilm, device=flair.device)
+            self._embedder = ElmoEmbedder(module=self._embedder.bilm, device=flair.device, threads=self.threads)
         return self._embedder
 
     def token_vectors(self, batch: list[list[str]]) -> torch.Tensor:
@@ -131,9 +135,10 @@ class ELMoEmbeddings(TokenEmbeddings):
 
     def __getstate__(self) -> dict:
         """Pickling (torch.save of a whole model): the model's reference, not its weights."""
-        return {key: value for key, value in self.__dict__.items() if key != "_embedder"}
+        return {key: value for key, value in self.__dict__.items() if key not in ("_embedder", "threads")}
 
     def __setstate__(self, state: dict) -> None:
+        self.threads = None  # the machine that loads it chooses
         self.__dict__.update(state)
         self._embedder = self._load_embedder()
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from elmokit.extras import require
@@ -63,16 +63,18 @@ UNKNOWN_LICENSE = "unknown"  # the Hub's value for a license nobody recorded
 def model_provenance(reference: str | Path | None, bilm: BiLM, license: str | None = None) -> dict[str, Any]:
     """Where a biLM loaded from `reference` (as `elmokit.load_model` takes it; None: the built-in
     model) came from, for its card: the folder's provenance.json if it has one (training files,
-    tokens, perplexity), a published model's URLs, the reference itself, the license (`license`,
-    else Apache-2.0 for the built-in model, else "unknown") and `model_fingerprint` (the sha256
-    of its config and weights that task runs record)."""
+    tokens, perplexity), a published model's URLs, the reference itself (a local folder by its
+    name), the license (`license`, else Apache-2.0 for the built-in model, else "unknown") and
+    `model_fingerprint` (the sha256 of its config and weights that task runs record); no absolute
+    path of this machine (`without_local_paths`)."""
     name = BUILTIN_MODEL if reference is None else str(reference)
     folder = builtin_model_dir() if name == BUILTIN_MODEL else Path(name)
     recorded = {}
     if not is_url(name) and (folder / PROVENANCE_NAME).is_file():
         recorded = json.loads((folder / PROVENANCE_NAME).read_text(encoding="utf-8"))
     published = None if folder.exists() else published_model(name)
-    source = {"source": name if is_url(name) or not folder.exists() else str(folder.resolve())}
+    local = folder.exists() and not is_url(name)
+    source = {"source": f"a local folder named {folder.resolve().name}" if local else name}
     if name == BUILTIN_MODEL:
         source = {"source": f"{BUILTIN_MODEL} (the built-in model of elmokit)"}
     if published is not None:
@@ -85,30 +87,45 @@ def model_provenance(reference: str | Path | None, bilm: BiLM, license: str | No
             source.update(published=published.name, options_url=published.options_url,
                           weight_url=published.weight_url, description=published.description)
     given = license or recorded.get("license") or (BUILTIN_LICENSE if name == BUILTIN_MODEL else UNKNOWN_LICENSE)
-    return {**recorded, **source, "license": given, "elmokit_fingerprint": model_fingerprint(bilm)}
+    return without_local_paths({**recorded, **source, "license": given, "elmokit_fingerprint": model_fingerprint(bilm)})
+
+
+def without_local_paths(value: Any) -> Any:
+    """`value` (provenance: strings, lists, dicts) with every absolute path of the machine that
+    wrote it ("/root/runs/train/*.txt.gz", "C:\\data\\vocab.txt", "~/x") cut to its last part
+    ("*.txt.gz"): a card and provenance.json meant for the Hub name files, never the builder's folders."""
+    if isinstance(value, dict):
+        return {key: without_local_paths(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [without_local_paths(item) for item in value]
+    if isinstance(value, str) and (value.startswith(("/", "~")) or PureWindowsPath(value).is_absolute()):
+        return (PureWindowsPath(value) if "\\" in value else PurePosixPath(value)).name or value
+    return value
 
 
 def hub_card(bilm: BiLM, provenance: dict[str, Any], files: dict[str, str], *, library_name: str,
              tags: list[str], pipeline_tag: str, usage: list[str]) -> str:
     """README.md for the Hub: a YAML metadata block (library_name, tags, pipeline_tag, license,
     and the biLM's source and fingerprint), elmokit's model card of `bilm`, `usage` (Markdown
-    lines: how to load the folder with `library_name`), and the provenance as a table."""
+    lines: how to load the folder with `library_name`, first in its "Use it" section), and the
+    provenance as a table; absolute local paths cut to their names (`without_local_paths`)."""
+    provenance = without_local_paths(provenance)
     metadata = ModelCardData(library_name=library_name, tags=sorted(set(tags)), pipeline_tag=pipeline_tag,
                              license=provenance.get("license", UNKNOWN_LICENSE),
                              elmo_source=provenance.get("source"),
                              elmo_fingerprint=provenance.get("elmokit_fingerprint"))
     n_parameters = bilm.n_parameters
-    body = bilm_card(bilm.config, {**provenance, **software_versions()}, n_parameters, files)
+    body = bilm_card(bilm.config, {**provenance, **software_versions()}, n_parameters, files, usage=usage)
     scalars = [(key, value) for key, value in sorted(provenance.items())
                if isinstance(value, (str, int, float, bool)) and key != "license"]
-    text = [body.rstrip("\n"), "", *usage, "", "## Provenance", "",
+    text = [body.rstrip("\n"), "", "## Provenance", "",
             f"License of the weights: `{provenance.get('license', UNKNOWN_LICENSE)}`.", "",
             markdown_table(("key", "value"), scalars) if scalars else "Not recorded."]
     return str(ModelCard(f"---\n{metadata.to_yaml()}\n---\n" + "\n".join(text)))
 
 
 NATIVE_USAGE = [
-    "## From the Hugging Face Hub", "",
+    "From the Hugging Face Hub:", "",
     "```python",
     "from elmokit.integrations.huggingface import HuggingFaceBiLM  # pip install 'elmokit[sentence-transformers]'",
     "from elmokit import ElmoEmbedder", "",

@@ -24,7 +24,8 @@ TF-Hub handle. `trainable=True` trains the mix's L+1 weights and its scaling (Ke
 starting from a TF-Hub module's own `aggregation/*`, else 0 and 1); the biLM stays frozen, as in
 google/elmo/2 and 3. A saved `.keras` model holds the layer's config (the model's reference: a
 name as given, a local path made absolute) and the mix's variables, not the biLM's weights: loading
-it loads the biLM again from its reference.
+it loads the biLM again from its reference. `threads`: torch's CPU threads (default: from the CPUs
+this process may use and the other work on them, `elmokit.devices.use_threads`); not saved.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ class ElmoEmbedding(keras.layers.Layer):
     """TF-Hub's ELMo `output` of char ids (B, T, 50) (see the module docstring)."""
 
     def __init__(self, model: str | Path | None = BUILTIN_MODEL, output: str = "elmo", trainable: bool = False,
-                 **kwargs):
+                 threads: int | None = None, **kwargs):
         if output not in LAYER_OUTPUTS:
             raise ValueError(f"ElmoEmbedding: output must be one of {', '.join(LAYER_OUTPUTS)} (TF-Hub's names), "
                              f"got {output!r}")
@@ -103,7 +104,7 @@ class ElmoEmbedding(keras.layers.Layer):
         if isinstance(bilm, ManyLangsBiLM):
             raise ValueError(f"ElmoEmbedding: {model} is an ELMoForManyLangs model, whose char ids are its own; "
                              "the layer takes ELMo's (texts_to_ids): use elmokit.Elmo or ElmoEmbedder for it")
-        self._frozen = _Frozen(HubElmo(module=bilm))
+        self._frozen = _Frozen(HubElmo(module=bilm, threads=threads))
         folder = module_folder(self.model)
         mix = module_mix(folder) if folder is not None else None
         weights, scaling = mix or ([0.0] * bilm.config.n_output_layers, 1.0)

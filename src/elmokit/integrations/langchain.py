@@ -50,6 +50,8 @@ class ELMoEmbeddings(BaseModel, Embeddings):
         lang: the Moses language of `elmokit.tokenize` (in-process; the server tokenizes as it was started).
         batch_size: texts a batch in-process, and a request to the server.
         timeout: seconds a request to the server may take.
+        threads: in-process, torch's CPU threads (default: from the CPUs this process may use and
+            the other work on them, `elmokit.devices.use_threads`).
     """
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
@@ -61,6 +63,7 @@ class ELMoEmbeddings(BaseModel, Embeddings):
     lang: str = "en"
     batch_size: int = Field(default=64, ge=1)
     timeout: float = Field(default=60.0, gt=0)
+    threads: int | None = Field(default=None, ge=1)
     _vectors: SentenceVectors | None = PrivateAttr(default=None)
 
     @field_validator("base_url")
@@ -74,7 +77,7 @@ class ELMoEmbeddings(BaseModel, Embeddings):
         if self._vectors is None:
             key = None if self.api_key is None else self.api_key.get_secret_value()
             self._vectors = SentenceVectors(self.model, self.base_url, key, self.device, self.lang,
-                                            self.batch_size, self.timeout)
+                                            self.batch_size, self.timeout, self.threads)
         return self._vectors(texts).tolist() if texts else []
 
     def embed_query(self, text: str) -> list[float]:

@@ -47,6 +47,8 @@ class ELMoEmbedding(BaseEmbedding):
         lang: the Moses language of `elmokit.tokenize` (in-process).
         embed_batch_size: texts a batch in-process, and a request to the server (64).
         timeout: seconds a request to the server may take.
+        threads: in-process, torch's CPU threads (default: from the CPUs this process may use and
+            the other work on them, `elmokit.devices.use_threads`).
     """
 
     model: str | None = None
@@ -56,6 +58,7 @@ class ELMoEmbedding(BaseEmbedding):
     lang: str = "en"
     timeout: float = Field(default=60.0, gt=0)
     embed_batch_size: int = Field(default=64, gt=0, le=2048)
+    threads: int | None = Field(default=None, ge=1)
     _vectors: SentenceVectors | None = PrivateAttr(default=None)
 
     def __init__(self, **data):
@@ -75,7 +78,7 @@ class ELMoEmbedding(BaseEmbedding):
         texts = check_texts(texts, "ELMoEmbedding")
         if self._vectors is None:
             self._vectors = SentenceVectors(self.model, self.base_url, self.api_key, self.device, self.lang,
-                                            self.embed_batch_size, self.timeout)
+                                            self.embed_batch_size, self.timeout, self.threads)
         return self._vectors(list(texts)).tolist() if texts else []
 
     def _get_query_embedding(self, query: str) -> list[float]:

@@ -75,18 +75,22 @@ class ELMoSentenceEncoder(InputModule):
             published name, a TF-Hub handle, a folder, ...).
         lang: the Moses language of `elmokit.tokenize` ("en").
         provenance: what the saved card records of where the biLM came from (default: from `model`).
+        threads: torch's CPU threads (default: `elmokit.devices.use_threads`'s, from the CPUs this
+            process may use and the other work on them); not saved. `SentenceTransformer(folder,
+            model_kwargs={"threads": N})` gives it to a saved module.
     """
 
     config_file_name = SETTINGS_NAME
     config_keys = ["lang"]
 
     def __init__(self, model: BiLM | str | Path | None = None, lang: str = "en",
-                 provenance: dict[str, Any] | None = None):
+                 provenance: dict[str, Any] | None = None, threads: int | None = None):
         if not isinstance(lang, str) or not lang:
             raise TypeError(f"ELMoSentenceEncoder: lang must be a Moses language code such as 'en', got {lang!r}")
         super().__init__()
         self.bilm = model if isinstance(model, BiLM) else load_model(None if model is None else str(model))
         self.lang = lang
+        self.threads = threads
         self.provenance = provenance if provenance is not None else (
             {"source": "a BiLM passed in Python"} if isinstance(model, BiLM) else model_provenance(model, self.bilm))
         self._embedder: ElmoEmbedder | None = None
@@ -118,7 +122,7 @@ class ELMoSentenceEncoder(InputModule):
         """elmokit's stateless embedder of `self.bilm` where the module now is (rebuilt after `.to`)."""
         device = next(self.bilm.parameters()).device
         if self._embedder is None or self._embedder.device != device:
-            self._embedder = ElmoEmbedder(module=self.bilm, device=device)
+            self._embedder = ElmoEmbedder(module=self.bilm, device=device, threads=self.threads)
         return self._embedder
 
     def get_embedding_dimension(self) -> int:
@@ -143,7 +147,8 @@ class ELMoSentenceEncoder(InputModule):
         settings = cls.load_config(model_name_or_path, **where)
         recorded = directory / PROVENANCE_NAME
         provenance = json.loads(recorded.read_text(encoding="utf-8")) if recorded.is_file() else {}
-        return cls(directory, provenance=provenance, **settings)
+        threads = (kwargs.get("model_kwargs") or {}).get("threads")
+        return cls(directory, provenance=provenance, threads=threads, **settings)
 
 
 def save_sentence_transformers(model: BiLM | str | Path | None, directory: str | Path, *, source: str | None = None,

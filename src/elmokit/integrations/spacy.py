@@ -116,14 +116,17 @@ class ElmoComponent:
             (the default, saved as null: no choice recorded in the pipeline) is every elmokit
             command's default where the pipe loads: ELMOKIT_DEVICE, else "auto" (the GPU when
             torch sees one; `elmokit.devices.default_device`).
+        threads: torch's CPU threads (None, the default: `elmokit.devices.use_threads`'s, from the
+            CPUs this process may use and the other work on them).
     """
 
     def __init__(self, nlp: Language, name: str = "elmo", *, model: str = BUILTIN_MODEL,
-                 layers: str | int = "average", batch_size: int = 64, device: str | None = None):
+                 layers: str | int = "average", batch_size: int = 64, device: str | None = None,
+                 threads: int | None = None):
         if batch_size < 1:
             raise ValueError(f"elmo pipe: batch_size must be >= 1, got {batch_size}")
         self.name = name
-        self.embedder = ElmoEmbedder(model, device=default_device() if device is None else device)
+        self.embedder = ElmoEmbedder(model, device=default_device() if device is None else device, threads=threads)
         n_layers = self.embedder.bilm.config.n_output_layers
         if isinstance(layers, bool) or not (layers in LAYER_CHOICES or isinstance(layers, int)
                                             and 0 <= layers < n_layers):
@@ -168,8 +171,9 @@ class ElmoComponent:
 
 
 @Language.factory("elmo", default_config={"model": BUILTIN_MODEL, "layers": "average", "batch_size": 64,
-                                          "device": None})
-def make_elmo(nlp: Language, name: str, model: str, layers: str | int, batch_size: int, device: str | None
-              ) -> ElmoComponent:
+                                          "device": None, "threads": None})
+def make_elmo(nlp: Language, name: str, model: str, layers: str | int, batch_size: int, device: str | None,
+              threads: int | None) -> ElmoComponent:
     """spaCy's factory of the `elmo` pipe (the `spacy_factories` entry point names it)."""
-    return ElmoComponent(nlp, name, model=model, layers=layers, batch_size=batch_size, device=device)
+    return ElmoComponent(nlp, name, model=model, layers=layers, batch_size=batch_size, device=device,
+                         threads=threads)

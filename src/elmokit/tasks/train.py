@@ -34,6 +34,7 @@ from elmokit.tasks.encoder import ContextEncoder
 from elmokit.tasks.scores import score_predictions
 from elmokit.tasks.tagger import Tagger
 from elmokit.tasks.task_config import DEFAULT_DATA_DIR, SPLITS, TASKS, TaskConfig  # noqa: F401 (re-exported)
+from elmokit.devices import use_threads
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,8 +169,8 @@ def train_task(config: TaskConfig, bilm: BiLM | None = None, data: TaskData | No
     in to share them between seeds. After each epoch the loop's state is saved (OUT/task_checkpoint.pt,
     removed once the run is whole); `resume` continues from it, epoch for epoch as if uninterrupted.
     """
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
+    if config.threads is not None:  # kept by the embedders built later (elmokit.devices.use_threads)
+        use_threads(config.threads, torch.device("cpu"))
     start_cpu, start_wall = time.process_time(), time.perf_counter()
     out = Path(config.out)
     if bilm is None and config.model is not None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from elmokit.jsonfiles import read_json
 from elmokit.model.config import ConfigError
 from elmokit.training.corpus import require_tokens
 from elmokit.textfiles import expand_paths
-from elmokit.devices import check_device_name
+from elmokit.devices import check_device_name, max_threads
 from elmokit.io import atomic_write_text
 
 _TYPES = {  # a field's declared type -> (does a value have it, how messages name it)
@@ -41,13 +40,6 @@ def _field(default: Any, help: str) -> Any:
 
 
 MAX_UNROLL_STEPS = 4096  # tokens a row per window: activations for backpropagation grow with it
-
-
-def max_threads() -> int:
-    """The most torch threads an option may ask for: 4 a CPU core, at least 64. Beyond it OpenMP
-    fails (20000: libgomp cannot make them) or the process crashes (100000: a segfault that leaves
-    a stale lock and a half-made run)."""
-    return max(64, 4 * (os.cpu_count() or 1))
 
 
 @dataclass

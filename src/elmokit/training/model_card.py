@@ -70,7 +70,25 @@ def _training_lines(card: dict[str, Any]) -> list[str]:
     return [line for line in lines if line]
 
 
+REPORTED_SENTENCES = 5000  # a shipped model's perplexities: `elmo perplexity` on this many first sentences a split
+
+
+def reported_perplexities(card: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """{split: {"forward_ppl", "backward_ppl", "ppl", "n_tokens"}} of the evaluations a model's
+    provenance records on the first REPORTED_SENTENCES sentences of its "valid" and "test" splits
+    (scripts/build_builtin.sh measures them): the figures the README's model table and the card
+    both show. {} when none is recorded."""
+    return {split: card[key] for split in ("valid", "test")
+            if isinstance(card.get(key := f"{split}_first_{REPORTED_SENTENCES}_sentences"), dict)}
+
+
 def _metrics_lines(card: dict[str, Any]) -> list[str]:
+    reported = reported_perplexities(card)
+    if reported:
+        rows = [(split, record["forward_ppl"], record["backward_ppl"], record["ppl"], record.get("n_tokens", "?"))
+                for split, record in reported.items()]
+        return [markdown_table(("split", "forward ppl", "backward ppl", "mean ppl", "tokens"), rows)
+                + f"`elmo perplexity` (full softmax) on the first {REPORTED_SENTENCES:,} sentences of each split."]
     rows = [(name, card[f"{key}_forward_ppl"], card[f"{key}_backward_ppl"], card[f"{key}_ppl"])
             for key, name in (("valid", "validation"), ("test", "test")) if f"{key}_ppl" in card]
     if not rows:
@@ -81,14 +99,15 @@ def _metrics_lines(card: dict[str, Any]) -> list[str]:
 
 
 def bilm_card(config, card: dict[str, Any], n_parameters: int, files: dict[str, str],
-              command: str | None = None) -> str:
+              command: str | None = None, usage: Sequence[str] = ()) -> str:
     """The README.md of a biLM model directory: `config` its ElmoConfig, `card` its provenance
-    (with the software versions), `files` name -> what it holds, `command` what wrote it."""
+    (with the software versions), `files` name -> what it holds, `command` what wrote it, `usage`
+    Markdown lines that open its "Use it" section (another library's way to load it)."""
     made_by = command or card.get("trained_by", "elmokit")
     text = [f"# ELMo biLM ({n_parameters:,} parameters)", "",
             "A bidirectional language model whose layers give contextual word vectors (ELMo). Written by "
             f"elmokit {card['elmokit_version']} with torch {card['torch_version']}.", "",
-            "## Use it", "", "```python", "from elmokit import ElmoEmbedder", "",
+            "## Use it", "", *usage, "```python", "from elmokit import ElmoEmbedder", "",
             'embedder = ElmoEmbedder("path/to/this/directory")',
             'layers = embedder.embed_sentence(["The", "cat", "sat"])  # (layers, tokens, dims)', "```", "",
             "or `elmo embed FILE --model path/to/this/directory`, or as the biLM of a task model "
