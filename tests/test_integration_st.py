@@ -154,7 +154,6 @@ def test_token_embeddings_are_each_texts_own_tokens_with_a_prompt(tiny, st_folde
         np.testing.assert_allclose(got.numpy(), layers.mean(axis=0), atol=1e-6, rtol=1e-5)
 
 
-
 def test_the_card_names_no_local_path_and_the_reported_perplexity(tiny, tmp_path):
     """A model folder whose provenance has the builder's absolute paths, a training-time
     perplexity and the first-5,000-sentence one the README reports: the card and provenance.json

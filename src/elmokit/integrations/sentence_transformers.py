@@ -52,9 +52,10 @@ from elmokit.training.model_card import CARD_NAME  # noqa: E402
 __all__ = ["ELMoSentenceEncoder", "save_sentence_transformers"]
 
 SETTINGS_NAME = "elmokit_sentence_transformers.json"
-ST_TAGS = ["sentence-transformers", "feature-extraction", "sentence-similarity", "elmo", "elmokit"]
+ST_TAGS = ["sentence-transformers", "feature-extraction", "elmo", "elmokit"]
+ST_PIPELINE = "feature-extraction"  # not "sentence-similarity": the vectors are not trained for it (ST_USAGE)
 ST_USAGE = [
-    "## With sentence-transformers", "",
+    "With sentence-transformers:", "",
     "```python",
     "from sentence_transformers import SentenceTransformer  # pip install 'elmokit[sentence-transformers]'", "",
     'model = SentenceTransformer("path/to/this/directory")  # or its Hub repository id',
@@ -63,7 +64,15 @@ ST_USAGE = [
     "Each text is Moses-tokenized (`elmokit.tokenize`) and its vector is the mean over its tokens of the "
     "equal-weight average of the biLM's layers: the vector `elmo serve --model path/to/this/directory` "
     "answers on `/v1/embeddings` for the same text. The module, `elmokit.integrations.sentence_transformers."
-    "ELMoSentenceEncoder`, comes with elmokit: no `trust_remote_code`.",
+    "ELMoSentenceEncoder`, comes with elmokit: no `trust_remote_code`.", "",
+    "**What these sentence vectors are for.** Features for a model trained on top of them (a classifier, a "
+    "probe), and the similarity of texts in form and wording. They are not trained for similarity of meaning: "
+    "as a search index, a text's nearest neighbours by cosine are often about something else, and on a "
+    "labelled set they find texts of the query's label hardly more often than chance, and no more often "
+    "than a bag of words does (elmokit's docs/integrations.md gives the measurement and the script that "
+    "makes it). For search, use a model trained for sentence similarity.", "",
+    "**A sentence-transformers folder is code.** `SentenceTransformer(folder)` imports the Python module "
+    "that the folder's `modules.json` names: as with a pickle, load a folder only from a source you trust.",
 ]
 
 
@@ -189,7 +198,7 @@ def save_sentence_transformers(model: BiLM | str | Path | None, directory: str |
                  PROVENANCE_NAME: "where the weights came from: source, training record, fingerprint"}
         atomic_write_text(staging / CARD_NAME, hub_card(
             encoder.bilm, encoder.provenance, files, library_name="sentence-transformers", tags=ST_TAGS,
-            pipeline_tag="sentence-similarity", usage=ST_USAGE))
+            pipeline_tag=ST_PIPELINE, usage=ST_USAGE))
         _replace_folder(staging, directory)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
