@@ -34,6 +34,13 @@ def set_wait_policy(environ: MutableMapping[str, str] = os.environ) -> bool:
     return True
 
 
+def build_parser():
+    """The command's parser (`elmokit.cli.build_parser`, imported only when asked: the docs read it)."""
+    from elmokit.cli import build_parser as elmo_parser
+
+    return elmo_parser()
+
+
 def main() -> int:
     """The `elmo` console script: the wait policy, then the command line (torch is imported here)."""
     set_wait_policy()

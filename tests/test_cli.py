@@ -53,7 +53,8 @@ def test_embed_bad_input(model_dir, tmp_path, capsys):
     out = tmp_path / "o.hdf5"
     assert main(["embed", str(tmp_path / "missing.txt"), str(out), "--model", str(model_dir)]) == 2
     assert "missing.txt" in capsys.readouterr().err
-    assert main(["embed", str(tmp_path), str(out), "--model", str(model_dir)]) == 2
+    (tmp_path / "folder").mkdir()  # a folder given as the input file (the output outside it)
+    assert main(["embed", str(tmp_path / "folder"), str(out), "--model", str(model_dir)]) == 2
     assert "directory" in capsys.readouterr().err
     bad = tmp_path / "latin1.txt"
     bad.write_bytes("caf\xe9\n".encode("latin-1"))

@@ -163,7 +163,7 @@ def test_the_entry_point_and_to_disk_in_a_fresh_process(model_dir, tmp_path):
     record = json.loads(result.stdout.strip().splitlines()[-1])
     assert record["pipes"] == ["elmo"] and record["same"]
     assert record["config"] == {"factory": "elmo", "model": str(model_dir), "layers": 1, "batch_size": 64,
-                                "device": None}  # none chosen: none recorded
+                                "device": None, "threads": None}  # none chosen: none recorded
     saved = {path.name for path in (tmp_path / "pipeline").iterdir()}
     assert saved == {"config.cfg", "meta.json", "tokenizer", "vocab"}, saved  # spaCy's own files, no weights
     expected = ElmoEmbedder(str(model_dir)).embed_sentence(["The", "cat", "sat", "."])[1, 1]

@@ -6,6 +6,10 @@
                                    only with --overwrite
     refuse_output_over_input       and its twin: no output is, holds or sits inside an input
     output_lock                    one writer at a time for an output file or run directory
+
+Why this file is long: every rule of writing a file safely (temporary names and the leftovers of
+killed writes, replacing a folder, refusing an output over an input, the lock) sits together, as
+each write calls several of them; apart, a reader would hold several files to see what one write does.
 """
 
 from __future__ import annotations

@@ -10,8 +10,7 @@ from pathlib import Path
 from elmokit.commands.common import add_progress_argument
 from elmokit.io import refuse_output_over_input
 from elmokit.textfiles import expand_paths
-from elmokit.tokenizer import check_lang
-from elmokit.training.corpus import PREPARE_RECORD, is_chinese, prepare_corpus
+from elmokit.training.corpus import PREPARE_RECORD, prepare_corpus
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
@@ -54,8 +53,6 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--workers must be at least 1, got {args.workers}")
     written = [args.out / PREPARE_RECORD, *sorted(args.out.glob("shard-*.txt*"))]  # the old shards: replaced
     refuse_output_over_input(expand_paths(args.inputs), written)
-    if not is_chinese(args.lang):  # Moses: an unknown code would be English without a word
-        check_lang(args.lang, "--lang")
     stats = prepare_corpus(
         args.inputs, args.out, shard_size=args.shard_size, workers=args.workers,
         pretokenized=args.pretokenized, lang=args.lang, compress=not args.plain,

@@ -349,7 +349,7 @@ def prepare_corpus(
             require("zh", f"elmo prepare --lang {lang}")
         else:
             require("prepare", "elmo prepare")
-            check_lang(lang)  # sacremoses takes an unknown code as English, silently
+            check_lang(lang, "lang (--lang)")  # sacremoses takes an unknown code as English, silently
     writer = ShardWriter(out_dir, shard_size, compress)  # checks shard_size before anything is touched
     total = sum(map(text_size, paths))  # reads the inputs' sizes (a corrupt .gz fails here) before too
     made = not out_dir.exists()
