@@ -72,10 +72,8 @@ class Int8Linear:
     to uint8, and come out times them), or `torch._int_mm` (int32 sums, then the scales).
     `kept_buffers`: the caller keeps the int32 sums (`integer_sums`, then `finish`), which only
     `torch._int_mm` writes into a given tensor (oneDNN's returns a fresh one a call): the engine's
-    input products of a block of steps, whose sums it scales one step at a time. At the `original`
-    shape's block of 8 steps x 32 rows (16 MB a direction) oneDNN's product, its fresh result and
-    the pass that scaled it took 1.31 s of a profiled run on this project's AMD EPYC, these sums
-    0.67 s and their scaling at the steps 0.21 s.
+    input products of a block of steps, whose sums it scales one step at a time: cheaper than
+    oneDNN's fresh result and the pass that scales it (bench/results/profile-embed.md).
     """
 
     def __init__(self, weight: torch.Tensor, rows: int | None = None, row_scale: torch.Tensor | None = None,
@@ -254,10 +252,9 @@ def module_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """x @ weight^T + bias of a Linear, x (..., in) -> (..., out): `kernels.linear`, or where
     `quantize_modules` marked the module (the token encoder's highway and projection under
     `dtype="int8"`) in bfloat16 where the CPU has it (`bf16_copies` of the weight and bias),
-    float32 sums and result. Not int8: on UD English EWT
-    dev int8 highway products put the built-in model's layers 0.065 of a sentence's largest value
-    off float32 (the budget is 0.05), bfloat16 ones 0.036 (the LSTM's int8 products alone 0.033),
-    at 1.9x float32's speed where int8's is 3x. For inference: no gradient flows through it."""
+    float32 sums and result. Not int8: int8 highway products put the built-in model's layers past
+    int8's error budget on real text (tests/test_int8.py's budget tests; bench/results/int8_quality.md),
+    bfloat16 ones keep them inside it. For inference: no gradient flows through it."""
     if not narrows(module):
         return linear(x, module.weight, module.bias)
     if torch.is_grad_enabled() and x.requires_grad:

@@ -1,10 +1,9 @@
 """Matrix products on the CPU: oneDNN's kernels, which torch ships, where they apply.
 
-torch sends a dense fp32 product on the CPU to MKL, and MKL runs its AVX2 code on AMD processors:
-on this project's AMD EPYC (2 threads) oneDNN's AVX-512 code runs a 2048 x 2048 product about
-twice as fast, and each kind of product of a training step 1.7-3x as fast (bench/results/train.md
-records both paths for the roofline and for every product of the step, "The kernels of the
-step"; bench/results/embed.md the inference products).
+torch sends a dense fp32 product on the CPU to MKL, and MKL runs its AVX2 code on AMD processors,
+where oneDNN's AVX-512 code is faster (bench/results/train.md records both paths for the roofline
+and for every product of the step, "The kernels of the step"; bench/results/embed.md the
+inference products; each page names the CPU it ran on).
 
 Three entry points, for inference and training alike:
     * `linear(x, weight, bias)`: x W^T + b. Without gradients, oneDNN's kernel (the op torch's

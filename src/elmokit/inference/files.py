@@ -1,7 +1,7 @@
 # Why this file is long: it is one pipeline with one resumable state (read -> embed -> segments
 # -> merge), documented above in the order it runs; the on-disk format itself is in segments.py,
 # the size estimate and the report in estimate.py.
-"""Embed a text file into HDF5 or .npz, streaming: the engine behind `elmo embed` and
+"""Embed a text file into HDF5, .npz or Parquet, streaming: the engine behind `elmo embed` and
 `ElmoEmbedder.embed_file`.
 
 The pipeline, in the order text travels:

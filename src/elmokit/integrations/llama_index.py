@@ -12,7 +12,7 @@ tokens (`elmokit.tokenize`), the mean over them of the equal-weight layer averag
 is a text's. `embed_batch_size` texts go through the biLM (or to the server) at once; the async
 methods run the same calls in a worker thread.
 
-Needs llama-index-core (`pip install llama-index-core`; not yet an extra of elmokit).
+Needs the llama-index extra (`pip install 'elmokit[llama-index]'`: llama-index-core, sacremoses).
 """
 
 from __future__ import annotations
