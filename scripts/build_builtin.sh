@@ -48,7 +48,7 @@ PY
 .venv/bin/python - "$OUT.partial" <<'PY'
 import json, sys
 from pathlib import Path
-from elmokit.model.loading import load_model
+from elmokit.sources.loading import load_model
 from elmokit.model.weights import model_fingerprint
 out = Path(sys.argv[1])
 card = json.loads((out / "provenance.json").read_text())

@@ -39,7 +39,7 @@ from elmokit.model.builtin import builtin_model_dir
 from elmokit.io import atomic_write_text
 from elmokit.tasks.report import plot_layer_weights, plot_probes, probe_findings, probe_tables
 from elmokit.tasks.train import DEFAULT_DATA_DIR, RUN_CONFIG, TaskConfig, TaskData, load_splits, train_task
-from elmokit.model.loading import load_model
+from elmokit.sources.loading import load_model
 from elmokit.model.weights import model_fingerprint
 
 QUICK = dict(max_train_sentences=300, max_eval_sentences=200, max_epochs=2, patience=1)

@@ -30,9 +30,9 @@ from urllib.parse import urlsplit
 
 def pin(monkeypatch, root: Path, name: str) -> None:
     """Make the files a mirror folder holds for the published `name` the published ones: their
-    sizes and SHA-256 are pinned in `elmokit.model.published.PUBLISHED_FILES` for this test."""
-    from elmokit.download import Expected
-    from elmokit.model import published
+    sizes and SHA-256 are pinned in `elmokit.sources.published.PUBLISHED_FILES` for this test."""
+    from elmokit.sources.download import Expected
+    from elmokit.sources import published
 
     files = dict(published.PUBLISHED_FILES)
     for url in (published.PUBLISHED[name].options_url, published.PUBLISHED[name].weight_url):

@@ -20,9 +20,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from elmokit.cli import main
-from elmokit.download import DownloadError, cache_dir, cache_entries, cache_path, fetch, partial_leftovers
-from elmokit.model.loading import load_model
-from elmokit.model.published import PUBLISHED, PUBLISHED_FILES, expected_file
+from elmokit.sources.download import DownloadError, fetch
+from elmokit.sources.cache import cache_dir, cache_entries, cache_path, partial_leftovers
+from elmokit.sources.loading import load_model
+from elmokit.sources.published import PUBLISHED, PUBLISHED_FILES, expected_file
 from tests.conftest import FIXTURE, REPO, one_error_line
 from tests.http_mirror import MirrorServer, pin
 from tests.test_loading import mirror_path, publish, same_weights
@@ -191,7 +192,7 @@ def test_a_dribbling_server_ends_the_command_by_the_stall_rule(cache, tmp_path, 
 
 DOWNLOADER = """
 import sys
-from elmokit.download import fetch
+from elmokit.sources.download import fetch
 fetch(sys.argv[1], progress=False)
 """
 
@@ -314,7 +315,7 @@ def test_an_edited_bilm_record_is_refused_before_the_weights_are_downloaded(cach
 
     import elmokit.tasks
     from elmokit import save_pretrained
-    from elmokit.model import published
+    from elmokit.sources import published
     from elmokit.tasks.bilm_ref import BiLMMismatchError
     from tests.test_task_portable import train
 
@@ -345,7 +346,7 @@ def test_a_weight_file_is_capped_by_the_size_its_options_imply(cache, tmp_path, 
     """`small` has no published size: its weights are capped at 4 bytes a parameter its options imply
     (+1 MB), so a mirror's gzip bomb stops there, far below ELMOKIT_MAX_DOWNLOAD_GB."""
     from elmokit.model.config import read_options
-    from elmokit.model.loading import weight_file_cap
+    from elmokit.sources.loading import weight_file_cap
 
     publish(tmp_path / "mirror", "small")
     options = mirror_path(tmp_path / "mirror", PUBLISHED["small"].options_url)

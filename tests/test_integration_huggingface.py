@@ -100,7 +100,7 @@ def test_a_published_name_from_a_mirror_is_not_credited_to_the_published_files(m
     """With ELMOKIT_MIRROR, the card names the mirror's URLs, not the published model's URLs and
     description (nothing ties the mirror's files to the published ones)."""
     from elmokit.integrations.huggingface import model_provenance
-    from elmokit.model.published import published_model
+    from elmokit.sources.published import published_model
 
     small = published_model("small")
     bilm = load_model()

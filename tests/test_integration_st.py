@@ -18,7 +18,7 @@ from huggingface_hub import ModelCard  # noqa: E402
 from sentence_transformers import SentenceTransformer  # noqa: E402
 
 from elmokit.cli import main  # noqa: E402
-from elmokit.model.loading import load_model  # noqa: E402
+from elmokit.sources.loading import load_model  # noqa: E402
 from elmokit.model.weights import model_fingerprint  # noqa: E402
 from elmokit.integrations.sentence_transformers import save_sentence_transformers  # noqa: E402
 from tests.conftest import one_error_line  # noqa: E402

@@ -14,13 +14,14 @@ PACKAGE = SRC / "elmokit"
 # The floors, lowest first: a module may import from its own floor or a lower one.
 FLOORS = [
     {"elmokit.io", "elmokit.textfiles", "elmokit.jsonfiles", "elmokit.devices", "elmokit.extras", "elmokit.kernels",
-     "elmokit.download", "elmokit.progress", "elmokit.tokenizer", "elmokit.int8"},  # leaf utilities
+     "elmokit.progress", "elmokit.tokenizer", "elmokit.int8"},  # leaf utilities
     {"elmokit.model"},
+    {"elmokit.sources"},  # where a model comes from: finds its files, reads them with elmokit.model
     {"elmokit.inference", "elmokit.training", "elmokit.hub"},
     {"elmokit.tasks"},
     {"elmokit.commands", "elmokit.serve", "elmokit.cli", "elmokit.__main__", "elmokit",
      "elmokit.integrations",  # adapters to other libraries: nothing in elmokit imports them but `elmo convert`
-     "elmokit.ray"},  # Ray Data: only `elmo embed --ray` imports it
+     "elmokit.ray", "elmokit.ray_corpus"},  # Ray Data: only `elmo embed --ray` imports them
 ]
 # A protocol rather than a repeated definition: every subcommand module has these two.
 PROTOCOL_NAMES = {"register", "run"}

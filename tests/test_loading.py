@@ -15,9 +15,10 @@ import torch
 
 from elmokit import BiLM, ElmoEmbedder, load_model, save_original
 from elmokit.cli import main
-from elmokit.download import DownloadError, cache_entries, cache_path, fetch
-from elmokit.download import canonical_url
-from elmokit.model.published import PUBLISHED, published_model
+from elmokit.sources.download import DownloadError, fetch
+from elmokit.sources.cache import cache_entries, cache_path
+from elmokit.sources.cache import canonical_url
+from elmokit.sources.published import PUBLISHED, published_model
 from tests.conftest import REPO, one_error_line, tiny_config
 from tests.http_mirror import MirrorServer, pin
 

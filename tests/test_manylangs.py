@@ -26,7 +26,7 @@ from elmokit.extras import MissingExtraError
 from elmokit.model.config import ConfigError, ManyLangsConfig
 from elmokit.model.manylangs import ManyLangsBiLM, is_manylangs_dir, load_manylangs
 from elmokit.model.manylangs_files import KNOWN_CONFIGS, read_dictionary, read_model_config
-from elmokit.model.loading import load_model
+from elmokit.sources.loading import load_model
 from elmokit.model.weights import WeightFileError, load_pretrained
 from elmokit.training.corpus import prepare_corpus
 from tests.conftest import DATA, one_error_line, require_shared

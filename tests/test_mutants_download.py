@@ -1,11 +1,11 @@
-"""The stall rule of `elmokit.download` on a clock the test drives (a mutant of `StallWatch` that
+"""The stall rule of `elmokit.sources.download` on a clock the test drives (a mutant of `StallWatch` that
 tests/test_download_trust.py could only notice by hanging; scripts/mutation.py): a window of
 `seconds` that receives less than `min_bytes` is a stall, one that receives enough opens the next
 window, and nothing is judged before a window ends."""
 
 from __future__ import annotations
 
-from elmokit.download import StallWatch
+from elmokit.sources.download import StallWatch
 
 
 class Clock:

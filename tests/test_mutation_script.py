@@ -53,8 +53,10 @@ def test_the_mutants_cover_the_new_code_each_with_existing_tests():
     assert len(mutants) >= 60
     files = {mutant.path for mutant in mutants}
     for covered in ("serve/recurrence.py", "serve/inputs.py", "serve/app.py", "inference/onnx_export.py", "hub.py",
-                    "download.py", "model/manylangs.py", "model/manylangs_files.py", "tasks/confidence.py",
-                    "inference/engine.py", "inference/layers.py", "model/cell.py"):
+                    "sources/download.py", "sources/cache.py", "sources/tfhub.py", "model/tf_bundle.py",
+                    "model/manylangs.py", "model/manylangs_files.py", "tasks/confidence.py", "inference/engine.py",
+                    "inference/layers.py", "model/cell.py", "integrations/keras.py", "integrations/texts.py",
+                    "training/checkpoint.py", "training/loop.py"):
         assert covered in files, covered
     assert sum(mutant.name.startswith("engine reset") for mutant in mutants) >= 2
     for mutant in mutants:

@@ -23,7 +23,7 @@ from elmokit.cli import main
 from elmokit.int8 import int8_native, is_int8
 from elmokit.model import cell as lstm_cell
 from elmokit.model.builtin import builtin_model_dir
-from elmokit.model.loading import load_model
+from elmokit.sources.loading import load_model
 from tests.conftest import SENTENCES, clipped_three_layer_model, one_error_line
 
 MISSING = [name for name in ("onnx", "onnxruntime", "onnxscript") if importlib.util.find_spec(name) is None]

@@ -79,7 +79,7 @@ def test_the_results_pages_say_which_builtin_model_made_them():
     import json
 
     from elmokit.model.builtin import builtin_model_dir
-    from elmokit.model.loading import load_model
+    from elmokit.sources.loading import load_model
     from elmokit.model.weights import model_fingerprint
 
     results = json.loads((REPO / "docs" / "results.json").read_text(encoding="utf-8"))

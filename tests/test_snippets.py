@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from elmokit import Elmo, ElmoEmbedder, HubElmo, batch_to_ids, load_model
-from elmokit.model.published import PUBLISHED
+from elmokit.sources.published import PUBLISHED
 from tests.http_mirror import MirrorServer, pin
 from tests.test_loading import publish
 

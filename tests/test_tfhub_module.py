@@ -1,5 +1,5 @@
 """A TF-Hub ELMo module on disk, read without TensorFlow (elmokit.model.tf_bundle and
-elmokit.model.tfhub_module): the module folder and .tar.gz in tests/fixtures/tfhub were written by
+elmokit.sources.tfhub): the module folder and .tar.gz in tests/fixtures/tfhub were written by
 TensorFlow 2.15.1 and tensorflow_hub 0.15.0 (their README and make_fixture.py) from the golden
 fixture's HDF5 weights, so every number here has the HDF5 path as its independent expectation."""
 
@@ -24,7 +24,7 @@ from elmokit.inference.elmo import Elmo
 from elmokit.model.chars import batch_to_ids
 from elmokit.model.errors import WeightFileError
 from elmokit.model.tf_bundle import crc32c, read_index, read_tensors, unmask_crc
-from elmokit.model.tfhub_module import VARIABLES, cached_module, load_tfhub_module, module_mix
+from elmokit.sources.tfhub import VARIABLES, cached_module, load_tfhub_module, module_mix
 from elmokit.model.weights import load_original
 from tests.conftest import FIXTURE, REPO, one_error_line
 from tests.tf_bundle_writer import write_bundle

@@ -10,7 +10,7 @@ from elmokit.inference.onnx_export import export_onnx
 from elmokit.inference.segments import iter_embeddings, read_embeddings
 from elmokit.model.bilm import BiLM, BiLMOutput, LstmState
 from elmokit.model.mix import ScalarMix
-from elmokit.model.loading import load_model
+from elmokit.sources.loading import load_model
 from elmokit.model.weights import (
     WeightFileError,
     load_original,

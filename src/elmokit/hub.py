@@ -7,8 +7,8 @@
     hub.load("https://tfhub.dev/google/elmo/3").signatures["default"](strings)["elmo"]   # TF2's way
 
 A handle is a TF-Hub ELMo URL (google/elmo/1, 2 and 3 are the published `original` biLM:
-`elmokit.model.published`; a module TF-Hub already cached for it in $TFHUB_CACHE_DIR is used
-first), a TF-Hub module folder or its `.tar.gz` (`elmokit.model.tfhub_module`), a published name,
+`elmokit.sources.published`; a module TF-Hub already cached for it in $TFHUB_CACHE_DIR is used
+first), a TF-Hub module folder or its `.tar.gz` (`elmokit.sources.tfhub`), a published name,
 a URL pair (options, weights), a local model folder, or None for the built-in model. Outputs, as
 TF-Hub's, with padding zero:
 
@@ -38,8 +38,8 @@ from elmokit.inference.layers import token_mean
 from elmokit.model.bilm import BiLM
 from elmokit.model.chars import token_mask
 from elmokit.model.mix import ScalarMix, scalar_mix
-from elmokit.model.tfhub_module import module_folder, module_mix
-from elmokit.model.loading import load_model
+from elmokit.sources.tfhub import module_folder, module_mix
+from elmokit.sources.loading import load_model
 
 SIGNATURES = ("default", "tokens")
 OUTPUTS = ("word_emb", "lstm_outputs1", "lstm_outputs2", "elmo", "default", "sequence_len")
@@ -62,7 +62,7 @@ class HubElmo(nn.Module):
 
     Call with a list of token lists or with char ids (B, T, 50) (moved to the module's device).
     `device`, `dtype` and `threads` as for `Elmo`; `mix` the `elmo` output's starting (weights, scaling)
-    (`tfhub_module.module_mix`; default equal weights and 1).
+    (`elmokit.sources.tfhub.module_mix`; default equal weights and 1).
     """
 
     def __init__(self, options_file: str | Path | None = None, weight_file: str | Path | None = None,

@@ -17,8 +17,8 @@ from elmokit.devices import (  # noqa: F401 (default_device, DEFAULT_DEVICE: the
     resolve_device,
 )
 from elmokit.model.bilm import BiLM
-from elmokit.model.published import published_names
-from elmokit.model.loading import load_model
+from elmokit.sources.published import published_names
+from elmokit.sources.loading import load_model
 
 
 MODEL_HELP = ("a model directory (native, or an ELMoForManyLangs folder), 'gutenberg-en' (built in), a "
@@ -47,11 +47,15 @@ def model_reference(args: argparse.Namespace) -> str | None:
 
 
 def model_paths(args: argparse.Namespace) -> list[str]:
-    """The files or folders on this machine that the model arguments name (MODEL, --model,
-    --options-file, --weight-file): the inputs an output must not replace (`refuse_output_over_input`);
-    a published name or a URL is none."""
+    """The files on this machine that the model arguments name (MODEL, --model, --options-file,
+    --weight-file; a folder's files): the inputs an output must not replace
+    (`refuse_output_over_input`); a published name or a URL is none."""
     named = (model_reference(args), getattr(args, "options_file", None), getattr(args, "weight_file", None))
-    return [str(path) for path in named if path and Path(path).exists()]
+    paths = []
+    for path in (Path(name) for name in named if name and Path(name).exists()):
+        # a model folder is its files: an output may sit beside them in the folder, not replace one
+        paths.extend(sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path])
+    return [str(path) for path in paths]
 
 
 def model_from_args(args: argparse.Namespace) -> BiLM:

@@ -1,5 +1,5 @@
 """`elmo download` (fill the model cache ahead, for machines that go offline) and `elmo cache`
-(list and remove what it holds). The cache and its settings: `elmokit.download`."""
+(list and remove what it holds). The cache and its settings: `elmokit.sources.download`."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ import fnmatch
 
 from urllib.parse import urlsplit
 
-from elmokit.download import (ENV_CACHE, ENV_MAX_GB, ENV_MIRROR, ENV_OFFLINE, ENV_STALL_BYTES, ENV_STALL_SECONDS,
-                              OPTIONS_MAX_BYTES, cache_dir, cache_entries, is_url, listed_url, partial_leftovers,
-                              remove_entry, remove_leftover)
+from elmokit.sources.cache import (ENV_CACHE, cache_dir, cache_entries, listed_url, partial_leftovers, remove_entry,
+                                   remove_leftover)
+from elmokit.sources.download import (ENV_MAX_GB, ENV_MIRROR, ENV_OFFLINE, ENV_STALL_BYTES, ENV_STALL_SECONDS,
+                                      OPTIONS_MAX_BYTES, is_url)
 from elmokit.model.config import read_options
-from elmokit.model.loading import load_model, resolve_file, weight_file_cap
-from elmokit.model.published import PUBLISHED, published_model
+from elmokit.sources.loading import load_model, resolve_file, weight_file_cap
+from elmokit.sources.published import PUBLISHED, published_model
 from elmokit.model.weights import check_weight_file
 
 SETTINGS = (f"Settings: {ENV_CACHE} (the cache folder), {ENV_MIRROR} (a base URL or folder replacing the "

@@ -49,7 +49,7 @@ def named_source(source: Path) -> Path:
     directory, as in every command; another model name (published, a URL) is refused by name,
     for `elmo export` converts an elmokit model with its softmax."""
     from elmokit.model.builtin import BUILTIN_MODEL, builtin_model_dir
-    from elmokit.model.published import published_names
+    from elmokit.sources.published import published_names
 
     if source.exists():
         return source

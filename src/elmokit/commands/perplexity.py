@@ -49,7 +49,7 @@ def resolve_model_dir(path: Path) -> Path:
         return path / BEST_DIR
     if not path.exists():
         raise FileNotFoundError(f"model not found: {path}")
-    from elmokit.model.tfhub_module import advice
+    from elmokit.sources.tfhub import advice
 
     raise FileNotFoundError(f"{path}: neither a model directory (config.json + model.safetensors) "
                             f"nor a training run with a {BEST_DIR}/ model" + advice(path))

@@ -186,7 +186,7 @@ def run_probe(args: argparse.Namespace) -> int:
     from elmokit.tasks.probes import pos_probe, wsd_probe
     from elmokit.tasks.report import plot_probes
     from elmokit.io import refuse_overwrite
-    from elmokit.model.loading import load_model
+    from elmokit.sources.loading import load_model
 
     refuse_overwrite([args.out / "probes.json", args.out / "probes.png"], args.overwrite)
     require("plot", "elmo task probe (probes.png)")  # before the probes run, not after

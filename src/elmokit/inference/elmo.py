@@ -38,7 +38,7 @@ from elmokit.kernels import weights_key
 from elmokit.model.bilm import BiLM, BiLMOutput, LstmState
 from elmokit.model.mix import ScalarMix
 from elmokit.inference.engine import bilm_contextualize, bilm_forward
-from elmokit.model.loading import load_model
+from elmokit.sources.loading import load_model
 
 # ---------------------------------------------------------------------------------------------
 # Carried state (AllenNLP's stateful biLM), only when asked for

@@ -38,7 +38,7 @@ from elmokit.inference.layers import check_output_format, shape_output
 from elmokit.inference.windows import position_windows, token_list, token_lists
 from elmokit.model.bilm import BiLM, BiLMOutput
 from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN
-from elmokit.model.loading import load_model
+from elmokit.sources.loading import load_model
 
 # ---------------------------------------------------------------------------------------------
 class ElmoEmbedder:
@@ -47,7 +47,7 @@ class ElmoEmbedder:
     Args:
         options_file: original options JSON (a path or an http(s) URL, downloaded into the cache),
             or a model directory (native or ELMoForManyLangs), a published name ("original", ...;
-            `elmokit.model.published`) or TF-Hub handle (then `weight_file` is None), or None for
+            `elmokit.sources.published`) or TF-Hub handle (then `weight_file` is None), or None for
             the built-in English model.
         weight_file: original HDF5 weights (a path or URL).
         cuda_device: -1 for the CPU (AllenNLP's argument), else a CUDA device index; an alias of `device`.

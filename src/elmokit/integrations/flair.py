@@ -38,7 +38,7 @@ from flair.embeddings.base import register_embeddings  # noqa: E402
 from elmokit.inference.embedder import ElmoEmbedder  # noqa: E402
 from elmokit.inference.layers import OUTPUT_FORMATS, select_layers  # noqa: E402
 from elmokit.model.builtin import BUILTIN_MODEL  # noqa: E402
-from elmokit.model.loading import load_model, saved_reference  # noqa: E402
+from elmokit.sources.loading import load_model, saved_reference  # noqa: E402
 
 __all__ = ["ELMoEmbeddings"]
 

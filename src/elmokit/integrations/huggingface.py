@@ -31,12 +31,12 @@ require("sentence-transformers", "elmokit.integrations.huggingface", ("huggingfa
 from huggingface_hub import ModelCard, ModelCardData, ModelHubMixin, snapshot_download  # noqa: E402
 from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError  # noqa: E402
 
-from elmokit.download import is_url, mirrored  # noqa: E402
+from elmokit.sources.download import is_url, mirrored  # noqa: E402
 from elmokit.io import atomic_write_text  # noqa: E402
 from elmokit.model.bilm import BiLM  # noqa: E402
 from elmokit.model.builtin import BUILTIN_MODEL, builtin_model_dir  # noqa: E402
-from elmokit.model.loading import load_model  # noqa: E402
-from elmokit.model.published import published_model  # noqa: E402
+from elmokit.sources.loading import load_model  # noqa: E402
+from elmokit.sources.published import published_model  # noqa: E402
 from elmokit.model.weights import (  # noqa: E402
     CONFIG_NAME,
     WEIGHTS_NAME,

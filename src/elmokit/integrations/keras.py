@@ -51,9 +51,9 @@ import keras  # noqa: E402
 from elmokit.hub import OUTPUTS, HubElmo, _sentences  # noqa: E402
 from elmokit.model.builtin import BUILTIN_MODEL  # noqa: E402
 from elmokit.model.chars import MAX_CHARS, batch_to_ids  # noqa: E402
-from elmokit.model.loading import load_model, saved_reference  # noqa: E402
+from elmokit.sources.loading import load_model, saved_reference  # noqa: E402
 from elmokit.model.manylangs import ManyLangsBiLM  # noqa: E402
-from elmokit.model.tfhub_module import module_folder, module_mix  # noqa: E402
+from elmokit.sources.tfhub import module_folder, module_mix  # noqa: E402
 
 __all__ = ["ElmoEmbedding", "texts_to_ids"]
 

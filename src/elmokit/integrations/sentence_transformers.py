@@ -43,7 +43,7 @@ from elmokit.inference.layers import select_layers, sentence_vector  # noqa: E40
 from elmokit.integrations.huggingface import UNKNOWN_LICENSE, hub_card, model_provenance  # noqa: E402
 from elmokit.io import atomic_write_text, durable_replace, refuse_output_over_input, staging_folder  # noqa: E402
 from elmokit.model.bilm import BiLM  # noqa: E402
-from elmokit.model.loading import load_model  # noqa: E402
+from elmokit.sources.loading import load_model  # noqa: E402
 from elmokit.model.weights import CONFIG_NAME, WEIGHTS_NAME, model_fingerprint, save_pretrained  # noqa: E402
 from elmokit.tokenizer import tokenize  # noqa: E402
 from elmokit.training.checkpoint import PROVENANCE_NAME  # noqa: E402

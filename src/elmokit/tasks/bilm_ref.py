@@ -23,12 +23,12 @@ from pathlib import Path
 
 import torch
 
-from elmokit.download import OPTIONS_MAX_BYTES
+from elmokit.sources.download import OPTIONS_MAX_BYTES
 from elmokit.model.bilm import BiLM
 from elmokit.model.builtin import BUILTIN_MODEL, builtin_model_dir
 from elmokit.model.config import read_options
-from elmokit.model.loading import load_model, resolve_file
-from elmokit.model.published import published_model
+from elmokit.sources.loading import load_model, resolve_file
+from elmokit.sources.published import published_model
 from elmokit.model.weights import model_fingerprint
 
 FINGERPRINT_DIGITS = 16
@@ -44,7 +44,7 @@ def short_fingerprint(bilm: BiLM) -> str:
 
 def open_bilm(model: str | Path) -> BiLM:
     """The biLM `model` names: gutenberg-en (the built-in model of this installation), a published
-    name or URL, or a model directory: whatever `elmokit.model.loading.load_model` accepts."""
+    name or URL, or a model directory: whatever `elmokit.sources.loading.load_model` accepts."""
     return load_model(model)
 
 

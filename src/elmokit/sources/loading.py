@@ -1,5 +1,5 @@
 """Loading a biLM from whichever form it comes in: the built-in model, a published name or TF-Hub
-handle, original files as paths or URLs (downloaded into the cache, `elmokit.download`), a native
+handle, original files as paths or URLs (downloaded into the cache, `elmokit.sources.download`), a native
 model directory or an ELMoForManyLangs folder. The formats themselves: `elmokit.model.weights`
 and `elmokit.model.manylangs`."""
 
@@ -9,11 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from elmokit.devices import one_thread_in_forked_children
-from elmokit.download import OPTIONS_MAX_BYTES, fetch, is_url
-from elmokit.model import tfhub_module
+from elmokit.sources.download import OPTIONS_MAX_BYTES, fetch, is_url
+from elmokit.sources import tfhub
 from elmokit.model.bilm import BiLM
 from elmokit.model.config import ConfigError, ElmoConfig, read_options
-from elmokit.model.published import expected_file, published_model, published_names
+from elmokit.sources.published import expected_file, published_model, published_names
 from elmokit.model.weights import WEIGHTS_NAME, check_weight_file, load_original, load_pretrained
 
 
@@ -22,11 +22,11 @@ def load_model(model: str | Path | None = None, weight_file: str | Path | None =
 
     * nothing, or `"gutenberg-en"`: the built-in English model shipped with elmokit;
     * `(options_file, weight_file)`: the original JSON + HDF5 pair, as paths or http(s) URLs
-      (downloaded into the cache, `elmokit.download`);
+      (downloaded into the cache, `elmokit.sources.download`);
     * a directory: a native model directory, an ELMoForManyLangs model folder, or a TF-Hub ELMo
-      module folder (`elmokit.model.tfhub_module`; its `.tar.gz` too, extracted into the cache);
+      module folder (`elmokit.sources.tfhub`; its `.tar.gz` too, extracted into the cache);
     * a published name (`small`, `medium`, `original`, `original-5.5B`, `pubmed`, `pt`;
-      `elmokit.model.published`) or a TF-Hub handle (`https://tfhub.dev/google/elmo/3`: the
+      `elmokit.sources.published`) or a TF-Hub handle (`https://tfhub.dev/google/elmo/3`: the
       module TF-Hub cached for it in $TFHUB_CACHE_DIR if there is one, else the published files).
 
     Children forked from this process from now on run torch on one thread
@@ -46,9 +46,9 @@ def load_model(model: str | Path | None = None, weight_file: str | Path | None =
         return load_original(options_path, weights_path)
     if model is None or str(model) == BUILTIN_MODEL:
         return load_pretrained(builtin_model_dir())
-    module = tfhub_module.module_folder(model)
+    module = tfhub.module_folder(model)
     if module is not None:
-        return tfhub_module.load_tfhub_module(module)
+        return tfhub.load_tfhub_module(module)
     path = Path(model)
     if not is_url(str(model)) and path.is_dir():
         if not (path / WEIGHTS_NAME).is_file():  # not native: perhaps an ELMoForManyLangs folder
@@ -56,9 +56,9 @@ def load_model(model: str | Path | None = None, weight_file: str | Path | None =
 
             if manylangs.is_manylangs_dir(path) or manylangs.looks_like_manylangs_dir(path):
                 return manylangs.load_manylangs(path)  # a file of theirs missing: the error names it
-            if tfhub_module.looks_like_module_folder(path):
+            if tfhub.looks_like_module_folder(path):
                 raise FileNotFoundError(f"{path}: a TensorFlow module folder without its variables/variables.index "
-                                        f"and tfhub_module.pb or saved_model.pb: incomplete ({tfhub_module.DOCS})")
+                                        f"and tfhub_module.pb or saved_model.pb: incomplete ({tfhub.DOCS})")
         return load_pretrained(path)
     published = published_model(str(model))
     if published is not None:

@@ -262,7 +262,7 @@ def module_provenance(folder: str | Path) -> dict:
 # ---------------------------------------------------------------------------------------------
 def max_archive_bytes() -> int:
     """The most bytes a module archive may unpack to: the download cap (ELMOKIT_MAX_DOWNLOAD_GB)."""
-    from elmokit.download import max_download_bytes
+    from elmokit.sources.download import max_download_bytes
 
     return max_download_bytes()
 
@@ -272,7 +272,7 @@ def extract_module_archive(archive: Path) -> Path:
     (`<cache>/tfhub/<SHA-256 of the archive>`). Refused before anything is written: a member whose
     path leaves the folder (absolute, `..`), a link or device, more than MAX_ARCHIVE_MEMBERS
     members or more bytes than `max_archive_bytes`; the folder is staged and renamed into place."""
-    from elmokit.download import cache_dir
+    from elmokit.sources.cache import cache_dir
 
     digest = hashlib.sha256()
     with open(archive, "rb") as handle:

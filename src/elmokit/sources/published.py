@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from elmokit.download import Expected, canonical_url
+from elmokit.sources.download import Expected
+from elmokit.sources.cache import canonical_url
 
 ALLENNLP_BASE = "https://allennlp.s3.amazonaws.com/models/elmo/"
 
@@ -88,7 +89,7 @@ PUBLISHED_FILES: dict[str, Expected] = {
 """What is publicly known of the published files, by URL: sizes seen in public download logs; no
 SHA-256 of any of them is published (AllenNLP's pages, its S3 listing and the public copies found
 give none), so none is pinned and a mirror's copy is cached under the mirror's own URL
-(`elmokit.download`). docs/loading.md lists them."""
+(`elmokit.sources.download`). docs/loading.md lists them."""
 
 
 def expected_file(url: str) -> Expected | None:

@@ -1,12 +1,11 @@
-"""Model files named by URL: downloaded once into a cache, read from there afterwards.
+"""Model files named by URL: downloaded once into the cache (`elmokit.sources.cache`: where a
+URL's file lives, what the cache holds), read from there afterwards.
 
     fetch(url, check, expected)  -> Path in the cache (downloaded, checked, then renamed into place)
-    cache_entries()              -> what the cache holds       remove_entry(entry)  -> delete one
-    partial_leftovers()          -> unfinished downloads a killed process left behind
 
-Why this file is long: the cache layout, the transfer loop and the lock are one story (where a
-URL's file lives, how it gets there, who may write it); split, each half would re-state the other's
-naming rules.
+Why this file is long: the transfer loop, its retries, the stall rule and the lock among processes
+are one story, how a file gets into the cache; split, a reader would hold several files to see what
+one download does and when it gives up.
 
 The transfer is a streaming loop over requests (`_transfer_once`): each download is capped (the
 published file's size where it is known, else `ELMOKIT_MAX_DOWNLOAD_GB`), any content encoding is
@@ -45,24 +44,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
-ENV_CACHE, ENV_MIRROR, ENV_OFFLINE = "ELMOKIT_CACHE", "ELMOKIT_MIRROR", "ELMOKIT_OFFLINE"
+from elmokit.sources.cache import (ENV_CACHE, MIRROR_SCHEMES, OWNER_SUFFIX, PARTIAL_SUFFIX, PUBLISHED_HOSTS,
+                                   cache_dir, cache_path, canonical_url, file_lock, download_lock_path, url_of)
+
+ENV_MIRROR, ENV_OFFLINE = "ELMOKIT_MIRROR", "ELMOKIT_OFFLINE"
 ENV_MAX_GB, ENV_STALL_SECONDS, ENV_STALL_BYTES = "ELMOKIT_MAX_DOWNLOAD_GB", "ELMOKIT_STALL_SECONDS", "ELMOKIT_STALL_BYTES"
 DEFAULT_MAX_GB, DEFAULT_STALL_SECONDS, DEFAULT_STALL_BYTES = 4.0, 60.0, 1_000_000
 CONNECT_TIMEOUT = 10.0  # seconds to connect (at most the stall window)
 RETRIES = 2  # a broken transfer is tried again this many times (after 1 s, then 2 s), within the stall rule
 OPTIONS_MAX_BYTES = 1_000_000  # an options JSON is a few hundred bytes: the cap on one whose size is not published
 CHUNK = 16 * 1024  # bytes read at once (a gzip body decodes to at most ~1000x this before the cap is checked)
-LOCK_SUFFIX, OWNER_SUFFIX, PARTIAL_SUFFIX = ".lock", ".owner", ".partial"
 
 log = logging.getLogger(__name__)
-
-PUBLISHED_HOSTS = ("allennlp.s3.amazonaws.com", "s3-us-west-2.amazonaws.com")
-"""Hosts of the published models (`elmokit.model.published`): `ELMOKIT_MIRROR` replaces them."""
-_LEGACY_PREFIX = "https://s3-us-west-2.amazonaws.com/allennlp/"  # the same bucket, path-style
-_CANONICAL_PREFIX = "https://allennlp.s3.amazonaws.com/"
-MIRROR_SCHEMES = ("http", "https", "file")
 
 
 @dataclass(frozen=True)
@@ -85,26 +80,9 @@ def is_url(reference: object) -> bool:
     return isinstance(reference, str) and reference.split("://", 1)[0].lower() in ("http", "https")
 
 
-def canonical_url(url: str) -> str:
-    """One spelling of a published file's URL (the path-style S3 URL becomes the virtual-host one;
-    http becomes https), so that both spellings share a cache entry; other URLs unchanged."""
-    if url.startswith("http://") and urlsplit(url).hostname in PUBLISHED_HOSTS:
-        url = "https://" + url[len("http://"):]
-    if url.startswith(_LEGACY_PREFIX):
-        return _CANONICAL_PREFIX + url[len(_LEGACY_PREFIX):]
-    return url
-
-
 # ---------------------------------------------------------------------------------------------
 # Settings
 # ---------------------------------------------------------------------------------------------
-def cache_dir() -> Path:
-    """The cache folder: `ELMOKIT_CACHE`, else elmokit's folder in the user's cache directory."""
-    if os.environ.get(ENV_CACHE):
-        return Path(os.environ[ENV_CACHE]).expanduser()
-    import platformdirs
-
-    return platformdirs.user_cache_path("elmokit") / "models"
 
 
 def offline() -> bool:
@@ -150,124 +128,6 @@ def _settings() -> str:
 # ---------------------------------------------------------------------------------------------
 # The cache: one file a URL, at <cache>/<host>/<path>, every name percent-encoded
 # ---------------------------------------------------------------------------------------------
-def _name(text: str) -> str:
-    """A file name for one URL component: percent-encoded (no '/', '\\', ':' or NUL survives), a
-    leading '.' encoded too (hidden names are the cache's own: locks, owners, unfinished
-    downloads), and a long name cut and made unique by a hash."""
-    name = quote(text, safe="")
-    return _cut("%2E" + name[1:] if name.startswith(".") else name)
-
-
-def _cut(name: str) -> str:
-    """A name short enough for any file system: cut, and made unique by a hash after a '!' (which
-    `quote` always encodes, so no URL gives it)."""
-    return name if len(name) <= 200 else name[:150] + "!" + hashlib.sha256(name.encode()).hexdigest()[:16]
-
-
-def cache_path(url: str) -> Path:
-    """Where the file of `url` lives in the cache (published URLs in their canonical spelling):
-    `<cache>/<host[:port]>/<path>` for https, `<scheme>+<host[:port]>/<path>` for http and
-    `file+/<path>` for file:// URLs; a query makes another file (`name#query`). Whatever the URL,
-    the path is inside the cache, or ValueError."""
-    parts = urlsplit(canonical_url(url))
-    scheme = parts.scheme.lower()
-    try:
-        host, port = parts.hostname or "", parts.port
-    except ValueError:  # a port that is not a number, or out of range
-        raise ValueError(f"not a URL of a file: {url!r} (its port)") from None
-    segments = [unquote(segment) for segment in parts.path.split("/") if segment]
-    if scheme not in MIRROR_SCHEMES or (not host and scheme != "file") or host in (".", "..") or not segments:
-        raise ValueError(f"not a URL of a file: {url!r}")
-    if any(segment in (".", "..") for segment in segments):
-        raise ValueError(f"not a URL of a file: {url!r} (a '.' or '..' in its path)")
-    names = [_name(segment) for segment in segments]
-    if parts.query:  # the same path with another query is another file
-        names[-1] = _cut(names[-1] + "#" + quote(parts.query, safe=""))  # `quote` encodes '#': no clash
-    folder = _name(host + (f":{port}" if port else ""))
-    if scheme != "https":
-        folder = f"{scheme}+{folder}"  # '+' is encoded in a host's name: no clash
-    return cache_dir().joinpath(folder, *names)
-
-
-def listed_url(url: str) -> str:
-    """`url` as `cache_entries` lists its file (each path segment percent-encoded: '@' as %40)."""
-    return _url_of(cache_path(url).relative_to(cache_dir()))
-
-
-def _url_of(relative: Path) -> str:
-    """The URL a cache path stands for (the inverse of `cache_path`, up to a cut long name)."""
-    folder, *names = relative.parts
-    scheme, _, host = folder.rpartition("+") if "+" in folder else ("https", "", folder)
-    *folders, last = names
-    last, _, query = last.partition("#")
-    path = "/".join(quote(unquote(name), safe="") for name in (*folders, last))
-    return f"{scheme}://{unquote(host)}/{path}" + (f"?{unquote(query)}" if query else "")
-
-
-@dataclass(frozen=True)
-class CacheEntry:
-    path: Path
-    url: str
-    size: int
-
-
-def _hidden(relative: Path) -> bool:
-    return any(part.startswith(".") for part in relative.parts)
-
-
-def cache_entries() -> list[CacheEntry]:
-    """Every file in the cache (not the locks or unfinished downloads), sorted by URL."""
-    root = cache_dir()
-    if not root.is_dir():
-        return []
-    entries = [CacheEntry(path, _url_of(path.relative_to(root)), path.stat().st_size)
-               for path in root.rglob("*") if path.is_file() and not _hidden(path.relative_to(root))]
-    return sorted(entries, key=lambda entry: entry.url)
-
-
-def _lock_path(target: Path, suffix: str = LOCK_SUFFIX) -> Path:
-    return target.parent / f".{target.name}{suffix}"
-
-
-def _lock(target: Path):
-    import filelock
-
-    return filelock.FileLock(str(_lock_path(target)))
-
-
-def remove_entry(entry: CacheEntry) -> None:
-    """Delete one cached file (under its lock, so no download of it is under way)."""
-    with _lock(entry.path):
-        entry.path.unlink(missing_ok=True)
-    _lock_path(entry.path).unlink(missing_ok=True)
-
-
-def partial_leftovers() -> list[CacheEntry]:
-    """Unfinished downloads that no process is writing (a killed download's staging folders):
-    each as the staging folder, the URL it was for and the bytes it holds."""
-    import filelock
-
-    root = cache_dir()
-    if not root.is_dir():
-        return []
-    leftovers = []
-    for staging in root.rglob(f".*{PARTIAL_SUFFIX}"):
-        if not staging.is_dir():
-            continue
-        target = staging.parent / staging.name[1:].rsplit(".", 2)[0]  # .<name>.<random>.partial
-        lock = _lock(target)
-        try:
-            lock.acquire(timeout=0)
-        except filelock.Timeout:  # a download is under way: not a leftover
-            continue
-        lock.release()
-        size = sum(path.stat().st_size for path in staging.rglob("*") if path.is_file())
-        leftovers.append(CacheEntry(staging, _url_of(target.relative_to(root)), size))
-    return sorted(leftovers, key=lambda entry: entry.url)
-
-
-def remove_leftover(leftover: CacheEntry) -> None:
-    shutil.rmtree(leftover.path, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -319,7 +179,7 @@ def fetch(url: str, check: Callable[[Path], object] | None = None, progress: boo
         check: raises if a file is not what it should be: a downloaded file that fails it never
             enters the cache, a cached one that fails it is reported as a broken cache entry.
         progress: show a progress bar (default: when stderr is a terminal, unless `elmo -q`).
-        expected: the file's published size and SHA-256, where known (`elmokit.model.published`).
+        expected: the file's published size and SHA-256, where known (`elmokit.sources.published`).
         max_bytes: the cap where no size is published (default: `ELMOKIT_MAX_DOWNLOAD_GB`).
         repair: a cached file that fails its checks is downloaded again (`elmo download`).
 
@@ -341,7 +201,7 @@ def fetch(url: str, check: Callable[[Path], object] | None = None, progress: boo
             return target
         if not repair:
             raise DownloadError(f"{target} is the cached download of {identity} and it is broken ({broken}); "
-                                f"remove it with `elmo cache --remove '{_url_of(target.relative_to(cache_dir()))}'`, "
+                                f"remove it with `elmo cache --remove '{url_of(target.relative_to(cache_dir()))}'`, "
                                 "or replace it with `elmo download`")
     if offline():
         raise DownloadError(f"{url} is not in the cache and {ENV_OFFLINE} is set ({_settings()}); "
@@ -374,7 +234,7 @@ def fetch(url: str, check: Callable[[Path], object] | None = None, progress: boo
         finally:
             shutil.rmtree(staged.parent, ignore_errors=True)
     finally:
-        _lock_path(target, OWNER_SUFFIX).unlink(missing_ok=True)
+        download_lock_path(target, OWNER_SUFFIX).unlink(missing_ok=True)
         lock.release()
     return target
 
@@ -427,11 +287,11 @@ def _acquire(target: Path, url: str):
     process's download breaks the stall rule."""
     import filelock
 
-    lock = _lock(target)
+    lock = file_lock(target)
     try:
         lock.acquire(timeout=0.2)
     except filelock.Timeout:
-        owner = _lock_path(target, OWNER_SUFFIX)
+        owner = download_lock_path(target, OWNER_SUFFIX)
         holder = owner.read_text(errors="replace").strip() if owner.is_file() else "another process"
         log.warning("waiting for %s, which is downloading %s", holder, url)
         watch, seen = StallWatch(), _partial_bytes(target)
@@ -446,7 +306,7 @@ def _acquire(target: Path, url: str):
                 if watch.stalled():
                     raise DownloadError(f"gave up waiting for {holder}, which is downloading {url}: its download "
                                         f"received {watch.rule()}; stop that process, or try again") from None
-    _lock_path(target, OWNER_SUFFIX).write_text(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    download_lock_path(target, OWNER_SUFFIX).write_text(f"pid {os.getpid()} on {socket.gethostname()}\n")
     return lock
 
 
