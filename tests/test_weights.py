@@ -366,3 +366,23 @@ def test_native_config_of_the_wrong_structure(model_dir, text, message):
     (model_dir / "config.json").write_text(text)
     with pytest.raises(ConfigError, match=rf"config.json.*{message}|{message}.*config.json"):
         load_pretrained(model_dir)
+
+
+def test_provenance_is_read_by_one_function_for_every_reader(model_dir, capsys):
+    """read_provenance: {} without the file, the record, or one error naming the file (elmo info,
+    the Hugging Face and sentence-transformers loaders all read it through this function)."""
+    import json
+
+    from elmokit.cli import main
+    from elmokit.model.weights import PROVENANCE_NAME, WeightFileError, read_provenance
+
+    assert read_provenance(model_dir) == {}
+    (model_dir / PROVENANCE_NAME).write_text(json.dumps({"trained_by": "elmo train"}), encoding="utf-8")
+    assert read_provenance(model_dir) == {"trained_by": "elmo train"}
+    for text, expected in (("[1, 2]", "expected a JSON object"), ("{not json", "not a readable provenance record")):
+        (model_dir / PROVENANCE_NAME).write_text(text, encoding="utf-8")
+        with pytest.raises(WeightFileError, match=expected):
+            read_provenance(model_dir)
+        capsys.readouterr()
+        assert main(["info", str(model_dir)]) == 2
+        assert PROVENANCE_NAME in capsys.readouterr().err

@@ -14,8 +14,7 @@ from elmokit.io import atomic_write_text, check_replaceable, refuse_output_over_
 from elmokit.model.builtin import BUILTIN_MODEL
 from elmokit.model.manylangs import ManyLangsBiLM, VOCABULARY_NAME
 from elmokit.sources.tfhub import module_folder, module_provenance
-from elmokit.model.weights import CONFIG_NAME, WEIGHTS_NAME, refuse_same_file, save_original, save_pretrained
-from elmokit.training.checkpoint import PROVENANCE_NAME
+from elmokit.model.weights import CONFIG_NAME, PROVENANCE_NAME, WEIGHTS_NAME, refuse_same_file, save_original, save_pretrained
 from elmokit.training.model_card import CARD_NAME
 
 

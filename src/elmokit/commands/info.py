@@ -7,8 +7,8 @@ import json
 
 from pathlib import Path
 
-from elmokit.jsonfiles import read_json
 from elmokit.model.builtin import BUILTIN_MODEL, builtin_model_dir
+from elmokit.model.weights import read_provenance
 from elmokit.commands.common import add_model_arguments, model_from_args, model_reference
 
 
@@ -56,12 +56,8 @@ def run(args: argparse.Namespace) -> int:
         vocab = directory / "vocab.txt"
         if vocab.is_file():
             facts["vocabulary_size"] = _count_lines(vocab)
-        provenance = directory / "provenance.json"
-        if provenance.is_file():
-            facts["provenance"] = read_json(provenance)
-            if not isinstance(facts["provenance"], dict):
-                raise ValueError(f"{provenance}: not a provenance record (expected a JSON object, got "
-                                 f"{json.dumps(facts['provenance'])[:80]})")
+        if recorded := read_provenance(directory):
+            facts["provenance"] = recorded
     if args.json:
         print(json.dumps(facts, indent=2, default=list))
         return 0

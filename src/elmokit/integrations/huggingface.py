@@ -39,13 +39,14 @@ from elmokit.sources.loading import load_model  # noqa: E402
 from elmokit.sources.published import published_model  # noqa: E402
 from elmokit.model.weights import (  # noqa: E402
     CONFIG_NAME,
+    PROVENANCE_NAME,
     WEIGHTS_NAME,
     WeightFileError,
     load_pretrained,
     model_fingerprint,
+    read_provenance,
     save_pretrained,
 )
-from elmokit.training.checkpoint import PROVENANCE_NAME  # noqa: E402
 from elmokit.training.model_card import CARD_NAME, bilm_card, markdown_table, software_versions  # noqa: E402
 
 __all__ = ["HuggingFaceBiLM", "hub_card", "model_provenance"]
@@ -69,9 +70,7 @@ def model_provenance(reference: str | Path | None, bilm: BiLM, license: str | No
     path of this machine (`without_local_paths`)."""
     name = BUILTIN_MODEL if reference is None else str(reference)
     folder = builtin_model_dir() if name == BUILTIN_MODEL else Path(name)
-    recorded = {}
-    if not is_url(name) and (folder / PROVENANCE_NAME).is_file():
-        recorded = json.loads((folder / PROVENANCE_NAME).read_text(encoding="utf-8"))
+    recorded = read_provenance(folder) if not is_url(name) and folder.is_dir() else {}
     published = None if folder.exists() else published_model(name)
     local = folder.exists() and not is_url(name)
     source = {"source": f"a local folder named {folder.resolve().name}" if local else name}
@@ -214,10 +213,9 @@ class HuggingFaceBiLM(BiLM, ModelHubMixin, library_name="elmokit", tags=["elmo",
                                                force_download=force_download, proxies=proxies, token=token,
                                                local_files_only=local_files_only, allow_patterns=list(HUB_FILES)))
         bilm = load_pretrained(directory)
-        recorded = directory / PROVENANCE_NAME
-        provenance = json.loads(recorded.read_text(encoding="utf-8")) if recorded.is_file() else {}
+        provenance = read_provenance(directory)
         fingerprint = model_fingerprint(bilm)
-        expected = provenance.get("elmokit_fingerprint") if isinstance(provenance, dict) else None
+        expected = provenance.get("elmokit_fingerprint")
         if isinstance(expected, str) and expected != fingerprint:
             raise WeightFileError(f"{model_id}: the weights' fingerprint {fingerprint[:16]} is not the "
                                   f"{expected[:16]} its {PROVENANCE_NAME} records: the files were changed or damaged "

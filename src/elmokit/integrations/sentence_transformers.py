@@ -44,9 +44,9 @@ from elmokit.integrations.huggingface import UNKNOWN_LICENSE, hub_card, model_pr
 from elmokit.io import atomic_write_text, durable_replace, refuse_output_over_input, staging_folder  # noqa: E402
 from elmokit.model.bilm import BiLM  # noqa: E402
 from elmokit.sources.loading import load_model  # noqa: E402
-from elmokit.model.weights import CONFIG_NAME, WEIGHTS_NAME, model_fingerprint, save_pretrained  # noqa: E402
+from elmokit.model.weights import (  # noqa: E402
+    CONFIG_NAME, PROVENANCE_NAME, WEIGHTS_NAME, model_fingerprint, read_provenance, save_pretrained)
 from elmokit.tokenizer import tokenize  # noqa: E402
-from elmokit.training.checkpoint import PROVENANCE_NAME  # noqa: E402
 from elmokit.training.model_card import CARD_NAME  # noqa: E402
 
 __all__ = ["ELMoSentenceEncoder", "save_sentence_transformers"]
@@ -154,8 +154,7 @@ class ELMoSentenceEncoder(InputModule):
                      local_files_only=local_files_only)
         directory = Path(cls.load_dir_path(model_name_or_path, **where))
         settings = cls.load_config(model_name_or_path, **where)
-        recorded = directory / PROVENANCE_NAME
-        provenance = json.loads(recorded.read_text(encoding="utf-8")) if recorded.is_file() else {}
+        provenance = read_provenance(directory)
         threads = (kwargs.get("model_kwargs") or {}).get("threads")
         return cls(directory, provenance=provenance, threads=threads, **settings)
 

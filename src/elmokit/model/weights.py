@@ -28,10 +28,12 @@ from safetensors.torch import save_file
 from elmokit.model.config import ConfigError, ElmoConfig, ManyLangsConfig, read_options
 from elmokit.model.errors import WeightFileError, check_finite
 from elmokit.io import atomic_path, atomic_write_text
+from elmokit.jsonfiles import JSONFileError, read_json
 from elmokit.model.bilm import BiLM
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
+PROVENANCE_NAME = "provenance.json"  # where the weights came from (`read_provenance`); optional
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,6 +373,22 @@ def _read_tensors(path: Path, names: list[str]) -> dict[str, torch.Tensor]:
     for name, tensor in tensors.items():
         check_finite(path, f"tensor {name!r}", tensor)
     return tensors
+
+
+def read_provenance(directory: str | Path) -> dict:
+    """The record of where a native folder's weights came from (its provenance.json: what trained
+    or converted them, the software, the fingerprint), {} when the folder has none; a
+    WeightFileError naming the file when it is not one JSON object."""
+    path = Path(directory) / PROVENANCE_NAME
+    if not path.is_file():
+        return {}
+    try:
+        record = read_json(path)
+    except (JSONFileError, OSError) as error:
+        raise WeightFileError(f"{path}: not a readable provenance record ({error})") from None
+    if not isinstance(record, dict):
+        raise WeightFileError(f"{path}: not a provenance record (expected a JSON object, got {json.dumps(record)[:80]})")
+    return record
 
 
 def load_pretrained(directory: str | Path) -> BiLM:

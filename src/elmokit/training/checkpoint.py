@@ -34,11 +34,11 @@ from elmokit.training.lm import LanguageModel
 from elmokit.training.metrics import read_metrics
 from elmokit.training.model_card import CARD_NAME, software_versions, write_bilm_card
 from elmokit.model.errors import check_finite
-from elmokit.model.weights import CONFIG_NAME, WEIGHTS_NAME, WeightFileError, load_pretrained, read_safetensors, save_pretrained
+from elmokit.model.weights import (CONFIG_NAME, PROVENANCE_NAME, WEIGHTS_NAME, WeightFileError, load_pretrained,
+                                   read_safetensors, save_pretrained)
 
 CHECKPOINT_NAME = "checkpoint.pt"
 VOCAB_NAME = "vocab.txt"
-PROVENANCE_NAME = "provenance.json"
 MODEL_DIR_FILES = (CONFIG_NAME, WEIGHTS_NAME, VOCAB_NAME, PROVENANCE_NAME, CARD_NAME)  # what save_model_dir writes
 _NDARRAY = "__ndarray__"
 
