@@ -87,7 +87,7 @@ def recurrent_product_gflops(shape: str, rows: int, threads: int, dtype: str, de
     bfloat16 (or float32), as `kernels.stream_linear` builds them. The recurrent part of every
     position (5PC of the LSTM's 9PC multiply-adds) can run no faster than this."""
     from elmokit import ElmoConfig
-    from elmokit.int8 import stream_linear
+    from elmokit.model.int8 import stream_linear
 
     torch.set_num_threads(threads)
     lstm = ElmoConfig.from_name(shape).lstm
@@ -284,7 +284,7 @@ def main() -> None:
     if gpu and not torch.cuda.is_available():
         sys.exit(f"--device {args.device}: torch sees no CUDA GPU here (torch {torch.__version__}, built with "
                  f"CUDA {torch.version.cuda}); run on a machine with one, or leave --device out")
-    from elmokit.int8 import int8_native
+    from elmokit.model.int8 import int8_native
 
     args.dtypes = args.dtypes or [dtype for dtype in DTYPES if dtype != "int8" or (not gpu and int8_native())]
     args.shapes = args.shapes or (["original"] if gpu else ["small", "original"])
@@ -436,8 +436,8 @@ def write_report(output: Path, args, kernels: dict, ceilings: dict, best: dict, 
 
 
 def int8_kernel_lines() -> list[str]:
-    """Which kernel each int8 product of this run took (`elmokit.int8.choose_kernel`'s timings)."""
-    from elmokit import int8
+    """Which kernel each int8 product of this run took (`elmokit.model.int8.choose_kernel`'s timings)."""
+    from elmokit.model import int8
 
     if not int8._CHOICES:
         return []

@@ -247,7 +247,7 @@ def main() -> None:
     sys.path.insert(0, str(REPO / "bench"))
     from machine import busy_processes, page_header  # bench/machine.py: the CPU, its flags, the rooflines
 
-    from elmokit.int8 import int8_native
+    from elmokit.model.int8 import int8_native
 
     if not int8_native():
         sys.exit("int8_quality: this CPU has no VNNI or AMX-INT8, so dtype int8 is refused here")

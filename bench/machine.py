@@ -125,7 +125,7 @@ def matmul_gflops(threads: int, device: str, size: int = 2048, repeats: int = 10
     `trials` timings of `repeats` (size x size) products."""
     import torch
 
-    from elmokit.int8 import ZERO_POINT, int8_kernel, int8_native
+    from elmokit.model.int8 import ZERO_POINT, int8_kernel, int8_native
     from elmokit.kernels import _ONEDNN_DTYPES, ONEDNN, linear
 
     torch.set_num_threads(threads)

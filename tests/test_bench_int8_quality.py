@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from elmokit.inference.embedder import ElmoEmbedder
-from elmokit.int8 import int8_native
+from elmokit.model.int8 import int8_native
 from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN
 from elmokit.training.lm import LanguageModel
 from elmokit.training.vocab import UNK_TOKEN, Vocabulary

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from elmokit import Elmo, ElmoEmbedder, batch_to_ids
-from elmokit import int8
+from elmokit.model import int8
 from elmokit.cli import main
 from elmokit.inference import files
 from elmokit.inference.elmo import bilm_precision

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from elmokit import BiLM, Elmo, ElmoConfig, ElmoEmbedder, batch_to_ids
-from elmokit import int8, kernels
+from elmokit import kernels
+from elmokit.model import int8
 from elmokit.cli import main
-from elmokit.int8 import Int8Linear, quantize_rows
+from elmokit.model.int8 import Int8Linear, quantize_rows
 from tests.conftest import FIXTURE
 
 needs_int8 = pytest.mark.skipif(not int8.int8_native(), reason="this CPU has neither VNNI nor AMX-INT8")
@@ -156,7 +157,7 @@ def test_token_encoder_linears_run_in_bfloat16_under_int8(tiny_model):
     """dtype="int8" marks the char CNN and the highway's and the token projection's Linears: their products run in
     bfloat16 where the CPU has it (of the weight as it is now: copied again after a change), else
     float32, without gradients; float32 asked for again unmarks them."""
-    from elmokit.int8 import module_linear
+    from elmokit.model.int8 import module_linear
 
     embedder = ElmoEmbedder(module=copy.deepcopy(tiny_model), dtype="int8")
     char_cnn, *linears = embedder.bilm.token_encoder.narrowed()

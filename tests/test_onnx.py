@@ -20,7 +20,7 @@ import torch
 
 from elmokit import BiLM, ElmoEmbedder
 from elmokit.cli import main
-from elmokit.int8 import int8_native, is_int8
+from elmokit.model.int8 import int8_native, is_int8
 from elmokit.model import cell as lstm_cell
 from elmokit.model.builtin import builtin_model_dir
 from elmokit.sources.loading import load_model

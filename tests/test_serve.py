@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from elmokit import ElmoEmbedder
 from elmokit.inference.files import make_tokenizer
-from elmokit.int8 import int8_native
+from elmokit.model.int8 import int8_native
 from elmokit.sources.loading import load_model
 from elmokit.serve.recurrence import Recurrence, token_layer
 from tests.serving import Server, save_tiny_model

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from elmokit import ElmoEmbedder
-from elmokit.int8 import int8_native
+from elmokit.model.int8 import int8_native
 from elmokit.kernels import bf16_native
 from tests.conftest import SENTENCES
 

@@ -10,7 +10,7 @@ the torch threads a model runs on the CPU (`use_threads`, `default_threads`).
              bfloat16, the activations, the LSTM state and the outputs in float32 (inference only),
              or "int8" (inference on a CPU with VNNI or AMX): the LSTM's input and recurrent
              products in int8, the weights quantized per output channel once, the inputs per row
-             at each product, sums in int32 (`elmokit.int8.Int8Linear`); the LSTM's projection and
+             at each product, sums in int32 (`elmokit.model.int8.Int8Linear`); the LSTM's projection and
              the token encoder's char CNN, highway and projection in bfloat16 where the CPU has it;
              everything else in float32.
 """

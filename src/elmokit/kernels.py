@@ -304,7 +304,7 @@ class WeightsKey:
 
 def weights_key(tensors: Iterable[torch.Tensor]) -> WeightsKey:
     """What identifies the values of `tensors` for a copy made from them (a reordered, narrowed or
-    precomputed one: `elmokit.inference.engine.layer_products`, `elmokit.int8.bf16_copies`,
+    precomputed one: `elmokit.inference.engine.layer_products`, `elmokit.model.int8.bf16_copies`,
     `elmokit.inference.cache.TokenCache`): each tensor's storage, in-place version, dtype and device.
     An edit in place (an optimizer's step, `copy_` under `torch.no_grad()`, `load_state_dict`), a
     new tensor or a move changes it, and the copy is made again; an edit through `.data` does not

@@ -10,7 +10,7 @@ Devices and precision: every class takes `device=` ("cpu", "cuda", "cuda:N", "au
 `cuda_device` is kept as an alias where AllenNLP has it) and `dtype=` (float32; bfloat16 for
 faster inference: the weights and their products in bfloat16; or int8, on a CPU with VNNI or
 AMX-INT8: float32 weights, the LSTM's input and recurrent products in int8 and the rest of the
-products in bfloat16, `elmokit.int8`; in both the activations, the LSTM state and the outputs in
+products in bfloat16, `elmokit.model.int8`; in both the activations, the LSTM state and the outputs in
 float32, stateless, no gradients). See `elmokit.devices` and `place_bilm`.
 
 Threads: one `ElmoEmbedder`, or one `Elmo` in eval mode, may be called from many threads at once
@@ -33,7 +33,7 @@ from torch import nn
 
 from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS
 from elmokit.devices import dtype_name, resolve_device, resolve_dtype, use_threads
-from elmokit.int8 import is_int8, quantize_modules, unquantize_modules
+from elmokit.model.int8 import is_int8, quantize_modules, unquantize_modules
 from elmokit.kernels import weights_key
 from elmokit.model.bilm import BiLM, BiLMOutput, LstmState
 from elmokit.model.mix import ScalarMix
@@ -106,7 +106,7 @@ def place_bilm(bilm: BiLM, device: torch.device, dtype: str | torch.dtype | None
     the default for what this process may use now), move `bilm` (in place, as `nn.Module.to`) to
     `device` and, unless `dtype` is None, its
     weights to `dtype`; "int8" marks the LSTM for int8 products and the token encoder for bfloat16
-    ones (`int8_modules`, `elmokit.int8.quantize_modules`, the CPU only) on float32 weights: a biLM
+    ones (`int8_modules`, `elmokit.model.int8.quantize_modules`, the CPU only) on float32 weights: a biLM
     in another dtype is refused (its weights already rounded; load it in float32). "float32" or
     "bfloat16" removes the marks. None keeps the biLM's own precision (`bilm_precision`): its
     weights' dtype, or int8 where an earlier `dtype="int8"` marked it, as every holder of a shared
@@ -236,7 +236,7 @@ class Elmo(nn.Module):
         dtype: torch.bfloat16 (or "bfloat16") for a frozen, stateless biLM in bfloat16; "int8"
             (the CPU, one with VNNI or AMX-INT8; frozen and stateless too) for the LSTM's input and
             recurrent products in int8 and the rest in bfloat16 on float32 weights
-            (`elmokit.int8`); "float32" (exact). Default: the biLM's own precision
+            (`elmokit.model.int8`); "float32" (exact). Default: the biLM's own precision
             (`bilm_precision`: float32 for a model loaded here; for `module`, its weights' dtype,
             or int8 if an earlier `dtype="int8"` marked it).
         threads: torch's CPU threads (for the whole process, as `torch.set_num_threads`). Default:

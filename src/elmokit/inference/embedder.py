@@ -62,7 +62,7 @@ class ElmoEmbedder:
             the outputs in float32 (stateless only; faster on a CPU with AVX512-BF16 or AMX:
             bench/results/embed.md gives the speed and error of each shape on the machine it names); "int8" (stateless, on the CPU, one with VNNI or AMX-INT8, float32
             weights): the LSTM's input and recurrent products in int8, the rest of the products
-            in bfloat16 (`elmokit.int8`; bench/results/int8_quality.md); "float32" (exact), which
+            in bfloat16 (`elmokit.model.int8`; bench/results/int8_quality.md); "float32" (exact), which
             also undoes an earlier "int8" or "bfloat16" on `module`. Default: the biLM's own
             precision (`elmokit.inference.elmo.bilm_precision`): float32 for a model loaded here; for
             `module`, its weights' dtype, or int8 if an earlier `dtype="int8"` marked it.

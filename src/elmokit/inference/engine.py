@@ -29,7 +29,7 @@ import torch
 
 from elmokit.inference import cuda_graphs
 from elmokit.inference.streams import GATE_BUDGET, StreamLayout, stream_layout
-from elmokit.int8 import Int8Linear, is_int8, stream_linear
+from elmokit.model.int8 import Int8Linear, is_int8, stream_linear
 from elmokit.kernels import PackedLinear, weights_key
 from elmokit.model import cell as lstm_cell
 from elmokit.model.bilm import BiLM, BiLMOutput
@@ -275,7 +275,7 @@ def candidate_doubled(layer: BiLstmLayer) -> torch.Tensor:
 def packed_products(layer: BiLstmLayer, rows: int) -> tuple[list[PackedLinear], ...]:
     """The input, recurrent and projection products of each direction, their weights
     reordered for oneDNN (the candidate's rows doubled, see `activate_doubled_gates_`), for about
-    `rows` rows, or quantized to int8 for a layer that `elmokit.int8.quantize_modules` marked
+    `rows` rows, or quantized to int8 for a layer that `elmokit.model.int8.quantize_modules` marked
     (`layer_products` keeps them until a weight changes or a call wants more rows)."""
     weights = (layer.input_weight, layer.recurrent_weight, layer.projection)
     block_rows = max(rows, GATE_BUDGET // (2 * 4 * layer.cell_dim))  # input products: a block of steps

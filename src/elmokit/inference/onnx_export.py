@@ -50,7 +50,7 @@ from torch import nn
 
 from elmokit.extras import EXTRAS, require
 from elmokit.inference.elmo import int8_modules, run_bilm, token_layers
-from elmokit.int8 import unquantize_modules
+from elmokit.model.int8 import unquantize_modules
 from elmokit.io import atomic_path, check_replaceable
 from elmokit.kernels import KERNELS_VARIABLE, linear
 from elmokit.model import cell as lstm_cell

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from elmokit.devices import without_autocast
-from elmokit.int8 import bf16_copies, module_linear, narrows
+from elmokit.model.int8 import bf16_copies, module_linear, narrows
 from elmokit.kernels import linear, matmul
 from elmokit.model.chars import N_CHAR_IDS
 from elmokit.model.config import ElmoConfig
@@ -187,6 +187,6 @@ class TokenEncoder(nn.Module):
         return module_linear(self.projection, features)  # (N, P)
 
     def narrowed(self) -> list[nn.Module]:
-        """What `dtype="int8"` runs in bfloat16 (`elmokit.int8.narrows`): the char CNN's window products
-        and the highway's and projection's Linears (`elmokit.int8.module_linear`)."""
+        """What `dtype="int8"` runs in bfloat16 (`elmokit.model.int8.narrows`): the char CNN's window products
+        and the highway's and projection's Linears (`elmokit.model.int8.module_linear`)."""
         return [self.char_cnn, *self.highway.layers, self.projection]

@@ -46,7 +46,7 @@ from elmokit.devices import memory_bytes
 from elmokit.inference.elmo import boundary_rows
 from elmokit.inference.embedder import ElmoEmbedder
 from elmokit.inference.engine import candidate_doubled
-from elmokit.int8 import Int8Linear, is_int8, stream_linear
+from elmokit.model.int8 import Int8Linear, is_int8, stream_linear
 from elmokit.kernels import PackedLinear
 from elmokit.model import cell as lstm_cell
 from elmokit.model.bilm import BiLM
