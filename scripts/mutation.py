@@ -448,6 +448,9 @@ MUTANTS = [
     Mutant("TF-Hub: an archive member with '..' extracted", "sources/tfhub.py",
            'if name.startswith("/") or ".." in parts or', 'if name.startswith("/") or',
            (TFHUB + "test_hostile_archives_are_refused_before_writing",)),
+    Mutant("download: a waiter counts what was written before it came as progress", "sources/download.py",
+           "watch, seen = StallWatch(), _partial_bytes(target)", "watch, seen = StallWatch(), 0",
+           ("tests/test_mutants_download.py::test_a_waiter_counts_only_what_the_download_writes_while_it_waits",)),
     # the elmo serve client of the LangChain and LlamaIndex integrations (integrations/texts.py, bounded_http.py)
     Mutant("client: the key kept on a redirect to another origin", "integrations/bounded_http.py",
            "if _origin(target) != _origin(url):", "if False:",

@@ -37,3 +37,34 @@ def test_nothing_received_for_a_window_is_a_stall():
     watch = StallWatch(seconds=2, min_bytes=1, clock=clock)
     clock.now += 2
     assert watch.stalled()
+
+
+def test_a_waiter_counts_only_what_the_download_writes_while_it_waits(tmp_path, monkeypatch):
+    """A wedged download that had already written 3 MB (more than the stall rule's 1 MB) before a
+    second process came to wait for it: the waiter gives up when its first window ends with nothing
+    new, not a window later (those 3 MB are not progress it saw)."""
+    import pytest
+
+    from elmokit.sources import download
+    from elmokit.sources.cache import PARTIAL_SUFFIX, file_lock
+
+    target = tmp_path / "host" / "weights.hdf5"
+    staging = target.parent / f".{target.name}.wedged{PARTIAL_SUFFIX}"
+    staging.mkdir(parents=True)
+    (staging / target.name).write_bytes(bytes(3_000_000))
+    clock = Clock()
+
+    def ticking() -> float:  # a second a look, whatever the machine's speed
+        clock.now += 1.0
+        return clock.now
+
+    monkeypatch.setattr(download, "StallWatch", lambda: StallWatch(seconds=2, min_bytes=1_000_000, clock=ticking))
+    holder = file_lock(target)
+    holder.acquire()  # the wedged downloader
+    try:
+        started = clock.now
+        with pytest.raises(download.DownloadError, match="gave up waiting"):
+            download._acquire(target, "https://example.org/weights.hdf5")
+    finally:
+        holder.release()
+    assert clock.now - started < 4, "the waiter counted the bytes written before it came as progress"
