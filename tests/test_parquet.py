@@ -180,3 +180,61 @@ def test_embedding_column_errors_name_the_problem():
     uneven = pa.array([[[[1.0]], [[2.0], [3.0]]]], type=pa.list_(pa.list_(pa.list_(pa.float32(), 1))))
     with pytest.raises(ValueError, match="row 0 .* not rectangular"):
         embedding_arrays(uneven)
+
+
+def _rows_file(path: Path, lines: list, arrays: list) -> Path:
+    """A Parquet file of `elmo embed`'s columns with the given line numbers and arrays (None: null)."""
+    column = embedding_array([a for a in arrays if a is not None])
+    values = iter(column.to_pylist())
+    embedding = pa.array([None if a is None else next(values) for a in arrays], type=column.type)
+    pq.write_table(pa.table({"line": pa.array(lines, pa.int64()), "tokens": [["w"]] * len(lines),
+                             "embedding": embedding}), path)
+    return path
+
+
+def test_read_embeddings_keys_rows_by_their_line_column(tmp_path):
+    """The key is the row's `line`, as a string, not its position in the file."""
+    arrays = [np.full((1, 4), value, np.float32) for value in (1.0, 2.0, 3.0)]
+    read = read_embeddings(_rows_file(tmp_path / "r.parquet", [10, 3, 7], arrays))
+    assert sorted(read) == ["10", "3", "7"]
+    for key, value in (("10", 1.0), ("3", 2.0), ("7", 3.0)):
+        np.testing.assert_array_equal(read[key], np.full((1, 4), value, np.float32))
+
+
+def test_read_embeddings_refuses_a_null_or_repeated_row(tmp_path):
+    ok = np.zeros((1, 4), np.float32)
+    nulls = _rows_file(tmp_path / "null.parquet", [0, 1, 2], [ok, None, ok])
+    with pytest.raises(ValueError, match=rf"^{nulls}: row 1: 'embedding' is null; every row of an embeddings file"):
+        read_embeddings(nulls)
+    pq.write_table(pq.read_table(_rows_file(tmp_path / "x.parquet", [0, 1], [ok, ok])).set_column(
+        0, "line", pa.array([0, None], pa.int64())), tmp_path / "noline.parquet")
+    with pytest.raises(ValueError, match=r"noline.parquet: row 1: 'line' is null"):
+        read_embeddings(tmp_path / "noline.parquet")
+    twice = _rows_file(tmp_path / "twice.parquet", [4, 5, 6, 5], [ok, ok, ok, ok])
+    with pytest.raises(ValueError, match=rf"^{twice}: rows 1 and 3 have the same line 5; every row of an embeddings"):
+        read_embeddings(twice)
+
+
+def test_read_embeddings_of_many_row_groups_and_two_ranks(tiny_model, tmp_path, monkeypatch):
+    """A file of many row groups and one merged from two ranks read back: every line's array, as
+    one process writes it in one row group."""
+    lines = _corpus(23, seed=5)
+    source = _write(tmp_path / "in.txt", lines)
+    options = EmbedOptions(file_format="parquet", output_format="top", checkpoint_every=4)
+    embed_file(ElmoEmbedder(module=tiny_model), source, tmp_path / "one.parquet", options, progress=False)
+    want = read_embeddings(tmp_path / "one.parquet")
+    monkeypatch.setattr(parquet, "ROW_GROUP_BYTES", 3 * 5 * 12 * 4)  # a few rows a group
+    barrier = threading.Barrier(2)
+    threads = [threading.Thread(target=embed_file, args=(ElmoEmbedder(module=tiny_model), source,
+                                                         tmp_path / "two.parquet", options),
+                                kwargs=dict(progress=False, rank=r, world_size=2, barrier=barrier.wait))
+               for r in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert pq.ParquetFile(tmp_path / "two.parquet").num_row_groups >= 6
+    got = read_embeddings(tmp_path / "two.parquet")
+    assert sorted(got, key=int) == [str(i) for i in range(len(lines))] == sorted(want, key=int)
+    for key, array in want.items():
+        np.testing.assert_allclose(got[key], array, atol=1e-6, err_msg=key)

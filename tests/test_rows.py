@@ -172,18 +172,21 @@ def test_embed_file_and_the_cli_leave_the_rows_to_the_engine(model_dir, tiny_mod
 
 
 def test_the_cli_on_ray_keeps_rays_batch_unless_given(model_dir, tmp_path, monkeypatch):
-    """`elmo embed --ray` without --batch-size: Ray's own batch (embed_files' default), 4x the
-    batch size where one is given."""
+    """`elmo embed --ray` without --batch-size: Ray's own batch and rows (embed_files' defaults);
+    --batch-size N is the rows of each actor's recurrence, as without --ray, in Ray batches of
+    256 lines or N when N is more."""
     elmo_ray = pytest.importorskip("elmokit.ray")
     calls = []
     monkeypatch.setattr(elmo_ray, "embed_files", lambda *args, **kwargs: calls.append(kwargs) or
                         {"rows": 0, "tokens": 0, "files": 0, "seconds": 1.0})
     text = tmp_path / "in.txt"
     text.write_text("a b\n")
-    for extra in ([], ["--batch-size", "16"]):
-        assert main(["embed", str(text), str(tmp_path / f"out{len(extra)}"), "--model", str(model_dir), "--ray",
+    for extra in ([], ["--batch-size", "16"], ["--batch-size", "300"]):
+        assert main(["embed", str(text), str(tmp_path / f"out{len(calls)}"), "--model", str(model_dir), "--ray",
                      "local", "--no-progress", *extra]) == 0
-    assert "batch_size" not in calls[0] and calls[1]["batch_size"] == 64
+    assert "batch_size" not in calls[0] and "forward_rows" not in calls[0]
+    assert (calls[1]["forward_rows"], calls[1]["batch_size"]) == (16, 256)
+    assert (calls[2]["forward_rows"], calls[2]["batch_size"]) == (300, 300)
 
 
 def test_task_features_leave_the_rows_to_the_engine(tiny_model, monkeypatch):

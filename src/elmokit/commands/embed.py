@@ -119,8 +119,8 @@ def register(subcommands: argparse._SubParsersAction) -> None:
                              "prefixes for, and ja, ko, cjk; an unknown code is refused; default: en)")
     parser.add_argument("--batch-size", type=int, default=None,
                         help="sentences in the recurrence at once (default: the engine's choice, 128 rows "
-                             "for a full window of sentences, fewer for a short input); with --ray, a Ray batch "
-                             "is 4x this many lines (default 256) and each actor runs 64 rows")
+                             "for a full window of sentences, fewer for a short input); the same with --ray, in "
+                             "each actor (default 64), whose Ray batches hold 256 lines or this many if more")
     parser.add_argument("--max-length", type=int, default=256,
                         help="longest sentence embedded in one piece; longer ones go in overlapping "
                              "windows (default: 256 tokens)")
@@ -145,8 +145,8 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     on_ray.add_argument("--ray", metavar="ADDRESS",
                      help="embed on Ray: auto, ray://HOST:PORT, or local (a Ray instance on this machine)")
     on_ray.add_argument("--workers", type=int, default=1, help="Ray actors, each with the model (default: 1)")
-    on_ray.add_argument("--text-column", default="text",
-                     help="the column of sentences of Parquet inputs (default: text)")
+    on_ray.add_argument("--text-column",
+                     help="the column of sentences of Parquet inputs (default: text; refused for text inputs)")
     add_progress_argument(parser)
     add_model_arguments(parser)
     add_device_arguments(parser, dtype=True, cuda_device=True)
@@ -205,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_on_ray(args: argparse.Namespace) -> int:
     """`elmo embed --ray`: `elmokit.ray.embed_files` with the model loaded here (and sent to each actor)."""
-    from elmokit.ray import embed_files
+    from elmokit.ray import BATCH_ROWS, embed_files
 
     not_on_ray = [flag for flag, given in (("--resume", args.resume), ("--use-sentence-keys", args.use_sentence_keys),
                                            ("--format " + str(args.file_format), args.file_format not in (None, "parquet")),
@@ -221,12 +221,13 @@ def run_on_ray(args: argparse.Namespace) -> int:
     gpus = 1 if (args.device or "").startswith("cuda") or (args.cuda_device is not None and args.cuda_device >= 0) else 0
     summary = embed_files(args.input, args.output, address=args.ray, workers=args.workers,
                           text_column=args.text_column, forget_sentences=args.forget_sentences,
-                          overwrite=args.overwrite, progress=not (args.no_progress or quiet()),
+                          overwrite=args.overwrite, progress=not (args.no_progress or quiet()), quiet=quiet(),
                           model=model_from_args(args),
                           tokenize=args.tokenize, lang=args.lang, layers=args.output_format,
                           sentence_vectors=args.sentence_vectors, num_gpus=gpus, max_length=args.max_length,
                           overlap=args.overlap,
-                          **({} if args.batch_size is None else {"batch_size": 4 * args.batch_size}),
+                          **({} if args.batch_size is None else  # the recurrence's rows, in Ray batches they fill
+                             {"forward_rows": args.batch_size, "batch_size": max(BATCH_ROWS, args.batch_size)}),
                           dtype=None if args.dtype == "float32" else args.dtype)
     log.info(f"wrote {args.output}: {summary['rows']:,} rows, {summary['tokens']:,} tokens in {summary['files']} "
              f"Parquet files, {summary['seconds']:.1f} s ({summary['tokens'] / summary['seconds']:,.0f} tokens/s)")

@@ -190,9 +190,23 @@ class ParquetSegment:
             yield self.file.read_row_group(index)
 
     def items(self) -> Iterator[tuple[str, np.ndarray]]:
-        """(line number as a str, array) for every row, in the file's order."""
+        """(line number as a str, array) for every row, in the file's order. A null line or
+        embedding, or a line number two rows share, is a ValueError naming the file and rows (a
+        dict of the rows would drop one of two rows silently); repeats are found once the last
+        row group is read, after the rows before it were given."""
+        first, lines = 0, []
         for table in self.tables():
-            yield from zip(map(str, table["line"].to_pylist()), embedding_arrays(table["embedding"]))
+            for column in ("line", "embedding"):
+                nulls = table[column].is_null().to_numpy(zero_copy_only=False)
+                if nulls.any():
+                    raise ValueError(f"{self.path}: row {first + int(np.flatnonzero(nulls)[0])}: {column!r} is null; "
+                                     "every row of an embeddings file has its line number and its array")
+            lines.append(table["line"].to_numpy())
+            first += len(table)
+            yield from zip(map(str, lines[-1].tolist()), embedding_arrays(table["embedding"]))
+        if lines:
+            refuse_repeated_lines(np.concatenate(lines), self.path, "every row of an embeddings file is a line of "
+                                  "its input, once")
 
     def copy_to(self, out: ParquetSegment) -> Iterator[str]:
         """Copy every row group into `out` as it is; yield the line number of each row copied."""
@@ -218,6 +232,17 @@ class ParquetSegment:
         with contextlib.suppress(Exception):
             self.close()
         self.path.unlink(missing_ok=True)
+
+
+def refuse_repeated_lines(lines: np.ndarray, path: str | Path, why: str) -> None:
+    """A ValueError naming two rows of `path` with the same line number (`lines`, in row order:
+    the first two holding the smallest repeated number) and `why` that is wrong; nothing when
+    every number is unique. Sorting, not a set: 8 bytes a row."""
+    order = np.argsort(lines, kind="stable")  # equal numbers stay in row order
+    repeats = np.flatnonzero(np.diff(lines[order]) == 0)
+    if len(repeats):
+        first, second = int(order[repeats[0]]), int(order[repeats[0] + 1])
+        raise ValueError(f"{path}: rows {first} and {second} have the same line {int(lines[first])}; {why}")
 
 
 def iter_parquet_embeddings(path: str | Path) -> Iterator[tuple[str, np.ndarray]]:
