@@ -1,4 +1,4 @@
-"""`elmo embed`: a file of sentences -> HDF5 or .npz with the vectors of every token or sentence
+"""`elmo embed`: a file of sentences -> HDF5, .npz or Parquet with the vectors of every token or sentence
 (AllenNLP's layout), streamed batch by batch, resumable, and shared across processes by torchrun."""
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ environment unless already set (set them to choose other sizes)."""
 
 def register(subcommands: argparse._SubParsersAction) -> None:
     parser = subcommands.add_parser(
-        "embed", help="embed a file of sentences into HDF5 or .npz", description=DESCRIPTION,
+        "embed", help="embed a file of sentences into HDF5, .npz or Parquet", description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("input", type=Path, nargs="+",
                         help="text file (plain or .gz), one sentence per line (with --ray: one or more, or Parquet files)")
