@@ -126,11 +126,11 @@ def render(rows_by_label: dict[str, list[dict]], object_store_mb: int, header: s
             table.append(f"| {label} | {row['mb']:g} | {row['lines']:,} | {row['rss_before_mb']:,.0f} | "
                          f"{row['peak_mb']:,.0f} | {row['peak_mb'] - row['rss_before_mb']:+,.0f} | "
                          f"{row['seconds']:,.1f} |")
-    return (f"# The driver's memory of `elmo embed --ray` as the corpus grows\n\n"
+    return (f"# The driver's memory of `elmo embed --ray` as the corpus grows\n\n{header}\n\n"
             f"`bench/ray_memory.py`: each size in a fresh process, a local Ray instance of 2 CPUs with an "
             f"object store of {object_store_mb} MB, one actor, a tiny random model, `--top --sentence-vectors`; "
             f"the driver's RSS sampled every 0.1 s (psutil).\n\n" + "\n".join(table) +
-            f"\n\n<!-- rows: {json.dumps(rows_by_label)} -->\n\nMeasured on: {header}\n\nWhat else ran: {busy}\n")
+            f"\n\n<!-- rows: {json.dumps(rows_by_label)} -->\n\nWhat else ran: {busy}\n")
 
 
 def main() -> None:
@@ -157,7 +157,7 @@ def main() -> None:
         print(rows[-1], flush=True)
     kept[args.label] = rows
     busy = machine.busy_processes(own="bench/ray_memory.py")
-    page = render(kept, args.object_store_mb, machine.describe_cpu(), busy)
+    page = render(kept, args.object_store_mb, machine.page_header("cpu", 2), busy)
     RESULTS.write_text(page)
     print(page)
 

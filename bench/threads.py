@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from embed import UD_DEV, read_conllu_forms
-from machine import busy_processes, describe_cpu
+from machine import busy_processes, describe_cpu, page_header
 
 REPO = Path(__file__).resolve().parents[1]
 SPIN = {"GOMP_SPINCOUNT": "300000"}  # GNU OpenMP's default spinning, set explicitly: the command then keeps it
@@ -126,7 +126,7 @@ def main() -> None:
     sentences = [" ".join(tokens) for tokens in read_conllu_forms(UD_DEV)][:args.sentences]
     cpus = os.cpu_count() or 1
     lines = ["# Threads that fit the CPU the process gets (bench/threads.py)", "",
-             f"Machine: {describe_cpu()}; torch's OpenMP: {openmp()}.", "",
+             page_header("cpu", cpus), "", f"CPU: {describe_cpu()}; torch's OpenMP: {openmp()}.", "",
              f"`elmo embed` (the `elmo` command's start, `python -m elmokit_launch`) of {len(sentences)} sentences "
              f"of UD English EWT dev, the built-in model, `--top`, float32; wall seconds from start to exit, "
              f"torch's import included; each configuration {args.repeats} times, interleaved. \"spin\": "

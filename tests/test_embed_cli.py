@@ -120,14 +120,15 @@ def test_bad_input_is_one_line_and_writes_nothing(model_dir, tmp_path, capsys):
         assert not Path(str(target) + ".partial").exists()
 
     fails(tmp_path / "missing.txt", expect="missing.txt")
-    fails(tmp_path, expect="is a directory")
+    (tmp_path / "folder").mkdir()  # a folder given as the input file (the output outside it)
+    fails(tmp_path / "folder", expect="is a directory")
     (tmp_path / "empty.txt").write_text("")
     fails(tmp_path / "empty.txt", expect="empty")
     bad = tmp_path / "latin1.txt"
     bad.write_bytes("good line\ncaf\xe9\n".encode("latin-1"))
     fails(bad, expect="latin1.txt:2: invalid UTF-8")
     blank = _write(tmp_path / "blank.txt", ["a", ""])
-    fails(blank, expect="is a directory", target=tmp_path)
+    fails(blank, expect="is a directory", target=tmp_path / "folder")
     fails(blank, "--max-length", "10", "--overlap", "5", expect="max-length")
     assert not out.exists()
     out.write_text("keep me")

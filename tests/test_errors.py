@@ -411,4 +411,4 @@ def test_embed_tokenize_with_an_empty_lang_is_one_error(files, tmp_path, capsys,
     """Not a TypeError's traceback from the tokenizer once the first line is read."""
     (tmp_path / "in.txt").write_text("a b\n")
     fails_in_one_line(["embed", str(tmp_path / "in.txt"), str(tmp_path / "o.h5"), "--tokenize", "--lang", lang,
-                       "--model", str(files["model"])], capsys, "lang (--lang) must be a Moses language code")
+                       "--model", str(files["model"])], capsys, f"--lang {lang!r} is not a language Moses knows")

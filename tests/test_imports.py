@@ -17,7 +17,8 @@ import sys
 IMPORT_EVERYTHING = r"""
 import json, logging, os, pkgutil, signal, sys, warnings
 import h5py, numpy, safetensors, torch, tqdm
-for library in ("huggingface_hub", "sentence_transformers", "flair", "spacy", "langchain_core", "llama_index.core"):
+for library in ("huggingface_hub", "sentence_transformers", "flair", "spacy", "langchain_core", "llama_index.core",
+                "ray.data.datasource"):  # elmokit.ray_corpus subclasses Ray's datasource: Ray's filters and variables are Ray's
     try:  # the integrations' libraries (elmokit.integrations imports them): what they change is theirs too
         __import__(library)
     except ImportError:

@@ -268,6 +268,15 @@ def refuse_overwrite(paths: Iterable[str | Path], overwrite: bool, what: str = "
         raise FileExistsError(f"{what} exists: {', '.join(existing)} (overwrite=True replaces it)")
 
 
+def _real_path(path: str | Path) -> Path:
+    """The path with its symbolic links followed; a loop of links is left as it is (absolute),
+    for the reader of that path to say what it is."""
+    try:
+        return Path(path).resolve()
+    except (RuntimeError, OSError):  # a symlink loop (RuntimeError before Python 3.13)
+        return Path(os.path.abspath(path))
+
+
 def refuse_output_over_input(inputs: Iterable[str | Path], outputs: Iterable[str | Path]) -> None:
     """ValueError naming the pair if writing one of `outputs` could destroy one of `inputs`: an
     output that is the input (the same path, a symbolic link to it, a hard link), an output folder
@@ -275,9 +284,9 @@ def refuse_output_over_input(inputs: Iterable[str | Path], outputs: Iterable[str
     input folder (a model's: it would replace what is being read). Every command calls it with all
     it reads and all it writes, before it reads anything; a folder written into rather than
     replaced is given as the files written in it. Symbolic links are followed."""
-    given = [(Path(path), Path(path).resolve()) for path in inputs if str(path)]
+    given = [(Path(path), _real_path(path)) for path in inputs if str(path)]
     for output in map(Path, outputs):
-        where = output.resolve()
+        where = _real_path(output)
         for path, real in given:
             if where == real or (output.exists() and path.exists() and os.path.samefile(output, path)):
                 problem = f"is the input {path}: writing it would replace what is being read"
