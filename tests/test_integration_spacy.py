@@ -181,7 +181,7 @@ def test_nlp_pipe_with_two_processes_finishes_and_gives_the_same_docs(model_dir,
 
         torch.set_num_threads(2)
         nlp = spacy.blank("en")
-        nlp.add_pipe("elmo", config={{"model": {str(model_dir)!r}, "batch_size": 2}})
+        nlp.add_pipe("elmo", config={{"model": {str(model_dir)!r}, "batch_size": 2, "threads": 2}})  # a pool of 2, loaded or not
         texts = {TEXTS!r} * 3
         alone = [nlp(text) for text in texts]  # the parent's pool has run
         with warnings.catch_warnings():
