@@ -687,8 +687,8 @@ def test_a_resume_refuses_a_damaged_or_non_finite_checkpoint(corpus, tmp_path, c
 
 def test_a_start_or_resume_removes_what_killed_writes_of_the_run_left(corpus, tmp_path):
     """The temporary files that atomic_path leaves when its writer is killed (made here by a
-    process killed mid-write) of checkpoint.pt, train_config.json and best/'s files: the run's next
-    write of each file removes them (io.atomic_path, the one place that does); other files stay."""
+    process killed mid-write) of checkpoint.pt, train_config.json and best/'s files: a fresh start
+    removes those of its directory, a resume those of best/ too; other files stay."""
     run = tmp_path / "run"
 
     def killed_writes(*names: str) -> list[Path]:

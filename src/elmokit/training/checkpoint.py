@@ -21,6 +21,7 @@ import shutil
 import warnings
 import zipfile
 import zlib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ import numpy as np
 import torch
 
 from elmokit.model.config import ConfigError, ElmoConfig
-from elmokit.io import atomic_path, atomic_write_text
+from elmokit.io import atomic_path, atomic_write_text, unfinished_writes
 from elmokit.training.lm import LanguageModel
 from elmokit.training.metrics import read_metrics
 from elmokit.training.model_card import CARD_NAME, software_versions, write_bilm_card
@@ -184,6 +185,16 @@ def check_ranks_agree(path: Path, reports: list[Any], rank: int) -> None:
         raise ConfigError(f"{path}: the processes read different checkpoints ({listed}; or the same step written "
                           "twice); every node must see the same run directory (--output-dir on a filesystem "
                           "shared by all nodes, not a copy per node)")
+
+
+def remove_unfinished_writes(paths: Iterable[Path]) -> list[Path]:
+    """Remove the temporary files that writes of `paths` interrupted by a kill left beside them
+    (`elmokit.io.unfinished_writes`: a checkpoint's is as large as the checkpoint); called by the
+    one process that writes them, before it writes again. Returns what it removed."""
+    removed = [temporary for path in paths for temporary in unfinished_writes(path)]
+    for temporary in removed:
+        temporary.unlink(missing_ok=True)
+    return removed
 
 
 class TrainingDiverged(ValueError):

@@ -35,6 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from elmokit.training import checkpoint as ckpt
 from elmokit.model.config import ConfigError, ElmoConfig
+from elmokit.model.weights import CONFIG_NAME
 from elmokit.training.build import (build_model, build_optimizer, configure_device, padding_batch, train_batches,
                                     valid_batches)
 from elmokit.training.data import LMBatch
@@ -246,6 +247,8 @@ def start_run(config: TrainConfig, resume: bool | str) -> Run:
     configure_device(config, model, dist_.device)
     wrapped = DistributedDataParallel(model) if dist_.world_size > 1 else model
     run = Run(config, dist_, out_dir, vocab, model, wrapped, optimizer, Progress())
+    if dist_.is_main:  # what writers killed mid-write left (a lost worker's job), before writing again
+        ckpt.remove_unfinished_writes(written_files(out_dir))
     if checkpoint is None:
         seed_everything(config.seed + dist_.rank)
         if dist_.is_main:
@@ -277,6 +280,12 @@ def start_run(config: TrainConfig, resume: bool | str) -> Run:
         run.changed = _changed_settings(checkpoint.get("train_config"), config)
     model.train()
     return run
+
+
+def written_files(out_dir: Path) -> list[Path]:
+    """Every file a run writes (each through `elmokit.io.atomic_path`): its own and best/'s."""
+    names = (ckpt.CHECKPOINT_NAME, TRAIN_CONFIG_NAME, CONFIG_NAME, METRICS_NAME, CURVES_NAME)
+    return [out_dir / name for name in names] + [out_dir / BEST_DIR / name for name in ckpt.MODEL_DIR_FILES]
 
 
 def training_total(config: TrainConfig) -> int:
