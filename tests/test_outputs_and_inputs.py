@@ -255,3 +255,18 @@ def test_perplexity_and_predict_onto_an_input_are_refused(tmp_path, capsys):
     assert main(["task", "predict", str(run), str(corpus), "-o", str(run / "labels.txt")]) == 2
     one_error_line(capsys, "is inside the input folder")
     assert corpus.read_text(encoding="utf-8") == SENTENCES
+
+
+def test_the_ray_library_call_refuses_an_output_over_its_input(tmp_path, model_dir):
+    """elmokit.ray.embed_files itself (not only elmo embed) refuses, before Ray starts, an output
+    folder that holds its input, and leaves the input as it was."""
+    pytest.importorskip("ray", reason="the ray extra: pip install 'elmokit[ray]'")
+    from elmokit.ray import embed_files
+
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    source = _text(folder / "part.txt")
+    before = source.read_bytes()
+    with pytest.raises(ValueError, match="holds the input"):
+        embed_files([source], folder, model=str(model_dir), overwrite=True, progress=False)
+    assert source.read_bytes() == before

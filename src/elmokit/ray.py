@@ -46,7 +46,7 @@ from elmokit.inference.embedder import ElmoEmbedder
 from elmokit.inference.files import EmbedOptions, check_windows, embed_sentences, make_tokenizer
 from elmokit.inference.layers import check_output_format, shape_output
 from elmokit.inference.parquet import embedding_array, embedding_type, is_parquet
-from elmokit.io import output_lock
+from elmokit.io import check_replaceable_folder, output_lock, refuse_output_over_input
 from elmokit.model.bilm import BiLM
 from elmokit.sources.loading import load_model
 
@@ -295,8 +295,10 @@ def embed_files(inputs: Sequence[str | Path], output_dir: str | Path, *, address
     """
     output_dir = Path(output_dir)
     partial = output_dir.with_name(output_dir.name + ".partial")
+    refuse_output_over_input(inputs, [output_dir, partial])  # the library's callers too, not only elmo embed
     if output_dir.exists() and not output_dir.is_dir():
         raise NotADirectoryError(f"output must be a folder for Parquet files, and {output_dir} is a file")
+    check_replaceable_folder(output_dir)
     with output_lock(output_dir.with_name(output_dir.name + ".lock"), str(output_dir)):
         for path in (output_dir, partial):
             if path.is_dir() and any(path.iterdir()) and not overwrite:
