@@ -113,6 +113,32 @@ def pytest_runtest_makereport(item, call):
                            "hardware (GPU, VNNI/AMX, bfloat16 products) or root: install what it needs")
 
 
+_MODULES_SKIPPED_IN_CI: list[str] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """The same rule for a whole module skipped as it is collected (a module-level
+    `pytest.importorskip` of an extra, a `pytest.skip(allow_module_level=True)`): in CI the run
+    goes on (a collection error would stop it) and fails at its end, naming the module."""
+    report = (yield).get_result()
+    if report.skipped and in_ci():
+        reason = _skip_reason(report)
+        if not HARDWARE_SKIP.search(reason) and not (not SHARED.exists() and str(SHARED) in reason):
+            _MODULES_SKIPPED_IN_CI.append(f"{collector.nodeid}: skipped whole in CI ({reason})")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _MODULES_SKIPPED_IN_CI and session.exitstatus == 0:
+        session.exitstatus = 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line in _MODULES_SKIPPED_IN_CI:
+        terminalreporter.write_line(f"FAILED {line}; in CI a test may skip only for missing hardware (GPU, "
+                                    "VNNI/AMX, bfloat16 products) or root: install what it needs", red=True)
+
+
 SENTENCES = [
     ["The", "cat", "sat", "on", "the", "mat", "."],
     ["Colorless", "green", "ideas"],

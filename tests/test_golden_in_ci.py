@@ -34,8 +34,18 @@ def test_the_fixture_is_in_the_repository_with_its_license():
     assert "Apache License" in (FIXTURE / "LICENSE").read_text()
 
 
-def _run_probe(tmp_path, ci: str | None) -> subprocess.CompletedProcess:
-    (tmp_path / "test_probe.py").write_text(PROBE)
+MODULE_PROBE = '''
+import pytest
+
+pytest.importorskip("a_package_nobody_installed", reason="the probe's extra is not installed")
+
+def test_never_collected():
+    pass
+'''
+
+
+def _run_probe(tmp_path, ci: str | None, probe: str = PROBE) -> subprocess.CompletedProcess:
+    (tmp_path / "test_probe.py").write_text(probe)
     env = {key: value for key, value in os.environ.items() if key != "CI"} | {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     if ci is not None:
         env["CI"] = ci
@@ -54,3 +64,12 @@ def test_a_skip_fails_in_ci_unless_hardware_is_missing(tmp_path):
     assert "test_other_that_skips: skipped in CI (Skipped: probe: not a golden test, an extra missing)" in ci.stdout, ci.stdout
     elsewhere = _run_probe(tmp_path, None)
     assert elsewhere.returncode == 0 and "1 passed, 3 skipped" in elsewhere.stdout, elsewhere.stdout
+
+
+def test_a_module_skipped_whole_fails_in_ci_only(tmp_path):
+    """A module-level importorskip of a missing extra skips the whole file at collection: in CI
+    that is an error, in a user's clone a skip."""
+    ci = _run_probe(tmp_path, "true", MODULE_PROBE)
+    assert ci.returncode != 0 and "skipped whole in CI (Skipped: the probe's extra is not installed)" in ci.stdout, ci.stdout
+    elsewhere = _run_probe(tmp_path, None, MODULE_PROBE)
+    assert elsewhere.returncode in (0, 5) and "1 skipped" in elsewhere.stdout and "error" not in elsewhere.stdout, elsewhere.stdout  # 5: nothing else collected
