@@ -74,6 +74,25 @@ def embeddings_answer(request: Request) -> None:
         token_vector(tokens))} for i, tokens in enumerate(texts)]})
 
 
+class HeldUntilReleased:
+    """A handler that gives `embeddings_answer` only once `release()`, a coroutine, has run on the
+    caller's event loop: an async method that blocked the loop gets a 503 instead (after 60 s)."""
+
+    def __init__(self):
+        self.released = threading.Event()
+
+    def __call__(self, request: Request) -> None:
+        if not self.released.wait(60):
+            return request.send(503, {"error": {"message": "never released: the event loop was blocked"}})
+        embeddings_answer(request)
+
+    async def release(self) -> None:
+        self.released.set()
+
+    def rearm(self) -> None:
+        self.released.clear()
+
+
 class HostileServer:
     def __init__(self, answer: Callable[[Request], None]):
         self.answer = answer

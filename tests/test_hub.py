@@ -21,7 +21,7 @@ def trainable_names(module: torch.nn.Module) -> set[str]:
 @pytest.fixture
 def handles_load_tiny(monkeypatch, tiny_model):
     """Every handle (a TF-Hub URL included) loads the tiny model: no download."""
-    monkeypatch.setattr(hub, "load_handle", lambda handle: tiny_model)
+    monkeypatch.setattr(hub, "load_handle", lambda handle: (tiny_model, None))
     return tiny_model
 
 

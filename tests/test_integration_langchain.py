@@ -5,7 +5,6 @@ real `elmo serve` on 127.0.0.1), and gives the vectors `elmo serve` answers for 
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import numpy as np
 import pytest
@@ -19,7 +18,7 @@ from langchain_tests.unit_tests import EmbeddingsUnitTests  # noqa: E402
 
 from elmokit import ElmoEmbedder, tokenize  # noqa: E402
 from elmokit.integrations.langchain import ELMoEmbeddings  # noqa: E402
-from tests.hostile_http import HostileServer, Request, embeddings_answer, token_vector  # noqa: E402
+from tests.hostile_http import HeldUntilReleased, HostileServer, embeddings_answer, token_vector  # noqa: E402
 from tests.serving import Server, save_tiny_model  # noqa: E402
 
 
@@ -100,21 +99,12 @@ async def test_the_async_pair_runs_off_the_event_loop():
     """The server answers only once a coroutine on the caller's event loop has run: an async
     method that blocked the loop (the call made in its thread) would get the server's 503 instead
     of the vectors, which must be the sync methods' and those of the texts' own tokens."""
-    released = threading.Event()
-
-    def held(request: Request) -> None:
-        if not released.wait(60):
-            return request.send(503, {"error": {"message": "never released: the event loop was blocked"}})
-        embeddings_answer(request)
-
-    async def release() -> None:
-        released.set()
-
+    held = HeldUntilReleased()
     with HostileServer(held) as served:
         embeddings = ELMoEmbeddings(base_url=served.url, batch_size=2)
-        documents, _ = await asyncio.gather(embeddings.aembed_documents(TEXTS), release())
-        released.clear()
-        query, _ = await asyncio.gather(embeddings.aembed_query(TEXTS[2]), release())
+        documents, _ = await asyncio.gather(embeddings.aembed_documents(TEXTS), held.release())
+        held.rearm()
+        query, _ = await asyncio.gather(embeddings.aembed_query(TEXTS[2]), held.release())
         assert documents == embeddings.embed_documents(TEXTS) and query == embeddings.embed_query(TEXTS[2])
     np.testing.assert_array_equal(documents, [token_vector(tokenize(text)) for text in TEXTS])
     np.testing.assert_array_equal(query, token_vector(tokenize(TEXTS[2])))

@@ -5,7 +5,6 @@ in-process and from a real server on 127.0.0.1."""
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import numpy as np
 import pytest
@@ -16,7 +15,7 @@ from llama_index.core.base.embeddings.base import BaseEmbedding  # noqa: E402
 
 from elmokit import ElmoEmbedder, tokenize  # noqa: E402
 from elmokit.integrations.llama_index import ELMoEmbedding  # noqa: E402
-from tests.hostile_http import HostileServer, Request, embeddings_answer, token_vector  # noqa: E402
+from tests.hostile_http import HeldUntilReleased, HostileServer, embeddings_answer, token_vector  # noqa: E402
 from tests.serving import Server, save_tiny_model  # noqa: E402
 
 TEXTS = ["I like to eat apple.", "I like apple products, don't you?", "They play football on Sundays."]
@@ -83,21 +82,12 @@ def test_a_list_goes_to_the_server_embed_batch_size_texts_a_request():
 async def test_the_async_methods_run_off_the_event_loop():
     """The server answers only once a coroutine on the caller's event loop has run: an async
     method that blocked the loop would get its 503 instead of the vectors of the texts' tokens."""
-    released = threading.Event()
-
-    def held(request: Request) -> None:
-        if not released.wait(60):
-            return request.send(503, {"error": {"message": "never released: the event loop was blocked"}})
-        embeddings_answer(request)
-
-    async def release() -> None:
-        released.set()
-
+    held = HeldUntilReleased()
     with HostileServer(held) as served:
         embedding = ELMoEmbedding(base_url=served.url, embed_batch_size=2)
-        batch, _ = await asyncio.gather(embedding.aget_text_embedding_batch(TEXTS), release())
-        released.clear()
-        query, _ = await asyncio.gather(embedding.aget_query_embedding(TEXTS[2]), release())
+        batch, _ = await asyncio.gather(embedding.aget_text_embedding_batch(TEXTS), held.release())
+        held.rearm()
+        query, _ = await asyncio.gather(embedding.aget_query_embedding(TEXTS[2]), held.release())
     assert sorted(len(request.json()["input"]) for request in served.requests) == [1, 1, 2]
     np.testing.assert_array_equal(batch, [token_vector(tokenize(text)) for text in TEXTS])
     np.testing.assert_array_equal(query, token_vector(tokenize(TEXTS[2])))

@@ -24,7 +24,7 @@ from elmokit.inference.elmo import Elmo
 from elmokit.model.chars import batch_to_ids
 from elmokit.model.errors import WeightFileError
 from elmokit.model.tf_bundle import crc32c, read_index, read_tensors, unmask_crc
-from elmokit.sources.tfhub import VARIABLES, cached_module, load_tfhub_module, module_mix
+from elmokit.sources.tfhub import VARIABLES, cached_module, load_tfhub_module, module_folder, module_mix
 from elmokit.model.weights import load_original
 from tests.conftest import FIXTURE, REPO, one_error_line
 from tests.tf_bundle_writer import write_bundle
@@ -220,19 +220,19 @@ def test_truncated_index(tmp_path):
         load_model(folder)
 
 
+def flip_bit(path: Path, at: int) -> None:
+    damaged = bytearray(path.read_bytes())
+    damaged[at] ^= 0x01
+    path.write_bytes(bytes(damaged))
+
+
 def test_damaged_data_and_index_fail_their_crc(tmp_path):
     folder = module_copy(tmp_path)
-    data = folder / "variables" / "variables.data-00000-of-00001"
-    damaged = bytearray(data.read_bytes())
-    damaged[1000] ^= 0x01
-    data.write_bytes(bytes(damaged))
+    flip_bit(folder / "variables" / "variables.data-00000-of-00001", 1000)
     with pytest.raises(WeightFileError, match="CRC32C of tensor .* does not match"):
         load_model(folder)
     folder = module_copy(tmp_path / "second")
-    index = folder / "variables" / "variables.index"
-    damaged = bytearray(index.read_bytes())
-    damaged[30] ^= 0x01
-    index.write_bytes(bytes(damaged))
+    flip_bit(folder / "variables" / "variables.index", 30)
     with pytest.raises(WeightFileError, match="CRC32C of its data block"):
         load_model(folder)
 
@@ -321,10 +321,10 @@ def test_an_archive_past_the_cap_is_refused(tmp_path, monkeypatch):
 
 
 def test_an_archive_extracts_once(tmp_path):
-    first = load_tfhub_module(hub.module_folder(str(ARCHIVE)))
+    first = load_tfhub_module(module_folder(str(ARCHIVE)))
     folders = list((tmp_path / "elmokit-cache" / "tfhub").iterdir())
     assert len(folders) == 1 and folders[0].name == hashlib.sha256(ARCHIVE.read_bytes()).hexdigest()
-    assert hub.module_folder(str(ARCHIVE)) == folders[0]
+    assert module_folder(str(ARCHIVE)) == folders[0]
     assert not [p for p in folders[0].parent.iterdir() if p.name.endswith(".partial")]
     assert first.config.lstm.cell_dim == 64
 

@@ -286,7 +286,7 @@ def test_entry_points_without_a_count_take_the_default(thread_count, tiny_model,
 def test_hub_module_passes_threads_on(thread_count, tiny_model, monkeypatch):
     from elmokit import hub
 
-    monkeypatch.setattr(hub, "load_handle", lambda handle: tiny_model)
+    monkeypatch.setattr(hub, "load_handle", lambda handle: (tiny_model, None))
     hub.Module("any/handle", threads=GIVEN)
     assert torch.get_num_threads() == GIVEN
 

@@ -38,20 +38,20 @@ from elmokit.inference.layers import token_mean
 from elmokit.model.bilm import BiLM
 from elmokit.model.chars import token_mask
 from elmokit.model.mix import ScalarMix, scalar_mix
-from elmokit.sources.tfhub import module_folder, module_mix
-from elmokit.sources.loading import load_model
+from elmokit.sources.loading import load_model, load_with_mix
 
 SIGNATURES = ("default", "tokens")
 OUTPUTS = ("word_emb", "lstm_outputs1", "lstm_outputs2", "elmo", "default", "sequence_len")
 
 
-def load_handle(handle: str | tuple[str, str] | None) -> BiLM:
-    """The biLM a handle names (see the module docstring)."""
+def load_handle(handle: str | tuple[str, str] | None) -> tuple[BiLM, tuple[list[float], float] | None]:
+    """The biLM a handle names (see the module docstring), and a TF-Hub module's own `elmo` mix
+    (None for any other handle)."""
     if isinstance(handle, (tuple, list)):
         if len(handle) != 2:
             raise ValueError(f"a handle pair is (options, weights), got {len(handle)} items")
-        return load_model(*handle)
-    return load_model(handle)
+        return load_model(*handle), None
+    return load_with_mix(handle)
 
 
 class HubElmo(nn.Module):
@@ -122,9 +122,8 @@ class Module(nn.Module):
         super().__init__()
         self.handle = handle
         train_lstm = trainable and isinstance(handle, str) and handle.rstrip("/").endswith("google/elmo/1")
-        folder = module_folder(handle) if isinstance(handle, (str, Path)) else None
-        self.elmo = HubElmo(module=load_handle(handle), trainable=train_lstm, device=device, dtype=dtype,
-                            mix=module_mix(folder) if folder is not None else None, threads=threads)
+        bilm, mix = load_handle(handle)
+        self.elmo = HubElmo(module=bilm, trainable=train_lstm, device=device, dtype=dtype, mix=mix, threads=threads)
         self.elmo.mix.requires_grad_(trainable)
         if train_lstm:  # google/elmo/1 trains "all variables of the LSTM cells", not the char CNN
             self.elmo.bilm.token_encoder.requires_grad_(False)

@@ -51,9 +51,8 @@ import keras  # noqa: E402
 from elmokit.hub import OUTPUTS, HubElmo, _sentences  # noqa: E402
 from elmokit.model.builtin import BUILTIN_MODEL  # noqa: E402
 from elmokit.model.chars import MAX_CHARS, batch_to_ids  # noqa: E402
-from elmokit.sources.loading import load_model, saved_reference  # noqa: E402
+from elmokit.sources.loading import load_with_mix, saved_reference  # noqa: E402
 from elmokit.model.manylangs import ManyLangsBiLM  # noqa: E402
-from elmokit.sources.tfhub import module_folder, module_mix  # noqa: E402
 
 __all__ = ["ElmoEmbedding", "texts_to_ids"]
 
@@ -100,13 +99,11 @@ class ElmoEmbedding(keras.layers.Layer):
         super().__init__(trainable=trainable, **kwargs)
         self.model = saved_reference(model if model is not None else BUILTIN_MODEL)
         self.output_name = output
-        bilm = load_model(self.model)
+        bilm, mix = load_with_mix(self.model)
         if isinstance(bilm, ManyLangsBiLM):
             raise ValueError(f"ElmoEmbedding: {model} is an ELMoForManyLangs model, whose char ids are its own; "
                              "the layer takes ELMo's (texts_to_ids): use elmokit.Elmo or ElmoEmbedder for it")
         self._frozen = _Frozen(HubElmo(module=bilm, threads=threads))
-        folder = module_folder(self.model)
-        mix = module_mix(folder) if folder is not None else None
         weights, scaling = mix or ([0.0] * bilm.config.n_output_layers, 1.0)
         self.mix_weights = self.add_weight(name="aggregation_weights", shape=(len(weights),),
                                            initializer=keras.initializers.Constant(weights), trainable=True)

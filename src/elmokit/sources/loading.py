@@ -73,6 +73,16 @@ def load_model(model: str | Path | None = None, weight_file: str | Path | None =
     raise ConfigError(f"{path}: an options file needs its weight file; give both, or a model directory")
 
 
+def load_with_mix(model: str | Path | None) -> tuple[BiLM, tuple[list[float], float] | None]:
+    """The biLM `model` names (as `load_model` reads it) and, for a TF-Hub module, the `elmo`
+    output's trained mix (`tfhub.module_mix`; None otherwise), the module found once (an archive
+    is hashed once)."""
+    folder = tfhub.module_folder(model)
+    if folder is None:
+        return load_model(model), None
+    return tfhub.load_tfhub_module(folder), tfhub.module_mix(folder)
+
+
 def saved_reference(reference: str | Path | None) -> str | None:
     """What a saved pipeline (a Flair tagger, a spaCy pipe, a Keras model) keeps of its model: a
     name or URL as given, a local path made absolute, so that it loads from any working directory."""

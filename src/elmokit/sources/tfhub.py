@@ -314,7 +314,7 @@ def extract_module_archive(archive: Path) -> Path:
 
 
 def _checked_members(archive: Path, tar: tarfile.TarFile) -> list[tarfile.TarInfo]:
-    members, total = [], 0
+    members, total, cap = [], 0, max_archive_bytes()
     for member in tar:
         if len(members) >= MAX_ARCHIVE_MEMBERS:
             raise WeightFileError(f"{archive}: more than {MAX_ARCHIVE_MEMBERS} members: not a TF-Hub module")
@@ -326,8 +326,8 @@ def _checked_members(archive: Path, tar: tarfile.TarFile) -> list[tarfile.TarInf
             kind = "a link" if member.issym() or member.islnk() else "not a file or folder"
             raise WeightFileError(f"{archive}: member {member.name!r} is {kind}; a module archive holds files only")
         total += member.size
-        if total > max_archive_bytes():
-            raise WeightFileError(f"{archive}: its members hold more than {max_archive_bytes():,} bytes "
+        if total > cap:
+            raise WeightFileError(f"{archive}: its members hold more than {cap:,} bytes "
                                   "(ELMOKIT_MAX_DOWNLOAD_GB): refused before extracting")
         if name and name != ".":
             member.name = name
