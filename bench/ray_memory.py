@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/ray_memory.py                       # -> bench/results/ray-memory.md
     .venv/bin/python bench/ray_memory.py --sizes-mb 5 20 --label after
-    PYTHONPATH=/tmp/before/src .venv/bin/python bench/ray_memory.py --label before   # an older tree
+    .venv/bin/python bench/ray_memory.py --label before --src /tmp/before/src      # an older tree's elmokit
 
 Each size runs in a process of its own (`--one MB`): it writes a text corpus of that many MB
 (random words, lines of 3 to 12 tokens), starts a local Ray instance with a small object store
@@ -138,6 +138,7 @@ def main() -> None:
     parser.add_argument("--sizes-mb", type=float, nargs="+", default=[20, 100, 400])
     parser.add_argument("--object-store-mb", type=int, default=100)
     parser.add_argument("--label", default="after", help="the tree measured, a row label (before, after)")
+    parser.add_argument("--src", type=Path, help="the src/ folder of the elmokit tree to measure (default: this one)")
     parser.add_argument("--one", type=float, help=argparse.SUPPRESS)  # one size, in this process
     args = parser.parse_args()
     if args.one is not None:
@@ -149,8 +150,9 @@ def main() -> None:
         kept = json.loads(RESULTS.read_text().split("<!-- rows: ", 1)[1].split(" -->", 1)[0])
     rows = []
     for size in args.sizes_mb:
+        env = dict(os.environ, PYTHONPATH=str(args.src.resolve())) if args.src else None  # only the measured process
         done = subprocess.run([sys.executable, __file__, "--one", str(size), "--object-store-mb",
-                               str(args.object_store_mb)], capture_output=True, text=True, check=False)
+                               str(args.object_store_mb)], capture_output=True, text=True, check=False, env=env)
         if done.returncode != 0:
             raise SystemExit(f"size {size} MB failed:\n{done.stderr[-3000:]}")
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
