@@ -9,6 +9,8 @@ import pickle
 import resource
 import shutil
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import h5py
@@ -21,7 +23,7 @@ from elmokit.model.config import read_options
 from elmokit.model.errors import WeightFileError
 from elmokit.model.weights import expected_datasets
 from elmokit.cli import main
-from elmokit.training.checkpoint import save_checkpoint, save_model_dir
+from elmokit.training.checkpoint import save_model_dir
 from elmokit.training.lm import LanguageModel
 from tests.conftest import one_error_line
 from tests.test_train import corpus  # noqa: F401 (a fixture: a tiny corpus, vocabulary and training config)
@@ -133,31 +135,50 @@ def test_elmo_embedder_can_be_copied_and_pickled(model_dir, copy_of):
 # ---------------------------------------------------------------------------------------------
 # Defect 11: a full disk while writing a checkpoint
 # ---------------------------------------------------------------------------------------------
-@pytest.fixture
-def small_file_limit():
-    """Writes past 64 KiB fail with EFBIG, as on a full disk (SIGXFSZ ignored; restored after)."""
-    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
-    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, limits[1]))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
-        signal.signal(signal.SIGXFSZ, handler)
+def run_on_a_full_disk(*argv: str) -> subprocess.CompletedProcess:
+    """`python ARGV...` in a process of its own whose writes past 64 KiB fail with EFBIG, as on a
+    full disk (SIGXFSZ ignored). Never in pytest's process: the limit holds for every file it
+    writes, and its own report to a log already over 64 KiB (as CI's is) would fail too."""
+
+    def limited():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
+
+    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, preexec_fn=limited,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")})
 
 
-def test_a_checkpoint_that_cannot_be_written_is_one_oserror_naming_it(tmp_path, small_file_limit):
+def one_line_of(done: subprocess.CompletedProcess, *expected: str) -> None:
+    """The process exited 1 with one line on stderr, no traceback, holding every `expected` text."""
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    for text in expected:
+        assert text in lines[0], done.stderr
+
+
+SAVE_A_BIG_CHECKPOINT = """
+import sys, torch
+from elmokit.training.checkpoint import save_checkpoint
+try:
+    save_checkpoint(sys.argv[1], {"model": {"weight": torch.zeros(100_000)}})
+except OSError as error:
+    sys.exit(str(error))
+"""
+
+
+def test_a_checkpoint_that_cannot_be_written_is_one_oserror_naming_it(tmp_path):
     path = tmp_path / "checkpoint.pt"
     path.write_bytes(b"previous")
-    with pytest.raises(OSError, match=r"checkpoint.pt: could not write the checkpoint .*disk full.*bytes free"):
-        save_checkpoint(path, {"model": {"weight": torch.zeros(100_000)}})
+    one_line_of(run_on_a_full_disk("-c", SAVE_A_BIG_CHECKPOINT, str(path)),
+                "checkpoint.pt: could not write the checkpoint", "disk full", "bytes free")
     assert path.read_bytes() == b"previous" and [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
 
 
-def test_elmo_train_on_a_full_disk_says_so_in_one_line(corpus, tmp_path, capsys, small_file_limit):
+def test_elmo_train_on_a_full_disk_says_so_in_one_line(corpus, tmp_path):
     run = tmp_path / "run"
-    assert main(["train", "--config", str(corpus["train_json"]), "--output-dir", str(run), "--epochs", "1"]) == 1
-    one_error_line(capsys, "checkpoint.pt: could not write the checkpoint", "disk full")
+    one_line_of(run_on_a_full_disk("-m", "elmokit", "train", "--config", str(corpus["train_json"]),
+                                   "--output-dir", str(run), "--epochs", "1"),
+                "checkpoint.pt: could not write the checkpoint", "disk full")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,28 +221,18 @@ def test_train_deterministic_is_recorded_and_sets_torch_deterministic_mode(corpu
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8" and torch.backends.cudnn.deterministic
 
 
-def test_elmo_convert_on_a_full_disk_is_one_line_and_exit_1(tmp_path, capsys, small_file_limit):
+def test_elmo_convert_on_a_full_disk_is_one_line_and_exit_1(tmp_path):
     """safetensors' failed write is the OSError it is (the machine failed the run: exit 1), one
     line naming the file, no temporary file left (hostile review)."""
-    assert main(["convert", "--to-native", str(tmp_path / "native")]) == 1
-    one_error_line(capsys, "native/model.safetensors failed (File too large); is the disk full or over its quota?")
+    one_line_of(run_on_a_full_disk("-m", "elmokit", "convert", "--to-native", str(tmp_path / "native")),
+                "native/model.safetensors failed (File too large); is the disk full or over its quota?")
     assert not [path for path in tmp_path.rglob("*") if path.name.endswith(".tmp")]
 
 
 def test_elmo_convert_to_original_on_a_full_disk_is_one_line_and_exit_1(tmp_path):
-    """h5py's failed write likewise; in a process of its own (an HDF5 file that failed to close
-    can take the process that holds it down at exit: not pytest's)."""
-    import subprocess
-    import sys
-
-    def limited():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
-
-    done = subprocess.run([sys.executable, "-m", "elmokit", "convert", "--to-original", str(tmp_path / "o.json"),
-                           str(tmp_path / "w.hdf5")], capture_output=True, text=True, preexec_fn=limited,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")})
-    assert done.returncode == 1, done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "w.hdf5 failed (File too large); is the disk full" in lines[0], done.stderr
+    """h5py's failed write likewise (an HDF5 file that failed to close can take the process that
+    holds it down at exit)."""
+    one_line_of(run_on_a_full_disk("-m", "elmokit", "convert", "--to-original", str(tmp_path / "o.json"),
+                                   str(tmp_path / "w.hdf5")),
+                "w.hdf5 failed (File too large); is the disk full")
     assert not [path for path in tmp_path.rglob("*") if path.name.endswith(".tmp")]
