@@ -14,7 +14,7 @@ PACKAGE = SRC / "elmokit"
 # The floors, lowest first: a module may import from its own floor or a lower one.
 FLOORS = [
     {"elmokit.io", "elmokit.textfiles", "elmokit.jsonfiles", "elmokit.devices", "elmokit.extras", "elmokit.kernels",
-     "elmokit.progress", "elmokit.tokenizer"},  # leaf utilities
+     "elmokit.progress", "elmokit.tokenizer", "elmokit.cachedir"},  # leaf utilities
     {"elmokit.model"},
     {"elmokit.sources"},  # where a model comes from: finds its files, reads them with elmokit.model
     {"elmokit.inference", "elmokit.training", "elmokit.hub"},

@@ -16,6 +16,10 @@ a reduced precision (bfloat16: products in bfloat16, state and outputs in float3
 The weights are in `elmokit.model.lstm`, the cell and the stacking of layers (dropout,
 residual) in `elmokit.model.cell`; training's driver is `elmokit.training.recurrence`.
 
+Why this file is long: the three ways a block of steps runs its products (a direction at a time
+on the CPU, both batched, a CUDA graph) share `run_block` and `StreamState`, and each step's cell
+(fused or eager) sits beside the products that feed it; apart, one step would span three files.
+
 Shape notation (as in model/bilm.py): B batch, S positions with boundaries, N real positions,
 P projection dim, C cell dim, L layers, D = 2 directions, U steps, R rows of the recurrence.
 """
@@ -32,6 +36,7 @@ from elmokit.inference.streams import GATE_BUDGET, StreamLayout, stream_layout
 from elmokit.model.int8 import Int8Linear, is_int8, stream_linear
 from elmokit.kernels import PackedLinear, weights_key
 from elmokit.model import cell as lstm_cell
+from elmokit.model import fused_cell
 from elmokit.model.bilm import BiLM, BiLMOutput
 from elmokit.model.lstm import BiLstm, BiLstmLayer, LstmState
 
@@ -75,7 +80,8 @@ def stream_layer(layer: BiLstmLayer, inputs: torch.Tensor, layout: StreamLayout,
         graphed.run(inputs, keep, outputs)
         return outputs.transpose(0, 1)
     block = max(1, min(n_steps, GATE_BUDGET // (2 * rows * 4 * layer.cell_dim)))  # steps of gate inputs at once
-    state = StreamState.zeros(inputs, layer.cell_dim, products.dtype, block * rows if is_int8(layer) else 0)
+    state = StreamState.zeros(inputs, layer.cell_dim, products.dtype, block * rows if is_int8(layer) else 0,
+                              products.projections[0].dtype if not batched else None)
     if batched:
         outputs = inputs.new_empty(n_steps, 2, rows, dim)  # (U, D, R, P)
         step_outputs = outputs.unbind(0)
@@ -95,25 +101,31 @@ class StreamState(NamedTuple):
     with products in a reduced precision the gates widened to the inputs' dtype (D, R, 4C); with
     int8 products, buffers for a block's input products as int32 sums (D, k R, 4C), a step's
     recurrent int32 sums (R, 4C) and its gates (D, R, 4C), kept for every block and step (fresh
-    ones cost a page fault every 4 KB)."""
+    ones cost a page fault every 4 KB); and the cell output in the projection's input dtype
+    (D, R, C), which the fused cell writes directly (`cell_output` itself where that is the
+    inputs' dtype)."""
 
     hidden: torch.Tensor
     cell: torch.Tensor
     cell_output: torch.Tensor
     wide_gates: torch.Tensor | None
     gate_buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    projection_input: torch.Tensor | None = None
 
     @staticmethod
-    def zeros(inputs: torch.Tensor, cell_dim: int, compute_dtype: torch.dtype, int8_rows: int = 0) -> "StreamState":
+    def zeros(inputs: torch.Tensor, cell_dim: int, compute_dtype: torch.dtype, int8_rows: int = 0,
+              projection_dtype: torch.dtype | None = None) -> "StreamState":
         _, _, rows, dim = inputs.shape
         mixed = compute_dtype != inputs.dtype
         buffers = None
         if int8_rows:  # made only for int8 products
             buffers = (inputs.new_empty(2, int8_rows, 4 * cell_dim, dtype=torch.int32),
                        inputs.new_empty(rows, 4 * cell_dim, dtype=torch.int32), inputs.new_empty(2, rows, 4 * cell_dim))
-        return StreamState(inputs.new_zeros(2, rows, dim), inputs.new_zeros(2, rows, cell_dim),
-                           inputs.new_zeros(2, rows, cell_dim),
-                           inputs.new_zeros(2, rows, 4 * cell_dim) if mixed else None, buffers)
+        cell_output = inputs.new_zeros(2, rows, cell_dim)
+        narrow = projection_dtype not in (None, inputs.dtype)
+        return StreamState(inputs.new_zeros(2, rows, dim), inputs.new_zeros(2, rows, cell_dim), cell_output,
+                           inputs.new_zeros(2, rows, 4 * cell_dim) if mixed else None, buffers,
+                           inputs.new_zeros(2, rows, cell_dim, dtype=projection_dtype) if narrow else cell_output)
 
 
 def run_block(products, bias: torch.Tensor, block_inputs: torch.Tensor, keep: torch.Tensor, resets: list[bool],
@@ -173,21 +185,33 @@ class DirectionStreamProducts(NamedTuple):
     def step(self, gate_inputs: list[torch.Tensor], offset: int, hidden: torch.Tensor, state: StreamState,
              output: torch.Tensor, cell_clip: float, group: slice) -> None:
         """Step `offset` of the block for the directions of `group`: gate_inputs D x (k, R, 4C),
-        hidden (G, R, P) -> output (G, R, P), G the group's directions; the cell state updated in place."""
+        hidden (G, R, P) -> output (G, R, P), G the group's directions; the cell state updated in
+        place. The cell's elementwise work is one compiled pass (`fused_cell`) that writes the
+        projection's input in its dtype, where it runs here; else the eager cell."""
         buffers = state.gate_buffers  # int8's: the gates and their int32 sums into kept buffers
+        fused = fused_cell.available()
         for index, d in enumerate(range(group.start, group.stop)):
+            projection_input = state.projection_input[d]
             if buffers is None:
                 gates = self.recurrent[d].add(gate_inputs[d][offset], hidden[index])  # (R, 4C)
-            else:  # int8: the block's sums scaled, then the recurrent product added, in the kept buffers
+                fused = fused and fused_cell.cell_(gates, state.cell[d], projection_input, cell_clip)
+            else:
                 sums, scale, bias = gate_inputs[d]
-                gates = self.inputs[d].finish(sums[offset], scale[offset], bias, out=buffers[2][d])
-                gates = self.recurrent[d].add(gates, hidden[index], out=gates, sums=buffers[1])
-            if state.wide_gates is not None:
-                gates = state.wide_gates[d].copy_(gates)
-            lstm_cell.cell_step(lstm_cell.activate_doubled_gates_(gates), state.cell[d], cell_clip,
-                                cell_next=state.cell[d], cell_output=state.cell_output[d],
-                                tanh=lstm_cell.tanh_via_sigmoid)
-            output[index] = self.projections[d](state.cell_output[d].to(self.dtype))  # (R, P)
+                if fused:  # the int32 sums scaled as the cell reads them: no float32 gates written
+                    fused = fused_cell.cell_int8_((sums[offset], scale[offset], self.inputs[d].weight_scale),
+                                                  self.recurrent[d].unscaled(hidden[index], sums=buffers[1]), bias,
+                                                  state.cell[d], projection_input, cell_clip)
+                if not fused:  # the block's sums scaled, then the recurrent product added, in the kept buffers
+                    gates = self.inputs[d].finish(sums[offset], scale[offset], bias, out=buffers[2][d])
+                    gates = self.recurrent[d].add(gates, hidden[index], out=gates, sums=buffers[1])
+            if not fused:
+                if state.wide_gates is not None:
+                    gates = state.wide_gates[d].copy_(gates)
+                lstm_cell.cell_step(lstm_cell.activate_doubled_gates_(gates), state.cell[d], cell_clip,
+                                    cell_next=state.cell[d], cell_output=state.cell_output[d],
+                                    tanh=lstm_cell.tanh_via_sigmoid)
+                projection_input = state.cell_output[d].to(self.projections[d].dtype)
+            output[index] = self.projections[d](projection_input)  # (R, P)
 
 
 class BatchedStreamProducts(NamedTuple):

@@ -103,18 +103,27 @@ class Int8Linear:
         self.packed = torch.ops.onednn.qlinear_prepack(quantized, [rows, quantized.shape[1]])
         self.zero_points = torch.zeros(quantized.shape[0], dtype=torch.int64, device=quantized.device)
 
-    def _scaled_product(self, x: torch.Tensor, sums: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(q_x q_W^T * scale_W^T as float32 (R, out), scale_x (R, 1)): what remains is one
-        multiply by scale_x, fused with the bias or addend by the caller."""
+    def unscaled(self, x: torch.Tensor, sums: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The product before the scales that remain: with `torch._int_mm`, (int32 sums q_x q_W^T
+        (R, out) (into `sums` when given), x's row scales (R, 1), the weight's scales (1, out));
+        with oneDNN's quantized linear, (its float32 result, already times the weight's scales,
+        the row scales, None). The fused cell (`elmokit.model.fused_cell.cell_int8_`) scales them
+        as it reads them."""
         path_counts["int8"] += 1
         if self.packed is not None:
             shifted, scale = quantize_rows(x, shifted=True)
             return torch.ops.onednn.qlinear_pointwise(
                 shifted, 1.0, ZERO_POINT, self.packed, self.weight_scale[0], self.zero_points, None,
-                1.0, 0, torch.float32, "none", [], ""), scale
+                1.0, 0, torch.float32, "none", [], ""), scale, None
         quantized, scale = quantize_rows(x)
-        sums = torch._int_mm(quantized, self.weight_t, out=sums)  # (R, out) int32
-        return sums.float().mul_(self.weight_scale), scale
+        return torch._int_mm(quantized, self.weight_t, out=sums), scale, self.weight_scale  # (R, out) int32
+
+    def _scaled_product(self, x: torch.Tensor, sums: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q_x q_W^T * scale_W^T as float32 (R, out), scale_x (R, 1)): what remains is one
+        multiply by scale_x, fused with the bias or addend by the caller."""
+        product, scale, weight_scale = self.unscaled(x, sums)
+        return (product if weight_scale is None else product.float().mul_(weight_scale)), scale
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
                  sums: torch.Tensor | None = None) -> torch.Tensor:

@@ -49,6 +49,7 @@ from elmokit.inference.engine import candidate_doubled
 from elmokit.model.int8 import Int8Linear, is_int8, stream_linear
 from elmokit.kernels import PackedLinear
 from elmokit.model import cell as lstm_cell
+from elmokit.model import fused_cell
 from elmokit.model.bilm import BiLM
 from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN
 from elmokit.model.lstm import BiLstmLayer
@@ -157,6 +158,9 @@ class Recurrence:
         self.cell = torch.zeros(n_layers, 2, rows, cell_dim, device=device, dtype=dtype)  # (L, D, R, C)
         self.cell_output = torch.zeros(2, rows, cell_dim, device=device, dtype=dtype)  # (D, R, C)
         self._gates = torch.empty(2, rows, 4 * cell_dim, device=device, dtype=dtype)  # (D, R, 4C): a step's gates
+        # the cell's elementwise work as one compiled pass on the CPU (`fused_cell`), writing the projections' input
+        self.fused = device.type == "cpu" and fused_cell.available()
+        self._projection_input = torch.empty(2, rows, cell_dim, device=device, dtype=self.projections[0][0].dtype)
         self._span_views: dict[int, list[_SpanViews]] = {}  # span -> each layer's views (`_views`)
         # numpy views of the rings on the CPU: `admit` and `take` touch a few rows, where numpy's slices cost
         # a microsecond and torch's several
@@ -215,16 +219,22 @@ class Recurrence:
         for index, (gate_products, projections, bias, view) in enumerate(zip(self.gate_products, self.projections,
                                                                               self.bias, views)):
             product_state = view.layer_input.to(compute).unbind() if mixed else view.directions  # D x (R', 2P)
-            gates = [gate_products[d](product_state[d], bias[d]) for d in range(2)]  # D x (R', 4C):
-            if mixed:  # [x | h] (W_in | W_rec)^T + b, then the cell for both directions at once
-                gates = torch.stack(gates).to(view.cell.dtype)
+            if self.fused:
+                for d in range(2):  # the product, then the cell in one pass, a direction at a time
+                    projection_input = self._projection_input[d, :span]
+                    self._fused_cell(gate_products[d], product_state[d], bias[d], view.cell[d], projection_input)
+                    view.projected[d].copy_(projections[d](projection_input))  # (R', P)
             else:
-                gates = torch.stack(gates, out=view.gates)
-            lstm_cell.cell_step(lstm_cell.activate_doubled_gates_(gates), view.cell, self.cell_clip,
-                                cell_next=view.cell, cell_output=view.cell_output, tanh=lstm_cell.tanh_via_sigmoid)
-            product_output = view.cell_output.to(compute) if mixed else view.cell_output
-            for d in range(2):
-                view.projected[d].copy_(projections[d](product_output[d]))  # (R', P)
+                gates = [gate_products[d](product_state[d], bias[d]) for d in range(2)]  # D x (R', 4C):
+                if mixed:  # [x | h] (W_in | W_rec)^T + b, then the cell for both directions at once
+                    gates = torch.stack(gates).to(view.cell.dtype)
+                else:
+                    gates = torch.stack(gates, out=view.gates)
+                lstm_cell.cell_step(lstm_cell.activate_doubled_gates_(gates), view.cell, self.cell_clip,
+                                    cell_next=view.cell, cell_output=view.cell_output, tanh=lstm_cell.tanh_via_sigmoid)
+                product_output = view.cell_output.to(compute) if mixed else view.cell_output
+                for d in range(2):
+                    view.projected[d].copy_(projections[d](product_output[d]))  # (R', P)
             hidden = lstm_cell.clip_(view.hidden, self.proj_clip)  # (D, R', P)
             output = self.outputs[index, slot, :, :span]  # (D, R', P)
             if index > 0:  # the residual from layer 2 on, as `lstm_cell.run_layers` adds it
@@ -236,6 +246,20 @@ class Recurrence:
         ended = self.ends.pop(self.step_number, [])
         self.step_number += 1
         return ended
+
+    def _fused_cell(self, products: "PackedLinear | SplitGateProduct", state: torch.Tensor, bias: torch.Tensor,
+                    cell: torch.Tensor, projection_input: torch.Tensor) -> None:
+        """One direction's gates from [x | h] (R', 2P) and the cell on them (`fused_cell`): c_t into
+        `cell`, m_t into `projection_input`; int8 products' sums scaled as the cell reads them."""
+        if isinstance(products, SplitGateProduct):
+            dim = state.shape[-1] // 2
+            done = fused_cell.cell_int8_(products.input.unscaled(state[:, :dim]),
+                                         products.recurrent.unscaled(state[:, dim:]), bias, cell, projection_input,
+                                         self.cell_clip)
+        else:
+            done = fused_cell.cell_(products(state, bias), cell, projection_input, self.cell_clip)
+        if not done:
+            raise RuntimeError("the fused cell refused the served recurrence's tensors")  # a bug: they are its kinds
 
     def _views(self, span: int) -> list[_SpanViews]:
         """Each layer's views of the state for a step of rows 0 .. span-1, made once per span (a

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit
 
-ENV_CACHE = "ELMOKIT_CACHE"
+from elmokit.cachedir import ENV_CACHE, cache_dir  # noqa: F401 (the cache folder: its one definition)
+
 LOCK_SUFFIX, OWNER_SUFFIX, PARTIAL_SUFFIX = ".lock", ".owner", ".partial"
 PUBLISHED_HOSTS = ("allennlp.s3.amazonaws.com", "s3-us-west-2.amazonaws.com")
 """Hosts of the published models (`elmokit.sources.published`): `ELMOKIT_MIRROR` replaces them."""
@@ -37,15 +38,6 @@ def canonical_url(url: str) -> str:
     if url.startswith(_LEGACY_PREFIX):
         return _CANONICAL_PREFIX + url[len(_LEGACY_PREFIX):]
     return url
-
-
-def cache_dir() -> Path:
-    """The cache folder: `ELMOKIT_CACHE`, else elmokit's folder in the user's cache directory."""
-    if os.environ.get(ENV_CACHE):
-        return Path(os.environ[ENV_CACHE]).expanduser()
-    import platformdirs
-
-    return platformdirs.user_cache_path("elmokit") / "models"
 
 
 def _name(text: str) -> str:

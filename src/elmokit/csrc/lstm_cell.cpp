@@ -1,0 +1,192 @@
+// The ELMo LSTM cell's elementwise work in one pass over its gates (elmokit.fused_cell builds and
+// calls this file; the formulas are elmokit/model/cell.py's):
+//
+//     c_t = clip(σ(f) * c_{t-1} + σ(i) * tanh(j), cell_clip)      m_t = σ(o) * tanh(c_t)
+//
+// from the pre-activations (i, f, o, 2j) of one step, the candidate arriving doubled as the engine
+// computes it (tanh(j) = 2 σ(2j) - 1, as `tanh_via_sigmoid`). The gates come in float32, in
+// bfloat16, or as int8 products' int32 sums with their scales (dequantized here, never written
+// as float32); c_t replaces c_{t-1} in place, m_t is written in float32 or bfloat16 (the
+// projection's input). Eager torch makes about a dozen passes over the step's 4C gates for this.
+//
+// exp is computed here (range reduction to [-ln2/2, ln2/2] and a degree-6 polynomial: relative
+// error under 2 float32 ulps) so that the compiler vectorizes the loop without -ffast-math.
+// Threads: OpenMP (the process's own runtime, libgomp, shared with torch), over blocks of columns.
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+constexpr int64_t kBlock = 512;  // columns of one work item
+
+inline float bf16_to_float(uint16_t value) {
+    uint32_t bits = uint32_t(value) << 16;
+    float result;
+    std::memcpy(&result, &bits, sizeof(result));
+    return result;
+}
+
+inline uint16_t float_to_bf16(float value) {  // round to nearest even, as torch's .to(torch.bfloat16)
+    uint32_t bits;
+    std::memcpy(&bits, &value, sizeof(bits));
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x40u);  // NaN stays NaN
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return uint16_t(bits >> 16);
+}
+
+inline float exp_approx(float x) {
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    const float shifted = x * 1.44269504088896341f + 12582912.0f;  // 1.5 * 2^23: rounds to an integer
+    const float n = shifted - 12582912.0f;                             // round(x / ln 2)
+    const float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;  // ln 2 in two parts
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    union { int32_t bits; float value; } scale;  // 2^n
+    scale.value = shifted;
+    scale.bits = (scale.bits - 0x4B400000 + 127) << 23;
+    return p * scale.value;
+}
+
+inline float sigmoid(float x) { return 1.0f / (1.0f + exp_approx(-x)); }
+
+struct Float32Gates {
+    const float* data;
+    int64_t row_stride;
+    float operator()(int64_t row, int64_t column) const { return data[row * row_stride + column]; }
+};
+
+struct BFloat16Gates {
+    const uint16_t* data;
+    int64_t row_stride;
+    float operator()(int64_t row, int64_t column) const { return bf16_to_float(data[row * row_stride + column]); }
+};
+
+// One int8 product before its remaining scales: int32 sums times the weight's scales per output
+// channel (kIntegerSums), or a float32 product already times them (oneDNN's quantized linear).
+template <bool kIntegerSums>
+inline float weight_scaled(const void* product, const float* weight_scale, int64_t at, int64_t column) {
+    if constexpr (kIntegerSums)
+        return float(static_cast<const int32_t*>(product)[at]) * weight_scale[column];
+    else
+        return static_cast<const float*>(product)[at];
+}
+
+// bias + input * input_row_scale + recurrent * recurrent_row_scale, each product `weight_scaled`
+// first: elmokit.model.int8.Int8Linear's order of operations (`finish` or its call, then `add`).
+template <bool kIntegerInput, bool kIntegerRecurrent>
+struct Int8Gates {
+    const void* input;
+    const float* input_row_scale;
+    const float* input_weight_scale;
+    const float* bias;
+    const void* recurrent;
+    const float* recurrent_row_scale;
+    const float* recurrent_weight_scale;
+    int64_t width;
+    float operator()(int64_t row, int64_t column) const {
+        const int64_t at = row * width + column;
+        const float gate = bias[column] + weight_scaled<kIntegerInput>(input, input_weight_scale, at, column)
+                                              * input_row_scale[row];
+        return gate + weight_scaled<kIntegerRecurrent>(recurrent, recurrent_weight_scale, at, column)
+                          * recurrent_row_scale[row];
+    }
+};
+
+template <typename Output>
+inline void store(Output* out, int64_t at, float value);
+template <>
+inline void store<float>(float* out, int64_t at, float value) { out[at] = value; }
+template <>
+inline void store<uint16_t>(uint16_t* out, int64_t at, float value) { out[at] = float_to_bf16(value); }
+
+template <typename Gates, typename Output>
+void cell(const Gates gates, float* __restrict cell_state, Output* __restrict output,
+          int64_t rows, int64_t cell_dim, float cell_clip, int threads) {
+    const int64_t blocks = (cell_dim + kBlock - 1) / kBlock;
+    const int64_t items = rows * blocks;
+    const int use = items * kBlock >= 16384 ? threads : 1;  // small steps: no thread wake-up
+    const float low = cell_clip > 0.0f ? -cell_clip : -__builtin_inff();
+    const float high = cell_clip > 0.0f ? cell_clip : __builtin_inff();
+#pragma omp parallel for num_threads(use) schedule(static)
+    for (int64_t item = 0; item < items; ++item) {
+        const int64_t row = item / blocks;
+        const int64_t first = (item % blocks) * kBlock;
+        const int64_t last = first + kBlock < cell_dim ? first + kBlock : cell_dim;
+        float* __restrict state = cell_state + row * cell_dim;
+        Output* __restrict out = output + row * cell_dim;
+        const Gates local = gates;  // its pointers in registers: the stores below cannot change them
+#pragma omp simd
+        for (int64_t c = first; c < last; ++c) {
+            const float input_gate = sigmoid(local(row, c));
+            const float forget_gate = sigmoid(local(row, cell_dim + c));
+            const float output_gate = sigmoid(local(row, 2 * cell_dim + c));
+            const float candidate = sigmoid(local(row, 3 * cell_dim + c)) * 2.0f - 1.0f;
+            float next = forget_gate * state[c] + input_gate * candidate;
+            next = next < low ? low : (next > high ? high : next);
+            state[c] = next;
+            store(out, c, output_gate * (sigmoid(2.0f * next) * 2.0f - 1.0f));
+        }
+    }
+}
+
+template <typename Gates>
+void cell_to(const Gates gates, float* cell_state, void* output, int output_bf16, int64_t rows,
+             int64_t cell_dim, float cell_clip, int threads) {
+    if (output_bf16)
+        cell(gates, cell_state, static_cast<uint16_t*>(output), rows, cell_dim, cell_clip, threads);
+    else
+        cell(gates, cell_state, static_cast<float*>(output), rows, cell_dim, cell_clip, threads);
+}
+
+template <bool kIntegerInput>
+void int8_cell(const void* input, const float* input_row_scale, const float* input_weight_scale, const float* bias,
+               const void* recurrent, const float* recurrent_row_scale, const float* recurrent_weight_scale,
+               float* cell_state, void* output, int output_bf16, int64_t rows, int64_t cell_dim, float cell_clip,
+               int threads) {
+    if (recurrent_weight_scale)
+        cell_to(Int8Gates<kIntegerInput, true>{input, input_row_scale, input_weight_scale, bias, recurrent,
+                                               recurrent_row_scale, recurrent_weight_scale, 4 * cell_dim},
+                cell_state, output, output_bf16, rows, cell_dim, cell_clip, threads);
+    else
+        cell_to(Int8Gates<kIntegerInput, false>{input, input_row_scale, input_weight_scale, bias, recurrent,
+                                                recurrent_row_scale, nullptr, 4 * cell_dim},
+                cell_state, output, output_bf16, rows, cell_dim, cell_clip, threads);
+}
+
+}  // namespace
+
+extern "C" {
+
+int elmokit_fused_cell_version() { return 1; }
+
+// gates (rows, 4 cell_dim) with `row_stride` elements between rows, float32 (gates_bf16 0) or bfloat16.
+void elmokit_lstm_cell(const void* gates, int gates_bf16, int64_t row_stride, float* cell_state,
+                       void* output, int output_bf16, int64_t rows, int64_t cell_dim, float cell_clip, int threads) {
+    if (gates_bf16)
+        cell_to(BFloat16Gates{static_cast<const uint16_t*>(gates), row_stride}, cell_state, output,
+                output_bf16, rows, cell_dim, cell_clip, threads);
+    else
+        cell_to(Float32Gates{static_cast<const float*>(gates), row_stride}, cell_state, output,
+                output_bf16, rows, cell_dim, cell_clip, threads);
+}
+
+// int8 products' gates: input and recurrent (rows, 4 cell_dim) contiguous, each int32 sums with its
+// weight scales (4 cell_dim), or float32 already times them (its weight scale null); row scales (rows).
+void elmokit_lstm_cell_int8(const void* input, const float* input_row_scale, const float* input_weight_scale,
+                            const float* bias, const void* recurrent, const float* recurrent_row_scale,
+                            const float* recurrent_weight_scale, float* cell_state, void* output, int output_bf16,
+                            int64_t rows, int64_t cell_dim, float cell_clip, int threads) {
+    if (input_weight_scale)
+        int8_cell<true>(input, input_row_scale, input_weight_scale, bias, recurrent, recurrent_row_scale,
+                        recurrent_weight_scale, cell_state, output, output_bf16, rows, cell_dim, cell_clip, threads);
+    else
+        int8_cell<false>(input, input_row_scale, input_weight_scale, bias, recurrent, recurrent_row_scale,
+                         recurrent_weight_scale, cell_state, output, output_bf16, rows, cell_dim, cell_clip, threads);
+}
+
+}  // extern "C"

@@ -1,0 +1,290 @@
+"""The LSTM cell's elementwise work in one compiled pass, for the CPU drivers of the recurrence.
+
+    cell_(gates, cell, output, cell_clip)            float32 or bfloat16 gates (i, f, o, 2j)
+    cell_int8_(input, recurrent, bias, cell, output, cell_clip)   int8 products' int32 sums and scales
+    available(), status()                            whether it runs here, and if not why
+
+Both compute `elmokit.model.cell`'s step (`activate_doubled_gates_` then `cell_step` with
+`tanh_via_sigmoid`) in one pass over the gates: c_t replaces c_{t-1} in `cell`, m_t = σ(o) tanh(c_t)
+goes to `output` in float32 or bfloat16 (the projection's input, so no cast follows). Eager torch
+makes about a dozen passes over a step's (R, 4C) gates for the same work (sigmoid, the candidate's
+2σ - 1, the products and sums of the cell, the clip, tanh, the cast; for int8 the scaling of the
+int32 sums too), each reading and writing memory and each a dispatch from Python. Each returns
+False where the compiled pass does not run; the caller then runs the eager cell.
+
+The pass is `csrc/lstm_cell.cpp`, built at its first use with the machine's C++ compiler (`CXX`, else
+g++, c++ or clang++; `-O3 -march=native -fopenmp`: vectorized for this CPU, threads from the
+process's own OpenMP runtime, which torch loaded) into `<cache>/.kernels/<key>/`, the key a hash of
+the source, the compiler's version, the flags and the CPU's name and flags, so that later processes
+load it in milliseconds and a folder shared by different CPUs holds one build each. The build is
+written to a temporary name and renamed into place (two processes building at once both succeed).
+
+Where it cannot run (no compiler, a failed build, a folder it cannot write to and no temporary one,
+a platform without `ctypes` loading), one warning says why and every driver runs the eager cell:
+the same formulas, slower. It is not trusted blindly: when loaded, each kind of call (float32,
+bfloat16 and int8 gates; float32 and bfloat16 outputs) is compared with the eager cell on random
+gates; a difference past float32 rounding switches it off with one warning. `ELMOKIT_FUSED_CELL=0`
+turns it off (for comparisons: bench/embed.py --no-fused-cell).
+
+Its numbers: sigmoid from its own exp (relative error under 2 float32 ulps; torch's is of the same
+order), so c_t and m_t differ from the eager cell's by a few float32 ulps, far inside every dtype's
+budget (tests/test_fused_cell.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from elmokit.cachedir import cache_dir
+
+SWITCH = "ELMOKIT_FUSED_CELL"  # "0" turns the compiled pass off
+SOURCE = "csrc/lstm_cell.cpp"  # in the package
+FLAGS = ("-std=c++17", "-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
+VERSION = 1  # elmokit_fused_cell_version() of the source this module calls
+CHECK_TOLERANCE = 1e-5  # of the self-check against the eager cell (values of order 1)
+
+_LOCK = threading.Lock()
+_STATE: dict[str, object] = {}  # "library": ctypes.CDLL | None, "reason": why not, once loaded or refused
+
+
+def available() -> bool:
+    """Whether the compiled pass runs in this process (built or loaded at the first call)."""
+    return _library() is not None
+
+
+def status() -> tuple[bool, str]:
+    """(runs, why): whether the compiled pass runs in this process, and where it was loaded from or
+    why not. Builds it at the first call."""
+    library = _library()
+    return library is not None, str(_STATE.get("reason", ""))
+
+
+def cell_(gates: torch.Tensor, cell: torch.Tensor, output: torch.Tensor, cell_clip: float) -> bool:
+    """One step of the cell from its pre-activations: gates (R, 4C) (i, f, o, 2j), float32 or
+    bfloat16, rows contiguous; cell (R, C) float32 contiguous, c_{t-1} in, c_t out; output (R, C)
+    float32 or bfloat16 contiguous, m_t. False (nothing written) where the compiled pass does not
+    run here, or for tensors it does not take (another device, dtype or layout)."""
+    if not (_takes(cell, output, gates) and gates.dtype in _GATE_KINDS and gates.stride(-1) == 1):
+        return False
+    library = _library()
+    if library is None:
+        return False
+    rows, cell_dim = cell.shape
+    library.elmokit_lstm_cell(gates.data_ptr(), _GATE_KINDS[gates.dtype], gates.stride(0), cell.data_ptr(),
+                              output.data_ptr(), _OUTPUT_KINDS[output.dtype], rows, cell_dim, float(cell_clip),
+                              torch.get_num_threads())
+    return True
+
+
+def cell_int8_(input_product: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
+               recurrent_product: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], bias: torch.Tensor,
+               cell: torch.Tensor, output: torch.Tensor, cell_clip: float) -> bool:
+    """`cell_` with the gates of two int8 products, never written in float32:
+
+        gates = bias + (input_sums * input_weight_scale) * input_row_scale
+                     + (recurrent_sums * recurrent_weight_scale) * recurrent_row_scale
+
+    Each product as `Int8Linear.unscaled` gives it: (int32 sums (R, 4C), row scales (R, 1), weight
+    scales (1, 4C)), or (a float32 product already times its weight scales (oneDNN's quantized
+    linear), row scales, None); bias (4C,) float32; all contiguous. The order of the operations is
+    `elmokit.model.int8.Int8Linear`'s (the input product with the bias, then `add`)."""
+    tensors = [bias]
+    for product, rows, weights in (input_product, recurrent_product):
+        if product.dtype != (torch.int32 if weights is not None else torch.float32):
+            return False
+        tensors += [product, rows] + ([weights] if weights is not None else [])
+    if not (_takes(cell, output, *tensors) and bias.dtype == torch.float32):
+        return False
+    library = _library()
+    if library is None:
+        return False
+    rows, cell_dim = cell.shape
+    (inputs, input_rows, input_weights), (recurrent, recurrent_rows, recurrent_weights) = input_product, \
+        recurrent_product
+    library.elmokit_lstm_cell_int8(
+        inputs.data_ptr(), input_rows.data_ptr(), _pointer(input_weights), bias.data_ptr(), recurrent.data_ptr(),
+        recurrent_rows.data_ptr(), _pointer(recurrent_weights), cell.data_ptr(), output.data_ptr(),
+        _OUTPUT_KINDS[output.dtype], rows, cell_dim, float(cell_clip), torch.get_num_threads())
+    return True
+
+
+def _pointer(tensor: torch.Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()
+
+
+_GATE_KINDS = {torch.float32: 0, torch.bfloat16: 1}
+_OUTPUT_KINDS = {torch.float32: 0, torch.bfloat16: 1}
+
+
+def _takes(cell: torch.Tensor, output: torch.Tensor, *others: torch.Tensor) -> bool:
+    """Whether the pass takes these tensors: on the CPU, the cell float32 and the output a kind it
+    writes, both contiguous (R, C), the others contiguous ((R, 4C) gates may have a row stride)."""
+    return (cell.device.type == "cpu" and cell.dtype == torch.float32 and output.dtype in _OUTPUT_KINDS
+            and cell.dim() == 2 and cell.is_contiguous() and output.shape == cell.shape and output.is_contiguous()
+            and all(t.device.type == "cpu" and (t.dim() == 2 and t.stride(-1) == 1 or t.is_contiguous())
+                    for t in others))
+
+
+# ---------------------------------------------------------------------------------------------
+# Building, loading and checking the library
+# ---------------------------------------------------------------------------------------------
+def _library() -> ctypes.CDLL | None:
+    if "library" in _STATE:
+        return _STATE["library"]  # type: ignore[return-value]
+    with _LOCK:
+        if "library" not in _STATE:
+            library, reason = _load()
+            if library is not None:
+                problem = _self_check(library)
+                if problem:
+                    library, reason = None, f"it differs from the eager cell ({problem})"
+            if library is None and reason != "off":
+                warnings.warn(f"elmokit: the LSTM cell's compiled pass does not run ({reason}); the eager cell "
+                              "runs instead: the same numbers, slower", RuntimeWarning, stacklevel=3)
+            _STATE.update(library=library, reason=reason)
+    return _STATE["library"]  # type: ignore[return-value]
+
+
+def _load() -> tuple[ctypes.CDLL | None, str]:
+    if os.environ.get(SWITCH, "1").strip() == "0":
+        return None, "off"
+    compiler = _compiler()
+    if compiler is None:
+        return None, "no C++ compiler: set CXX or install g++"
+    source = _source()
+    key = hashlib.sha256(b"\0".join([source, _compiler_version(compiler), " ".join(FLAGS).encode(),
+                                     _cpu_fingerprint()])).hexdigest()[:20]
+    for folder in (cache_dir() / ".kernels" / key, Path(tempfile.gettempdir()) / f"elmokit-kernels-{os.getuid()}" / key):
+        path = folder / "lstm_cell.so"
+        try:
+            if not path.exists():
+                _build(compiler, source, path)
+        except subprocess.CalledProcessError as error:
+            return None, f"{compiler} failed: {error.stderr.strip().splitlines()[-1] if error.stderr.strip() else error}"
+        except OSError:
+            continue  # a folder it cannot write to: the next one
+        library = ctypes.CDLL(str(path))
+        if library.elmokit_fused_cell_version() != VERSION:
+            return None, f"{path} is version {library.elmokit_fused_cell_version()}, this elmokit calls {VERSION}"
+        _declare(library)
+        return library, f"loaded from {path}"
+    return None, f"no folder to build it in ({cache_dir() / '.kernels'} nor a temporary one is writable)"
+
+
+def _source() -> bytes:
+    return resources.files("elmokit").joinpath(SOURCE).read_bytes()
+
+
+def _build(compiler: str, source: bytes, path: Path) -> None:
+    """Compile `source` into `path`: a temporary name in its folder, then renamed into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".build-", suffix=".so")
+    os.close(handle)
+    try:
+        with tempfile.TemporaryDirectory() as scratch:
+            written = Path(scratch) / "lstm_cell.cpp"
+            written.write_bytes(source)
+            subprocess.run([compiler, *FLAGS, "-o", temporary, str(written)], check=True, capture_output=True,
+                           text=True, timeout=300)
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+
+
+def _compiler() -> str | None:
+    named = os.environ.get("CXX")
+    if named:
+        return shutil.which(named)
+    return next((found for name in ("g++", "c++", "clang++") if (found := shutil.which(name))), None)
+
+
+def _compiler_version(compiler: str) -> bytes:
+    try:
+        return subprocess.run([compiler, "--version"], capture_output=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return b""
+
+
+def _cpu_fingerprint() -> bytes:
+    """The CPU's name and instruction sets (what -march=native compiles for)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        wanted = [line for line in lines if line.split(":")[0].strip() in ("model name", "flags", "Features")]
+        return "\n".join(dict.fromkeys(wanted)).encode()
+    except OSError:
+        return f"{platform.machine()} {platform.processor()}".encode()
+
+
+def _declare(library: ctypes.CDLL) -> None:
+    pointer, size, number = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    library.elmokit_lstm_cell.argtypes = [pointer, number, size, pointer, pointer, number, size, size,
+                                          ctypes.c_float, number]
+    library.elmokit_lstm_cell.restype = None
+    library.elmokit_lstm_cell_int8.argtypes = [pointer] * 9 + [number, size, size, ctypes.c_float, number]
+    library.elmokit_lstm_cell_int8.restype = None
+
+
+def _self_check(library: ctypes.CDLL) -> str:
+    """'' where every kind of call gives the eager cell's numbers on random gates, else what differs."""
+    from elmokit.model import cell as lstm_cell
+
+    generator = torch.Generator(device="cpu").manual_seed(0)  # the pass is the CPU's
+    rows, cell_dim, clip = 3, 40, 3.0
+    gates = torch.randn(rows, 4 * cell_dim, generator=generator) * 4
+    previous = torch.randn(rows, cell_dim, generator=generator) * 3
+    for gate_dtype in _GATE_KINDS:
+        typed = gates.to(gate_dtype)
+        expected_cell, expected = lstm_cell.cell_step(lstm_cell.activate_doubled_gates_(typed.to(torch.float32, copy=True)),
+                                                      previous.clone(), clip, tanh=lstm_cell.tanh_via_sigmoid)
+        for output_dtype in _OUTPUT_KINDS:
+            cell, output = previous.clone(), torch.empty(rows, cell_dim, dtype=output_dtype)
+            library.elmokit_lstm_cell(typed.data_ptr(), _GATE_KINDS[gate_dtype], typed.stride(0), cell.data_ptr(),
+                                      output.data_ptr(), _OUTPUT_KINDS[output_dtype], rows, cell_dim, clip, 1)
+            problem = _differs(f"{gate_dtype} gates, {output_dtype} output", cell, output, expected_cell,
+                               expected.to(output_dtype))
+            if problem:
+                return problem
+    sums = [torch.randint(-20000, 20000, (rows, 4 * cell_dim), generator=generator, dtype=torch.int32) for _ in "ab"]
+    row_scales = [torch.rand(rows, 1, generator=generator) * 1e-3 for _ in "ab"]
+    weight_scales = [torch.rand(1, 4 * cell_dim, generator=generator) * 1e-1 for _ in "ab"]
+    bias = torch.randn(4 * cell_dim, generator=generator)
+    gates = torch.addcmul(torch.addcmul(bias, sums[0] * weight_scales[0], row_scales[0]),
+                          sums[1] * weight_scales[1], row_scales[1])
+    expected_cell, expected = lstm_cell.cell_step(lstm_cell.activate_doubled_gates_(gates), previous.clone(), clip,
+                                                  tanh=lstm_cell.tanh_via_sigmoid)
+    for integer_input in (True, False):
+        for integer_recurrent in (True, False):
+            products = [(sums[i], weight_scales[i]) if integer else (sums[i] * weight_scales[i], None)
+                        for i, integer in enumerate((integer_input, integer_recurrent))]
+            cell, output = previous.clone(), torch.empty(rows, cell_dim)
+            library.elmokit_lstm_cell_int8(
+                products[0][0].data_ptr(), row_scales[0].data_ptr(), _pointer(products[0][1]), bias.data_ptr(),
+                products[1][0].data_ptr(), row_scales[1].data_ptr(), _pointer(products[1][1]), cell.data_ptr(),
+                output.data_ptr(), 0, rows, cell_dim, clip, 1)
+            problem = _differs(f"int8 gates (input {'int32' if integer_input else 'float32'}, recurrent "
+                               f"{'int32' if integer_recurrent else 'float32'})", cell, output, expected_cell, expected)
+            if problem:
+                return problem
+    return ""
+
+
+def _differs(kind: str, cell, output, expected_cell, expected_output) -> str:
+    tolerance = CHECK_TOLERANCE if output.dtype == torch.float32 else 1e-2  # one bfloat16 rounding either way
+    worst_cell = (cell - expected_cell).abs().max().item()
+    worst_output = (output.float() - expected_output.float()).abs().max().item()
+    if worst_cell > CHECK_TOLERANCE or worst_output > tolerance:
+        return f"{kind}: cell off by {worst_cell:.2e}, output by {worst_output:.2e}"
+    return ""

@@ -1,0 +1,160 @@
+"""The LSTM cell's compiled pass (elmokit.model.fused_cell) against the eager cell it replaces
+(elmokit.model.cell), in every kind it takes, and how it is built, cached, checked and refused."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from elmokit.model import cell as lstm_cell
+from elmokit.model import fused_cell
+from elmokit.model.int8 import Int8Linear, int8_native
+
+REPO = Path(__file__).resolve().parents[1]
+
+if shutil.which(os.environ.get("CXX", "g++")) is None and shutil.which("c++") is None:
+    pytest.skip("no C++ compiler here: the fused cell cannot be built (the eager cell runs)", allow_module_level=True)
+
+
+@pytest.fixture(autouse=True)
+def runs_here():
+    assert fused_cell.available(), fused_cell.status()
+
+
+def eager(gates: torch.Tensor, previous: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The engine's eager cell: gates (i, f, o, 2j) widened to float32, one sigmoid, tanh via sigmoid."""
+    acts = lstm_cell.activate_doubled_gates_(gates.to(torch.float32, copy=True))
+    return lstm_cell.cell_step(acts, previous.clone(), clip, tanh=lstm_cell.tanh_via_sigmoid)
+
+
+@pytest.mark.parametrize("gate_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("output_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,cell_dim,clip", [(1, 7, 0.0), (5, 700, 3.0), (32, 1024, 0.5)])
+def test_the_fused_cell_is_the_eager_cell(gate_dtype, output_dtype, rows, cell_dim, clip):
+    generator = torch.Generator().manual_seed(rows)
+    gates = (torch.randn(rows, 4 * cell_dim, generator=generator) * 5).to(gate_dtype)
+    previous = torch.randn(rows, cell_dim, generator=generator) * 4
+    cell, output = previous.clone(), torch.full((rows, cell_dim), float("nan"), dtype=output_dtype)
+    assert fused_cell.cell_(gates, cell, output, clip)
+    expected_cell, expected_output = eager(gates, previous, clip)
+    torch.testing.assert_close(cell, expected_cell, rtol=0, atol=2e-6)
+    if output_dtype == torch.float32:
+        torch.testing.assert_close(output, expected_output, rtol=0, atol=2e-6)
+    else:  # one bfloat16 rounding of values a few float32 ulps apart: equal, or one bfloat16 step apart
+        apart = (output.float() - expected_output.to(output_dtype).float()).abs()
+        assert (apart <= torch.clamp(expected_output.abs() * 2 ** -7, min=1e-6)).all(), apart.max()
+    if clip:
+        assert cell.abs().max() <= clip and (cell.abs() == clip).any()  # the clip held and bit
+
+
+def test_gates_with_a_row_stride_are_read_in_place():
+    generator = torch.Generator().manual_seed(1)
+    wide = torch.randn(3, 4 * 16 + 5, generator=generator)
+    gates = wide[:, :64]  # rows 69 apart
+    previous = torch.randn(3, 16, generator=generator)
+    cell, output = previous.clone(), torch.empty(3, 16)
+    assert fused_cell.cell_(gates, cell, output, 0.0)
+    torch.testing.assert_close(output, eager(gates, previous, 0.0)[1], rtol=0, atol=2e-6)
+
+
+def test_what_it_does_not_take_is_refused_untouched():
+    previous = torch.randn(2, 8)
+    cell, output = previous.clone(), torch.zeros(2, 8)
+    assert not fused_cell.cell_(torch.randn(2, 32, dtype=torch.float64), cell, output, 0.0)  # a dtype it has no pass for
+    assert not fused_cell.cell_(torch.randn(32, 2).T, cell, output, 0.0)  # columns not contiguous
+    assert not fused_cell.cell_(torch.randn(2, 32), cell.T.contiguous().T, output, 0.0)
+    assert torch.equal(cell, previous) and not output.any()
+
+
+@pytest.mark.skipif(not int8_native(), reason="needs a CPU with int8 dot products (VNNI or AMX-INT8)")
+@pytest.mark.parametrize("kernel", ["int_mm", "onednn"])
+def test_int8_gates_are_scaled_as_int8linear_scales_them(kernel, monkeypatch):
+    """The two products' sums scaled inside the cell give Int8Linear's own gates (its call with the
+    bias, then `add`) through the eager cell, with either kernel's form of the product."""
+    monkeypatch.setenv("ELMOKIT_INT8_KERNEL", kernel)
+    generator = torch.Generator().manual_seed(2)
+    rows, dim, cell_dim = 6, 48, 40
+    products = [Int8Linear(torch.randn(4 * cell_dim, dim, generator=generator), rows) for _ in "ab"]
+    x, h = (torch.randn(rows, dim, generator=generator) for _ in "xh")
+    bias = torch.randn(4 * cell_dim, generator=generator)
+    previous = torch.randn(rows, cell_dim, generator=generator) * 2
+    gates = products[1].add(products[0](x, bias), h)
+    cell, output = previous.clone(), torch.empty(rows, cell_dim)
+    forms = [products[0].unscaled(x), products[1].unscaled(h)]
+    assert (forms[0][2] is None) == (kernel == "onednn")  # oneDNN's product arrives scaled by the weight
+    assert fused_cell.cell_int8_(forms[0], forms[1], bias, cell, output, 3.0)
+    expected_cell, expected_output = eager(gates, previous, 3.0)
+    torch.testing.assert_close(cell, expected_cell, rtol=0, atol=2e-6)
+    torch.testing.assert_close(output, expected_output, rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"] + (["int8"] if int8_native() else []))
+def test_the_embedder_gives_the_eager_numbers(dtype, monkeypatch):
+    """The whole engine with the fused cell against the same engine with the eager one: float32 to
+    float32 rounding, bfloat16 and int8 within one bfloat16 rounding of the projection's input."""
+    from elmokit import ElmoEmbedder
+
+    sentences = [["The", "cat", "sat", "."], ["A", "much", "longer", "sentence", "than", "that", "one", "."], ["Hi"]]
+    embedder = ElmoEmbedder(dtype=torch.bfloat16 if dtype == "bfloat16" else dtype, cache_tokens=False)
+    fused = embedder.embed_many(sentences)
+    monkeypatch.setitem(fused_cell._STATE, "library", None)
+    eager_vectors = embedder.embed_many(sentences)
+    tolerance = 2e-5 if dtype == "float32" else 2e-2
+    for got, expected in zip(fused, eager_vectors):
+        np.testing.assert_allclose(got, expected, rtol=0, atol=tolerance)
+    if dtype == "float32":
+        assert max(np.abs(g - e).max() for g, e in zip(fused, eager_vectors)) > 0  # the fused pass really ran
+
+
+def _python(code: str, cache: Path, **environment: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "ELMOKIT_CACHE": str(cache), "PYTHONPATH": str(REPO / "src"), **environment}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+
+
+STATUS = "from elmokit.model import fused_cell; print(fused_cell.status())"
+
+
+def test_built_once_then_loaded_by_later_processes(tmp_path):
+    first = _python(STATUS, tmp_path)
+    assert first.returncode == 0 and "(True, 'loaded from " in first.stdout, first.stderr
+    [library] = (tmp_path / ".kernels").glob("*/lstm_cell.so")
+    built = library.stat().st_mtime_ns
+    second = _python(STATUS, tmp_path)
+    assert str(library) in second.stdout and library.stat().st_mtime_ns == built
+    assert not [path for path in library.parent.iterdir() if path.name.startswith(".build-")]  # no leftovers
+
+
+def test_no_compiler_is_one_warning_and_the_eager_cell(tmp_path):
+    code = ("import warnings, torch; warnings.simplefilter('always')\n"
+            "from elmokit.model import fused_cell\n"
+            "g, c, o = torch.zeros(1, 8), torch.zeros(1, 2), torch.zeros(1, 2)\n"
+            "print(fused_cell.cell_(g, c, o, 0.0), fused_cell.cell_(g, c, o, 0.0))")
+    done = _python(code, tmp_path, CXX="no-such-compiler")
+    assert done.returncode == 0 and done.stdout.strip() == "False False", done.stderr
+    assert done.stderr.count("the LSTM cell's compiled pass does not run (no C++ compiler: set CXX or install g++)") == 1
+    assert not (tmp_path / ".kernels").exists()
+
+
+def test_switched_off_says_nothing(tmp_path):
+    done = _python("import warnings; warnings.simplefilter('error')\n" + STATUS, tmp_path, ELMOKIT_FUSED_CELL="0")
+    assert done.returncode == 0 and done.stdout.strip() == "(False, 'off')", done.stderr
+
+
+def test_a_pass_that_computes_something_else_is_refused(tmp_path, monkeypatch):
+    """The self-check at load: a source whose cell output forgets tanh is caught and switched off."""
+    wrong = fused_cell._source().replace(b"(sigmoid(2.0f * next) * 2.0f - 1.0f)", b"next")
+    assert wrong != fused_cell._source()
+    monkeypatch.setenv("ELMOKIT_CACHE", str(tmp_path))
+    monkeypatch.setattr(fused_cell, "_source", lambda: wrong)
+    monkeypatch.setattr(fused_cell, "_STATE", {})
+    with pytest.warns(RuntimeWarning, match=r"compiled pass does not run \(it differs from the eager cell "
+                                            r"\(torch.float32 gates, torch.float32 output: cell off by [0-9.]+e-0[67], output by [0-9.]+e"
+                                            r"[-+]0[01]\)"):
+        assert not fused_cell.available()
