@@ -140,7 +140,8 @@ def run_one(shape: str, batch_size: int, cache: bool, limit: int | None, threads
     from elmokit import ElmoEmbedder
 
     torch.set_num_threads(threads)
-    embedder = ElmoEmbedder(module=_model(shape), cache_tokens=cache, device=device, dtype=dtype)
+    embedder = ElmoEmbedder(module=_model(shape), cache_tokens=cache, device=device, dtype=dtype,
+                            threads=threads if device == "cpu" else None)  # the page says how many: no default lowers it
     if positions_per_row:  # an instance attribute: this embedder's calls only
         embedder.POSITION_BUDGET = max(embedder.POSITION_BUDGET, positions_per_row * batch_size)
     config = embedder.bilm.config
@@ -410,6 +411,8 @@ def write_report(output: Path, args, kernels: dict, ceilings: dict, best: dict, 
     lines += [f"| {shape} | {batch_size} | {dtype} | {gflops:.1f} | {gflops / roof[dtype]:.1%} |"
               for (shape, batch_size, dtype), gflops in ceilings.items()]
     lines += int8_kernel_lines()
+    if "fused" in args.cells and not gpu:
+        lines += fused_cell_cost_lines()
     lines += [
         "",
         "## Reduced precision against float32",
@@ -452,6 +455,26 @@ def int8_kernel_lines() -> list[str]:
     return ["", f"int8 kernels ({int8.KERNEL_VARIABLE}={int8.int8_kernel()}: the faster of oneDNN's quantized linear "
             f"and torch._int_mm, timed once a process at each step product's shape; a block of steps' input products "
             f"torch._int_mm, their int32 sums kept and scaled a step at a time): {chosen}."]
+
+
+BUILD_PROBE = ("import time; start = time.perf_counter(); from elmokit.model import fused_cell; "
+               "runs, why = fused_cell.status(); print(runs, time.perf_counter() - start, why)")
+
+
+def fused_cell_cost_lines() -> list[str]:
+    """What the compiled cell costs a process: its first build (an empty cache folder) and a later
+    process's load, each the time to import it and get its status (the self-check included)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as cache:
+        environment = os.environ | {"ELMOKIT_CACHE": cache}
+        runs = [subprocess.run([sys.executable, "-c", BUILD_PROBE], capture_output=True, text=True, env=environment,
+                               check=True).stdout.split(maxsplit=2) for _ in range(2)]
+    if runs[0][0] != "True":
+        return ["", f"The fused cell does not run on this machine: {runs[0][2].strip()}."]
+    return ["", f"The fused cell's cost to a process (`elmokit.model.fused_cell.status()` from a fresh interpreter, "
+                f"torch's import included): {float(runs[0][1]):.2f} s the first time (built into an empty cache "
+                f"folder), {float(runs[1][1]):.2f} s in a later process (loaded from it)."]
 
 
 def reading_lines(best: dict, ceilings: dict, errors: list, kernels: dict) -> list[str]:

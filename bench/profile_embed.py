@@ -58,7 +58,8 @@ def profile_one(dtype: str, limit: int, threads: int, batch_size: int) -> dict:
     from elmokit import ElmoEmbedder
 
     torch.set_num_threads(threads)
-    embedder = ElmoEmbedder(module=_model("original"), cache_tokens=False, dtype=None if dtype == "float32" else dtype)
+    embedder = ElmoEmbedder(module=_model("original"), cache_tokens=False, dtype=None if dtype == "float32" else dtype,
+                            threads=threads)  # the page says how many: no default lowers it
     sentences = bench_sentences(limit)
     list(embedder.embed_sentences(sentences, batch_size))  # warm: packed weights, kernels, int8's kernel choice
     start = time.perf_counter()

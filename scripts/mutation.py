@@ -66,6 +66,7 @@ ONNX_CLIPPED = "tests/test_onnx.py::test_differing_clips_and_three_layers_match_
 DOWNLOADS = "tests/test_download_trust.py::"
 MANYLANGS_NUMBERS = "tests/test_manylangs.py::test_their_numbers_through_elmo_embedder"
 TFHUB = "tests/test_tfhub_module.py::"
+FUSED_CELL = ("tests/test_fused_cell.py",)
 MUTANTS = [
     # the cell (model/cell.py): every driver runs these lines
     Mutant("cell: forget and input gates swapped", "model/cell.py",
@@ -78,6 +79,22 @@ MUTANTS = [
     Mutant("cell: m = o * c (no tanh)", "model/cell.py",
            "tanh_of_cell = tanh(cell, out=tanh_cell if tanh_cell is not None else cell_output)",
            "tanh_of_cell = cell", CELL_TESTS),
+    # the fused cell (model/fused_cell.py, csrc/lstm_cell.cpp): the engine's and the server's step
+    Mutant("fused cell: its cell clip removed", "csrc/lstm_cell.cpp",
+           "            next = next < low ? low : (next > high ? high : next);\n", "\n", FUSED_CELL),
+    Mutant("fused cell: int8's recurrent row scale dropped", "csrc/lstm_cell.cpp",
+           "                          * recurrent_row_scale[row];", ";", FUSED_CELL),
+    Mutant("fused cell: loaded without its self-check", "model/fused_cell.py",
+           "                problem = _self_check(library)", "                problem = \"\"", FUSED_CELL),
+    Mutant("fused cell: a cell of any layout taken", "model/fused_cell.py",
+           "cell.dim() == 2 and cell.is_contiguous() and", "cell.dim() == 2 and", FUSED_CELL),
+    Mutant("fused cell: oneDNN's int8 product scaled by the weight twice", "model/int8.py",
+           "1.0, 0, torch.float32, \"none\", [], \"\"), scale, None", "1.0, 0, torch.float32, \"none\", [], \"\"), scale, "
+           "self.weight_scale", FUSED_CELL),
+    Mutant("engine: the projection reads the eager cell's buffer after the fused cell", "inference/engine.py",
+           "            output[index] = self.projections[d](projection_input)  # (R, P)",
+           "            output[index] = self.projections[d](state.cell_output[d].to(self.projections[d].dtype))",
+           ("tests/test_fused_cell.py::test_the_embedder_gives_the_eager_numbers",)),
     Mutant("cell: the doubled candidate's tanh off by a half", "model/cell.py",
            "cell_dim, cell_dim).mul_(2).sub_(1)\n", "cell_dim, cell_dim).mul_(2).sub_(0.5)\n", CELL_TESTS),
     Mutant("stack: residual adds the undropped input", "model/cell.py",
@@ -97,7 +114,7 @@ MUTANTS = [
            "bias = (layer.gate_bias().to(inputs.dtype) * candidate_doubled(layer).to(inputs.dtype)",
            "bias = (layer.gate_bias().to(inputs.dtype)", CELL_TESTS),
     Mutant("engine, bfloat16: the gates not widened to float32", "inference/engine.py",
-           "            if state.wide_gates is not None:\n                gates = state.wide_gates[d].copy_(gates)\n",
+           "                if state.wide_gates is not None:\n                    gates = state.wide_gates[d].copy_(gates)\n",
            "", ("tests/test_cell.py::test_stream_engine_in_bfloat16_rounds_the_products_and_keeps_the_cell_in_float32",
                 "tests/test_precision.py")),
     Mutant("engine reset: the hidden state carried into the next sentence of a row", "inference/engine.py",
@@ -145,8 +162,9 @@ MUTANTS = [
     Mutant("int8: the inputs' per-row scale dropped (oneDNN's quantized linear)", "model/int8.py",
            '"none", [], ""), scale', '"none", [], ""), torch.ones_like(scale)', ("tests/test_int8.py",)),
     Mutant("int8: the inputs' per-row scale dropped (torch._int_mm)", "model/int8.py",
-           "return sums.float().mul_(self.weight_scale), scale",
-           "return sums.float().mul_(self.weight_scale), torch.ones_like(scale)", ("tests/test_int8.py",)),
+           "return torch._int_mm(quantized, self.weight_t, out=sums), scale, self.weight_scale",
+           "return torch._int_mm(quantized, self.weight_t, out=sums), torch.ones_like(scale), self.weight_scale",
+           ("tests/test_int8.py",)),
     Mutant("int8: a block's input products timed for oneDNN's kernel too", "model/int8.py",
            "if kept_buffers:  # `integer_sums`", "if False:  # `integer_sums`",
            ("tests/test_int8.py::test_auto_takes_the_faster_kernel_timed_once_a_shape",)),

@@ -217,12 +217,20 @@ def test_elmo_drops_each_mixed_representation(tiny_model, monkeypatch):
         torch.testing.assert_close(got, want * (want > 0) / (1 - RATE))
 
 
-def test_stream_engine_in_bfloat16_rounds_the_products_and_keeps_the_cell_in_float32():
+@pytest.mark.parametrize("cell", ["fused", "eager"])
+def test_stream_engine_in_bfloat16_rounds_the_products_and_keeps_the_cell_in_float32(cell, monkeypatch):
     """Weights in bfloat16: each product (its bias, or the gate inputs it adds, included) rounded
     once to bfloat16; the gates widened to float32 for the cell; the cell state, the recurrent
     state and the outputs float32. Written out here per step and direction; the engine agrees to
     a mean error of eps/16 of the values' mean size (eps = 2^-8, bfloat16's; rounding the gates
-    to bfloat16 too, as without the widening, costs ~eps)."""
+    to bfloat16 too, as without the widening, costs ~eps). With the compiled cell
+    (`fused_cell`, where it runs) and with the eager one."""
+    from elmokit.model import fused_cell
+
+    if cell == "eager":
+        monkeypatch.setitem(fused_cell._STATE, "library", None)
+    elif not fused_cell.available():
+        pytest.skip(f"the fused cell does not run here ({fused_cell.status()[1]})")
     from elmokit import BiLM, CharCNNConfig, ElmoConfig, LSTMConfig
     from elmokit.inference.engine import candidate_doubled, stream_layer, stream_layout
 

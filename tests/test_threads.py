@@ -147,9 +147,11 @@ def thread_count(monkeypatch):
 
 
 def fake_machine(root, monkeypatch, *, cgroup="0::/", loadavg="0.00 0.00 0.00 1/100 1", running=("R",),
-                 cpus=8, files=None):
+                 cpus=8, files=None, others=0.0):
     """A /proc and /sys/fs/cgroup under `root`: this process's cgroup line(s), the machine's
-    loadavg, its own threads' states, a process as old as the machine; `files` under the cgroup root."""
+    loadavg, its own threads' states; `others` CPUs busy with other processes over any window
+    (/proc/stat's busy ticks advance by that much a second, this process's by none); `files`
+    under the cgroup root."""
     from elmokit import devices
 
     proc, cgroups = root / "proc", root / "cgroup"
@@ -169,7 +171,19 @@ def fake_machine(root, monkeypatch, *, cgroup="0::/", loadavg="0.00 0.00 0.00 1/
     monkeypatch.setattr(devices, "CGROUP_ROOT", cgroups)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
     monkeypatch.setattr(os, "cpu_count", lambda: cpus)
-    monkeypatch.setattr(time, "process_time", lambda: 0.0)  # this process has used no CPU: no share of the load
+    clock = {"ticks": 0.0}
+    real_perf_counter = time.perf_counter
+
+    def ticking_stat():  # every reading a second later: `others` x 100 busy ticks more
+        clock["ticks"] += others * 100
+        return f"cpu  {int(clock['ticks'])} 0 0 5000 0 0 0 0 0 0\ncpu0 0 0 0 0 0 0 0 0 0 0\n"
+
+    monkeypatch.setattr(devices, "_read", lambda path, read=devices._read: ticking_stat() if path == proc / "stat"
+                        else read(path))
+    readings = iter(range(10 ** 6))
+    monkeypatch.setattr(time, "perf_counter", lambda: float(next(readings)) if devices.PROC == proc else real_perf_counter())
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(os, "sysconf", lambda name: 100 if name == "SC_CLK_TCK" else os.sysconf(name))
 
 
 def test_cgroup_v2_quota_is_the_tightest_along_the_process_path(tmp_path, monkeypatch):
@@ -203,28 +217,32 @@ def test_no_quota_leaves_the_affinity(tmp_path, monkeypatch):
     assert cgroup_cpu_quota() is None
 
 
-def test_busy_cpus_are_the_run_queue_less_this_process_or_the_load_average(tmp_path, monkeypatch):
+def test_busy_cpus_are_the_run_queue_less_this_process_or_the_window(tmp_path, monkeypatch):
     from elmokit.devices import busy_cpus
 
-    # 6 runnable on the machine, 2 of them this process's threads: 4 others; the load average lags at 0.5
+    # 6 runnable on the machine, 2 of them this process's threads: 4 others
     fake_machine(tmp_path, monkeypatch, loadavg="0.50 0.40 0.30 6/300 99", running=("R", "R", "S"))
     assert busy_cpus() == 4
-    # nothing else runnable now, but a 1-minute load of 3.25: work that comes and goes
-    fake_machine(tmp_path / "again", monkeypatch, loadavg="3.25 2.00 1.00 1/300 99", running=("R",))
-    assert busy_cpus() == 3.25
+    # nothing else runnable at the readings, but 2.5 CPUs of other work over the window: work that comes and goes
+    fake_machine(tmp_path / "again", monkeypatch, loadavg="0.00 0.00 0.00 1/300 99", running=("R",), others=2.5)
+    assert busy_cpus() == 2.5
+    # a 1-minute load of 3.25 left by a job that ended, nothing running now: a quiet machine
+    fake_machine(tmp_path / "after", monkeypatch, loadavg="3.25 2.00 1.00 1/300 99", running=("R",))
+    assert busy_cpus() == 0
 
 
-@pytest.mark.parametrize("busy, quota, expected", [
-    ("0.10 0.1 0.1 1/90 1", None, 8),  # a quiet machine: every CPU
-    ("0.10 0.1 0.1 1/90 1", ("200000 100000\n"), 2),  # a quota of 2 CPUs
-    ("2.60 0.1 0.1 1/90 1", None, 5),  # 2.6 CPUs busy: 5.4 free, 5 threads
-    ("2.60 0.1 0.1 1/90 1", ("400000 100000\n"), 4),  # the quota is the tighter
-    ("9.00 9.0 9.0 12/90 1", None, 1),  # more busy than there are CPUs: one thread, never 0
+@pytest.mark.parametrize("runnable, others, quota, expected", [
+    (1, 0.1, None, 8),  # a quiet machine: every CPU
+    (1, 0.1, ("200000 100000\n"), 2),  # a quota of 2 CPUs
+    (1, 2.6, None, 5),  # 2.6 CPUs busy: 5.4 free, 5 threads
+    (1, 2.6, ("400000 100000\n"), 4),  # the quota is the tighter
+    (12, 9.0, None, 1),  # more busy than there are CPUs: one thread, never 0
 ])
-def test_default_threads_fit_affinity_quota_and_load(tmp_path, monkeypatch, busy, quota, expected):
+def test_default_threads_fit_affinity_quota_and_load(tmp_path, monkeypatch, runnable, others, quota, expected):
     from elmokit.devices import default_threads
 
-    fake_machine(tmp_path, monkeypatch, loadavg=busy, files={"cpu.max": quota} if quota else None)
+    fake_machine(tmp_path, monkeypatch, loadavg=f"9.00 9.0 9.0 {runnable}/90 1", others=others,
+                 files={"cpu.max": quota} if quota else None)
     assert default_threads() == expected
 
 

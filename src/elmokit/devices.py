@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import re
 import statistics
@@ -153,7 +152,7 @@ def memory_bytes(device: torch.device) -> int | None:
 # ---------------------------------------------------------------------------------------------
 PROC = Path("/proc")  # where the process's CPUs, cgroups and the machine's load are read (tests point them elsewhere)
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-LOAD_WINDOW_S = 60.0  # the 1-minute load average's time constant
+BUSY_WINDOW_S = 0.05  # over which `busy_cpus` measures the CPU time other processes use
 _threads_given = {"count": None}  # the count last given to `use_threads`: later defaults leave it
 
 
@@ -268,18 +267,38 @@ def _v1_quota(folder: Path) -> float | None:
 def busy_cpus(readings: int = 5) -> float:
     """The CPUs other processes keep busy: the larger of the machine's runnable threads now (the
     median of a few readings of /proc/loadavg's run queue, less this process's own running
-    threads) and the 1-minute load average less this process's own share of it (the CPU time it
-    has used, spread over its life, as the load average weighs it). The run queue sees work that
-    has just started; the load average, work that comes and goes. 0 where neither can be read."""
-    now = []
+    threads) and the CPU time they used over the readings' window (/proc/stat's busy time of
+    every CPU less this process's own, per second of it: `BUSY_WINDOW_S`). The run queue sees
+    work that runs at this instant, the window work that comes and goes. Not the load average: a
+    minute's decaying mean, it still counts a process that ended seconds ago, so a job started
+    right after another (a benchmark's next configuration) took one thread of two free ones and
+    ran at about half speed. 0 where neither can be read."""
+    before, now = _cpu_ticks(), []
+    started = time.perf_counter()
     for i in range(readings):
         fields = _read(PROC / "loadavg").split()
         if len(fields) < 4:
             return 0.0
         now.append(int(fields[3].split("/")[0]) - _own_running_threads())
         if i + 1 < readings:
-            time.sleep(0.001)
-    return max(0.0, statistics.median(now), float(fields[0]) - _own_load_share())
+            time.sleep(BUSY_WINDOW_S / (readings - 1))
+    after, elapsed = _cpu_ticks(), time.perf_counter() - started
+    window = 0.0
+    if before is not None and after is not None and elapsed > 0:
+        others = (after[0] - before[0]) - (after[1] - before[1])  # ticks the machine was busy, less this process's
+        window = others / os.sysconf("SC_CLK_TCK") / elapsed
+    return max(0.0, statistics.median(now), window)
+
+
+def _cpu_ticks() -> tuple[int, int] | None:
+    """(busy clock ticks of every CPU since boot, from /proc/stat's first line: all but idle and
+    iowait; this process's user + system ticks, from /proc/self/stat), or None where unreadable."""
+    machine = _read(PROC / "stat").split("\n", 1)[0].split()
+    own = _stat_fields(_read(PROC / "self" / "stat"))
+    if len(machine) < 5 or machine[0] != "cpu" or len(own) < 13:
+        return None
+    ticks = [int(value) for value in machine[1:9]]  # user nice system idle iowait irq softirq steal
+    return sum(ticks) - ticks[3] - ticks[4], int(own[11]) + int(own[12])
 
 
 def _own_running_threads() -> int:
@@ -291,19 +310,6 @@ def _own_running_threads() -> int:
     except OSError:
         pass
     return max(1, running)
-
-
-def _own_load_share() -> float:
-    """What this process adds to the 1-minute load average, were it busy at its average rate all
-    its life: its CPU seconds / its age x (1 - e^(-age / 60 s))."""
-    fields = _stat_fields(_read(PROC / "self" / "stat"))
-    uptime = _read(PROC / "uptime").split()
-    if len(fields) < 20 or not uptime:
-        return 0.0
-    age = float(uptime[0]) - int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime, in ticks
-    if age <= 0:
-        return 0.0
-    return time.process_time() / age * (1 - math.exp(-age / LOAD_WINDOW_S))
 
 
 def _stat_fields(stat: str) -> list[str]:
