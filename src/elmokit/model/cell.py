@@ -34,6 +34,12 @@ because the others cannot do its job:
                                         leaves at its last (continuous batching); the engine needs
                                         its sentences known in advance. It adds the residual itself
                                         (one step of all layers at once), as `run_layers` does
+    elmokit.model.fused_cell            the engine's and the server's step on the CPU: `cell_step`
+                                        after `activate_doubled_gates_`, with `tanh_via_sigmoid`,
+                                        as one compiled pass over a step's gates (csrc/lstm_cell.cpp,
+                                        where eager torch makes a dozen). The one restatement of
+                                        these formulas, in C++: checked against these functions each
+                                        time it loads, and where it differs it does not run
     elmokit.inference.onnx_export       the ONNX export: a `scan` over the steps that an ONNX
                                         `Scan` can hold, for ONNX's own LSTM operator has no
                                         projection and clips the gate inputs, not the cell
