@@ -87,7 +87,12 @@ MUTANTS = [
     Mutant("fused cell: loaded without its self-check", "model/fused_cell.py",
            "                problem = _self_check(library)", "                problem = \"\"", FUSED_CELL),
     Mutant("fused cell: a cell of any layout taken", "model/fused_cell.py",
-           "cell.dim() == 2 and cell.is_contiguous() and", "cell.dim() == 2 and", FUSED_CELL),
+           "cell.dim() == 2 and cell.is_contiguous()\n", "cell.dim() == 2\n", FUSED_CELL),
+    Mutant("fused cell: gates of another width taken", "model/fused_cell.py",
+           "            and gates.shape == (rows, 4 * cell_dim) and gates.stride(-1) == 1):",
+           "            and gates.stride(-1) == 1):", FUSED_CELL),
+    Mutant("fused cell: int8 row scales of any size taken", "model/fused_cell.py",
+           "(row_scales, torch.float32, rows)]", "(row_scales, torch.float32, row_scales.numel())]", FUSED_CELL),
     Mutant("fused cell: oneDNN's int8 product scaled by the weight twice", "model/int8.py",
            "1.0, 0, torch.float32, \"none\", [], \"\"), scale, None", "1.0, 0, torch.float32, \"none\", [], \"\"), scale, "
            "self.weight_scale", FUSED_CELL),

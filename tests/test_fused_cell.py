@@ -70,7 +70,17 @@ def test_what_it_does_not_take_is_refused_untouched():
     assert not fused_cell.cell_(torch.randn(2, 32, dtype=torch.float64), cell, output, 0.0)  # a dtype it has no pass for
     assert not fused_cell.cell_(torch.randn(32, 2).T, cell, output, 0.0)  # columns not contiguous
     assert not fused_cell.cell_(torch.randn(2, 32), cell.T.contiguous().T, output, 0.0)
+    assert not fused_cell.cell_(torch.randn(2, 36), cell, output, 0.0)  # gates of another width: never read past them
+    assert not fused_cell.cell_(torch.randn(3, 32), cell, output, 0.0)  # another row count
+    sums, scales, weights = torch.zeros(2, 32, dtype=torch.int32), torch.ones(2, 1), torch.ones(1, 32)
+    bias = torch.zeros(32)
+    assert not fused_cell.cell_int8_((sums, torch.ones(1, 1), weights), (sums, scales, weights), bias, cell, output, 0.0)
+    assert not fused_cell.cell_int8_((sums, scales, weights), (sums[:1], scales, weights), bias, cell, output, 0.0)
+    assert not fused_cell.cell_int8_((sums, scales, weights), (sums.float(), scales, weights), bias, cell, output, 0.0)
+    wide = torch.zeros(2, 40, dtype=torch.int32)[:, :32]  # rows 40 apart: the int8 pass reads rows 4C apart
+    assert not fused_cell.cell_int8_((wide, scales, weights), (sums, scales, weights), bias, cell, output, 0.0)
     assert torch.equal(cell, previous) and not output.any()
+    assert fused_cell.cell_int8_((sums, scales, weights), (sums, scales, weights), bias, cell, output, 0.0)  # the control
 
 
 @pytest.mark.skipif(not int8_native(), reason="needs a CPU with int8 dot products (VNNI or AMX-INT8)")

@@ -1,4 +1,4 @@
-// The ELMo LSTM cell's elementwise work in one pass over its gates (elmokit.fused_cell builds and
+// The ELMo LSTM cell's elementwise work in one pass over its gates (elmokit.model.fused_cell builds and
 // calls this file; the formulas are elmokit/model/cell.py's):
 //
 //     c_t = clip(σ(f) * c_{t-1} + σ(i) * tanh(j), cell_clip)      m_t = σ(o) * tanh(c_t)

@@ -16,15 +16,16 @@ The pass is `csrc/lstm_cell.cpp`, built at its first use with the machine's C++ 
 g++, c++ or clang++; `-O3 -march=native -fopenmp`: vectorized for this CPU, threads from the
 process's own OpenMP runtime, which torch loaded) into `<cache>/.kernels/<key>/`, the key a hash of
 the source, the compiler's version, the flags and the CPU's name and flags, so that later processes
-load it in milliseconds and a folder shared by different CPUs holds one build each. The build is
+load it instead of building it (bench/results/embed-fused-cell.md times both) and a folder shared
+by different CPUs holds one build each. The build is
 written to a temporary name and renamed into place (two processes building at once both succeed).
 
 Where it cannot run (no compiler, a failed build, a folder it cannot write to and no temporary one,
-a platform without `ctypes` loading), one warning says why and every driver runs the eager cell:
+a library that does not load), one warning says why and every driver runs the eager cell:
 the same formulas, slower. It is not trusted blindly: when loaded, each kind of call (float32,
 bfloat16 and int8 gates; float32 and bfloat16 outputs) is compared with the eager cell on random
 gates; a difference past float32 rounding switches it off with one warning. `ELMOKIT_FUSED_CELL=0`
-turns it off (for comparisons: bench/embed.py --no-fused-cell).
+turns it off (for comparisons: bench/embed.py --cells fused eager).
 
 Its numbers: sigmoid from its own exp (relative error under 2 float32 ulps; torch's is of the same
 order), so c_t and m_t differ from the eager cell's by a few float32 ulps, far inside every dtype's
@@ -73,18 +74,18 @@ def status() -> tuple[bool, str]:
 
 def cell_(gates: torch.Tensor, cell: torch.Tensor, output: torch.Tensor, cell_clip: float) -> bool:
     """One step of the cell from its pre-activations: gates (R, 4C) (i, f, o, 2j), float32 or
-    bfloat16, rows contiguous; cell (R, C) float32 contiguous, c_{t-1} in, c_t out; output (R, C)
-    float32 or bfloat16 contiguous, m_t. False (nothing written) where the compiled pass does not
-    run here, or for tensors it does not take (another device, dtype or layout)."""
-    if not (_takes(cell, output, gates) and gates.dtype in _GATE_KINDS and gates.stride(-1) == 1):
+    bfloat16, each row contiguous (rows may be further apart); cell (R, C) float32 contiguous,
+    c_{t-1} in, c_t out; output (R, C) float32 or bfloat16 contiguous, m_t. False (nothing written)
+    where the compiled pass does not run here, or for tensors it does not take (another device,
+    dtype, shape or layout)."""
+    rows, cell_dim = cell.shape if cell.dim() == 2 else (0, 0)
+    if not (_takes(cell, output) and gates.dtype in _GATE_KINDS and gates.device.type == "cpu"
+            and gates.shape == (rows, 4 * cell_dim) and gates.stride(-1) == 1):
         return False
     library = _library()
     if library is None:
         return False
-    rows, cell_dim = cell.shape
-    library.elmokit_lstm_cell(gates.data_ptr(), _GATE_KINDS[gates.dtype], gates.stride(0), cell.data_ptr(),
-                              output.data_ptr(), _OUTPUT_KINDS[output.dtype], rows, cell_dim, float(cell_clip),
-                              torch.get_num_threads())
+    _run(library, gates, cell, output, cell_clip, torch.get_num_threads())
     return True
 
 
@@ -100,41 +101,58 @@ def cell_int8_(input_product: tuple[torch.Tensor, torch.Tensor, torch.Tensor | N
     scales (1, 4C)), or (a float32 product already times its weight scales (oneDNN's quantized
     linear), row scales, None); bias (4C,) float32; all contiguous. The order of the operations is
     `elmokit.model.int8.Int8Linear`'s (the input product with the bias, then `add`)."""
-    tensors = [bias]
-    for product, rows, weights in (input_product, recurrent_product):
-        if product.dtype != (torch.int32 if weights is not None else torch.float32):
-            return False
-        tensors += [product, rows] + ([weights] if weights is not None else [])
-    if not (_takes(cell, output, *tensors) and bias.dtype == torch.float32):
+    if not _takes(cell, output):
+        return False
+    rows, cell_dim = cell.shape
+    expected = [(bias, torch.float32, 4 * cell_dim)]
+    for product, row_scales, weight_scales in (input_product, recurrent_product):
+        integer = weight_scales is not None
+        expected += [(product, torch.int32 if integer else torch.float32, rows * 4 * cell_dim),
+                     (row_scales, torch.float32, rows)] + ([(weight_scales, torch.float32, 4 * cell_dim)] if integer else [])
+    if not all(t.device.type == "cpu" and t.dtype == dtype and t.numel() == size and t.is_contiguous()
+               for t, dtype, size in expected):
         return False
     library = _library()
     if library is None:
         return False
-    rows, cell_dim = cell.shape
-    (inputs, input_rows, input_weights), (recurrent, recurrent_rows, recurrent_weights) = input_product, \
-        recurrent_product
-    library.elmokit_lstm_cell_int8(
-        inputs.data_ptr(), input_rows.data_ptr(), _pointer(input_weights), bias.data_ptr(), recurrent.data_ptr(),
-        recurrent_rows.data_ptr(), _pointer(recurrent_weights), cell.data_ptr(), output.data_ptr(),
-        _OUTPUT_KINDS[output.dtype], rows, cell_dim, float(cell_clip), torch.get_num_threads())
+    _run_int8(library, input_product, recurrent_product, bias, cell, output, cell_clip, torch.get_num_threads())
     return True
-
-
-def _pointer(tensor: torch.Tensor | None) -> int | None:
-    return None if tensor is None else tensor.data_ptr()
 
 
 _GATE_KINDS = {torch.float32: 0, torch.bfloat16: 1}
 _OUTPUT_KINDS = {torch.float32: 0, torch.bfloat16: 1}
 
 
-def _takes(cell: torch.Tensor, output: torch.Tensor, *others: torch.Tensor) -> bool:
-    """Whether the pass takes these tensors: on the CPU, the cell float32 and the output a kind it
-    writes, both contiguous (R, C), the others contiguous ((R, 4C) gates may have a row stride)."""
-    return (cell.device.type == "cpu" and cell.dtype == torch.float32 and output.dtype in _OUTPUT_KINDS
-            and cell.dim() == 2 and cell.is_contiguous() and output.shape == cell.shape and output.is_contiguous()
-            and all(t.device.type == "cpu" and (t.dim() == 2 and t.stride(-1) == 1 or t.is_contiguous())
-                    for t in others))
+def _takes(cell: torch.Tensor, output: torch.Tensor) -> bool:
+    """Whether the pass takes this cell state and output: on the CPU, the cell float32 (R, C), the
+    output of its shape in a kind the pass writes, both contiguous."""
+    return (cell.device.type == "cpu" and cell.dtype == torch.float32 and cell.dim() == 2 and cell.is_contiguous()
+            and output.device.type == "cpu" and output.dtype in _OUTPUT_KINDS and output.shape == cell.shape
+            and output.is_contiguous())
+
+
+def _run(library: ctypes.CDLL, gates: torch.Tensor, cell: torch.Tensor, output: torch.Tensor, cell_clip: float,
+         threads: int) -> None:
+    """The library's float32 / bfloat16 call, on tensors `cell_` checked."""
+    rows, cell_dim = cell.shape
+    library.elmokit_lstm_cell(gates.data_ptr(), _GATE_KINDS[gates.dtype], gates.stride(0), cell.data_ptr(),
+                              output.data_ptr(), _OUTPUT_KINDS[output.dtype], rows, cell_dim, float(cell_clip), threads)
+
+
+def _run_int8(library: ctypes.CDLL, input_product: tuple, recurrent_product: tuple, bias: torch.Tensor,
+              cell: torch.Tensor, output: torch.Tensor, cell_clip: float, threads: int) -> None:
+    """The library's int8 call, on tensors `cell_int8_` checked."""
+    rows, cell_dim = cell.shape
+    (inputs, input_rows, input_weights), (recurrent, recurrent_rows, recurrent_weights) = input_product, \
+        recurrent_product
+    library.elmokit_lstm_cell_int8(
+        inputs.data_ptr(), input_rows.data_ptr(), _pointer(input_weights), bias.data_ptr(), recurrent.data_ptr(),
+        recurrent_rows.data_ptr(), _pointer(recurrent_weights), cell.data_ptr(), output.data_ptr(),
+        _OUTPUT_KINDS[output.dtype], rows, cell_dim, float(cell_clip), threads)
+
+
+def _pointer(tensor: torch.Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,7 +193,10 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
             return None, f"{compiler} failed: {error.stderr.strip().splitlines()[-1] if error.stderr.strip() else error}"
         except OSError:
             continue  # a folder it cannot write to: the next one
-        library = ctypes.CDLL(str(path))
+        try:
+            library = ctypes.CDLL(str(path))
+        except OSError as error:
+            return None, f"{path} does not load ({error})"
         if library.elmokit_fused_cell_version() != VERSION:
             return None, f"{path} is version {library.elmokit_fused_cell_version()}, this elmokit calls {VERSION}"
         _declare(library)
@@ -251,8 +272,7 @@ def _self_check(library: ctypes.CDLL) -> str:
                                                       previous.clone(), clip, tanh=lstm_cell.tanh_via_sigmoid)
         for output_dtype in _OUTPUT_KINDS:
             cell, output = previous.clone(), torch.empty(rows, cell_dim, dtype=output_dtype)
-            library.elmokit_lstm_cell(typed.data_ptr(), _GATE_KINDS[gate_dtype], typed.stride(0), cell.data_ptr(),
-                                      output.data_ptr(), _OUTPUT_KINDS[output_dtype], rows, cell_dim, clip, 1)
+            _run(library, typed, cell, output, clip, 1)
             problem = _differs(f"{gate_dtype} gates, {output_dtype} output", cell, output, expected_cell,
                                expected.to(output_dtype))
             if problem:
@@ -267,13 +287,11 @@ def _self_check(library: ctypes.CDLL) -> str:
                                                   tanh=lstm_cell.tanh_via_sigmoid)
     for integer_input in (True, False):
         for integer_recurrent in (True, False):
-            products = [(sums[i], weight_scales[i]) if integer else (sums[i] * weight_scales[i], None)
+            products = [(sums[i], row_scales[i], weight_scales[i]) if integer
+                        else (sums[i] * weight_scales[i], row_scales[i], None)
                         for i, integer in enumerate((integer_input, integer_recurrent))]
             cell, output = previous.clone(), torch.empty(rows, cell_dim)
-            library.elmokit_lstm_cell_int8(
-                products[0][0].data_ptr(), row_scales[0].data_ptr(), _pointer(products[0][1]), bias.data_ptr(),
-                products[1][0].data_ptr(), row_scales[1].data_ptr(), _pointer(products[1][1]), cell.data_ptr(),
-                output.data_ptr(), 0, rows, cell_dim, clip, 1)
+            _run_int8(library, products[0], products[1], bias, cell, output, clip, 1)
             problem = _differs(f"int8 gates (input {'int32' if integer_input else 'float32'}, recurrent "
                                f"{'int32' if integer_recurrent else 'float32'})", cell, output, expected_cell, expected)
             if problem:
