@@ -26,6 +26,7 @@ import torch
 from elmokit import BiLM, CharCNNConfig, ElmoConfig, ElmoEmbedder, LSTMConfig
 from elmokit.inference.layers import sentence_vector
 from elmokit.serve.recurrence import Recurrence, token_layer
+from elmokit.model import fused_cell
 from elmokit.serve.worker import ModelLoop
 from tests.serving import Server, save_tiny_model
 
@@ -108,15 +109,19 @@ def test_both_clips_bind_in_the_binding_model(bound, sentences):
         assert max(np.abs(a - b).max() for a, b in zip(changed, expected)) > 1e-2, name
 
 
-@pytest.mark.parametrize("numpy_views", [True, False], ids=["cpu-numpy-views", "torch-as-on-a-gpu"])
+@pytest.mark.parametrize("numpy_views, fused", [(True, True), (False, True), (True, False)],
+                         ids=["cpu-numpy-views", "torch-as-on-a-gpu", "eager-cell"])
 def test_the_serve_recurrence_is_the_models_forward_on_a_3_layer_model_whose_clips_differ(bound, sentences,
-                                                                                          numpy_views):
+                                                                                          numpy_views, fused):
     """Sentences joining at random steps, rows reused, the ring wrapping: each sentence's layers
-    are those `BiLM.forward` gives it (the residual at layers 2 and 3, each clip its own)."""
+    are those `BiLM.forward` gives it (the residual at layers 2 and 3, each clip its own); with the
+    compiled cell where it runs (`fused_cell`) and with the eager one (a GPU's, or no compiler)."""
     bilm, embedder = bound
     recurrence = Recurrence(bilm, rows=4, max_positions=12)
     if not numpy_views:
         recurrence._host_inputs = recurrence._host_outputs = None
+    assert recurrence.fused == fused_cell.available()
+    recurrence.fused = recurrence.fused and fused
     got, _ = run_recurrence(recurrence, embedder, sentences)
     assert recurrence.step_number > 2 * recurrence.horizon  # the ring wrapped
     for sentence, layers, expected in zip(sentences, got, forward_layers(bilm, sentences), strict=True):
