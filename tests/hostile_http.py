@@ -17,10 +17,12 @@ import base64
 import json
 import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Callable
 
 import numpy as np
+
+from tests.local_server import LocalServer
 
 WIDTH = 4  # the width of `token_vector`'s vectors
 
@@ -93,27 +95,12 @@ class HeldUntilReleased:
         self.released.clear()
 
 
-class HostileServer:
+class HostileServer(LocalServer):
     def __init__(self, answer: Callable[[Request], None]):
         self.answer = answer
         self.requests: list[Request] = []
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.block_on_close = False  # a dripping answer ends when its client is gone, not before
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def __enter__(self) -> "HostileServer":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._listen(block_on_close=False)  # a dripping answer ends when its client is gone, not before
 
     def _handler(self):
         server = self

@@ -23,9 +23,11 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from tests.local_server import LocalServer
 
 
 def pin(monkeypatch, root: Path, name: str) -> None:
@@ -41,7 +43,7 @@ def pin(monkeypatch, root: Path, name: str) -> None:
     monkeypatch.setattr(published, "PUBLISHED_FILES", files)
 
 
-class MirrorServer:
+class MirrorServer(LocalServer):
     def __init__(self, root: Path, break_first: tuple[str, ...] = (), delay: float = 0.0, dribble: float = 0.0,
                  routes: dict[str, tuple[int, dict[str, str], bytes]] | None = None):
         self.root = Path(root)
@@ -52,24 +54,7 @@ class MirrorServer:
         self.requests: list[tuple[str, int, int]] = []
         self._broken: set[str] = set()
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def __enter__(self) -> "MirrorServer":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._listen()
 
     def _handler(self):
         server = self

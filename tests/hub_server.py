@@ -22,24 +22,19 @@ import base64
 import hashlib
 import json
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import unquote, urlsplit
 
+from tests.local_server import LocalServer
 
-class HubServer:
+
+class HubServer(LocalServer):
     def __init__(self):
         self.repos: dict[str, dict[str, bytes]] = {}
         self.commits: dict[str, str] = {}  # repo -> sha of its last commit
         self.requests: list[tuple[str, str]] = []
         self.validated: list[str] = []  # the README.md texts sent to /api/validate-yaml (answered "no error")
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        self._listen()
 
     def point_huggingface_hub_here(self, monkeypatch) -> None:
         """Send huggingface_hub's requests here for this test, as HF_ENDPOINT set before its import
@@ -50,14 +45,6 @@ class HubServer:
         monkeypatch.setattr(constants, "ENDPOINT", self.url)
         monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
         monkeypatch.setattr(file_download, "HUGGINGFACE_CO_URL_TEMPLATE", template)
-
-    def __enter__(self) -> HubServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._server.shutdown()
-        self._server.server_close()
 
     def _handler(self):
         hub = self
