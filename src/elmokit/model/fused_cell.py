@@ -181,7 +181,10 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     compiler = _compiler()
     if compiler is None:
         return None, "no C++ compiler: set CXX or install g++"
-    source = _source()
+    try:
+        source = _source()
+    except OSError as error:  # an installation without the package's csrc/ files
+        return None, f"its source is missing ({error})"
     key = hashlib.sha256(b"\0".join([source, _compiler_version(compiler), " ".join(FLAGS).encode(),
                                      _cpu_fingerprint()])).hexdigest()[:20]
     for folder in (cache_dir() / ".kernels" / key, Path(tempfile.gettempdir()) / f"elmokit-kernels-{os.getuid()}" / key):
