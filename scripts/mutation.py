@@ -68,6 +68,13 @@ MANYLANGS_NUMBERS = "tests/test_manylangs.py::test_their_numbers_through_elmo_em
 TFHUB = "tests/test_tfhub_module.py::"
 FUSED_CELL = ("tests/test_fused_cell.py",)
 MUTANTS = [
+    # threads (devices.py): what other processes keep busy
+    Mutant("threads: the window's CPU time of other processes ignored", "devices.py",
+           "return max(0.0, statistics.median(now), window)", "return max(0.0, statistics.median(now))",
+           ("tests/test_threads.py",)),
+    Mutant("threads: this process's own CPU time counted as others'", "devices.py",
+           "others = (after[0] - before[0]) - (after[1] - before[1])", "others = after[0] - before[0]",
+           ("tests/test_threads.py",)),
     # the cell (model/cell.py): every driver runs these lines
     Mutant("cell: forget and input gates swapped", "model/cell.py",
            "torch.mul(forget_gate, cell_prev, out=cell_next).addcmul_(input_gate, candidate)",

@@ -4,9 +4,11 @@ other work), `threads` passed on by every entry point, the `elmo` command's Open
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -147,11 +149,11 @@ def thread_count(monkeypatch):
 
 
 def fake_machine(root, monkeypatch, *, cgroup="0::/", loadavg="0.00 0.00 0.00 1/100 1", running=("R",),
-                 cpus=8, files=None, others=0.0):
+                 cpus=8, files=None, others=0.0, own=0.0):
     """A /proc and /sys/fs/cgroup under `root`: this process's cgroup line(s), the machine's
-    loadavg, its own threads' states; `others` CPUs busy with other processes over any window
-    (/proc/stat's busy ticks advance by that much a second, this process's by none); `files`
-    under the cgroup root."""
+    loadavg, its own threads' states; `others` CPUs busy with other processes and `own` with this
+    one over any window (/proc/stat's busy ticks advance by both a second, /proc/self/stat's by
+    `own`); `files` under the cgroup root."""
     from elmokit import devices
 
     proc, cgroups = root / "proc", root / "cgroup"
@@ -159,7 +161,6 @@ def fake_machine(root, monkeypatch, *, cgroup="0::/", loadavg="0.00 0.00 0.00 1/
     (proc / "self" / "cgroup").write_text(cgroup + "\n")
     (proc / "loadavg").write_text(loadavg + "\n")
     (proc / "uptime").write_text("1000.00 900.00\n")
-    (proc / "self" / "stat").write_text("42 (py thon) R " + " ".join(["0"] * 16) + " 0 rest\n")  # starttime 0
     for i, state in enumerate(running):
         (proc / "self" / "task" / str(i)).mkdir()
         (proc / "self" / "task" / str(i) / "stat").write_text(f"{i} (python) {state} 1 2 3\n")
@@ -171,19 +172,21 @@ def fake_machine(root, monkeypatch, *, cgroup="0::/", loadavg="0.00 0.00 0.00 1/
     monkeypatch.setattr(devices, "CGROUP_ROOT", cgroups)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
     monkeypatch.setattr(os, "cpu_count", lambda: cpus)
-    clock = {"ticks": 0.0}
-    real_perf_counter = time.perf_counter
+    ticks_a_second, clock = os.sysconf("SC_CLK_TCK"), {"machine": 0.0, "own": 0.0}
 
-    def ticking_stat():  # every reading a second later: `others` x 100 busy ticks more
-        clock["ticks"] += others * 100
-        return f"cpu  {int(clock['ticks'])} 0 0 5000 0 0 0 0 0 0\ncpu0 0 0 0 0 0 0 0 0 0 0\n"
+    def ticking(path: Path, read=devices._read) -> str:  # every reading a second later
+        if path == proc / "stat":
+            clock["machine"] += (others + own) * ticks_a_second
+            return f"cpu  {int(clock['machine'])} 0 0 5000 0 0 0 0 0 0\ncpu0 0 0 0 0 0 0 0 0 0 0\n"
+        if path == proc / "self" / "stat":
+            clock["own"] += own * ticks_a_second
+            return f"42 (py thon) R {' '.join(['0'] * 10)} {int(clock['own'])} 0 {' '.join(['0'] * 6)} 0 rest\n"
+        return read(path)
 
-    monkeypatch.setattr(devices, "_read", lambda path, read=devices._read: ticking_stat() if path == proc / "stat"
-                        else read(path))
-    readings = iter(range(10 ** 6))
-    monkeypatch.setattr(time, "perf_counter", lambda: float(next(readings)) if devices.PROC == proc else real_perf_counter())
-    monkeypatch.setattr(time, "sleep", lambda seconds: None)
-    monkeypatch.setattr(os, "sysconf", lambda name: 100 if name == "SC_CLK_TCK" else os.sysconf(name))
+    monkeypatch.setattr(devices, "_read", ticking)
+    seconds = itertools.count()  # devices' own clock: a second a reading, no sleeping
+    monkeypatch.setattr(devices, "time", types.SimpleNamespace(perf_counter=lambda: float(next(seconds)),
+                                                               sleep=lambda _: None))
 
 
 def test_cgroup_v2_quota_is_the_tightest_along_the_process_path(tmp_path, monkeypatch):
@@ -224,8 +227,9 @@ def test_busy_cpus_are_the_run_queue_less_this_process_or_the_window(tmp_path, m
     fake_machine(tmp_path, monkeypatch, loadavg="0.50 0.40 0.30 6/300 99", running=("R", "R", "S"))
     assert busy_cpus() == 4
     # nothing else runnable at the readings, but 2.5 CPUs of other work over the window: work that comes and goes
-    fake_machine(tmp_path / "again", monkeypatch, loadavg="0.00 0.00 0.00 1/300 99", running=("R",), others=2.5)
-    assert busy_cpus() == 2.5
+    fake_machine(tmp_path / "again", monkeypatch, loadavg="0.00 0.00 0.00 1/300 99", running=("R",), others=2.5,
+                 own=1.0)
+    assert busy_cpus() == 2.5  # the machine's 3.5 CPUs less this process's own
     # a 1-minute load of 3.25 left by a job that ended, nothing running now: a quiet machine
     fake_machine(tmp_path / "after", monkeypatch, loadavg="3.25 2.00 1.00 1/300 99", running=("R",))
     assert busy_cpus() == 0
