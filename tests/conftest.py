@@ -150,7 +150,12 @@ SENTENCES = [
 
 def one_error_line(capsys, *expected: str) -> str:
     """The captured stderr is one line, no traceback, holding every `expected` text."""
-    err = capsys.readouterr().err.strip()
+    return one_line(capsys.readouterr().err, *expected)
+
+
+def one_line(err: str, *expected: str) -> str:
+    """`err` (a command's stderr) is one line, no traceback, holding every `expected` text."""
+    err = err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     for text in expected:
         assert text in err, err
