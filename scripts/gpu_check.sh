@@ -42,6 +42,23 @@ if [ -z "$PY" ]; then
     exit 3
 fi
 
+# Every core dependency of pyproject.toml, before any GPU time is spent: a machine's own image may
+# lack one (the H200's lacked platformdirs: 6 CUDA tests failed on its import). Pure-Python ones can
+# travel as wheels: `pip download --no-deps -d .whl platformdirs` here, then there
+# `pip install --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site`.
+MISSING="$("$PY" - "$REPO/pyproject.toml" <<'PYTHON'
+import importlib.util, re, sys, tomllib
+with open(sys.argv[1], "rb") as f:
+    specs = tomllib.load(f)["project"]["dependencies"]
+names = [re.split(r"[<>=!~;\[ ]", spec, maxsplit=1)[0] for spec in specs]
+print(" ".join(name for name in names if importlib.util.find_spec(name.replace("-", "_")) is None))
+PYTHON
+)"
+if [ -n "$MISSING" ]; then
+    echo "gpu_check: $PY lacks elmokit's core dependencies: $MISSING (pyproject.toml); nothing measured" >&2
+    exit 3
+fi
+
 DEVICE="$("$PY" -c 'import torch; p = torch.cuda.get_device_properties(0); print(f"{p.name}, {p.total_memory / 2**30:.0f} GiB")')"
 VERSIONS="$("$PY" -c 'import torch; print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}")')"
 DRIVER="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1 || true)"

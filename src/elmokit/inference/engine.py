@@ -189,7 +189,7 @@ class DirectionStreamProducts(NamedTuple):
         place. The cell's elementwise work is one compiled pass (`fused_cell`) that writes the
         projection's input in its dtype, where it runs here; else the eager cell."""
         buffers = state.gate_buffers  # int8's: the gates and their int32 sums into kept buffers
-        fused = fused_cell.available()
+        fused = state.cell.device.type == "cpu" and fused_cell.available()  # no build on a GPU's path
         for index, d in enumerate(range(group.start, group.stop)):
             projection_input = state.projection_input[d]
             if buffers is None:
