@@ -450,11 +450,12 @@ def int8_kernel_lines() -> list[str]:
 
     if not int8._CHOICES:
         return []
-    chosen = "; ".join(f"{rows} x {dim} -> {out}: {'oneDNN quantized linear' if kernel == 'onednn' else 'torch._int_mm'}"
-                       for (rows, dim, out), kernel in sorted(int8._CHOICES.items()))
+    chosen = "; ".join(f"{rows} x {dim} -> {out}{' (a block of steps, scaled later)' if later else ''}: "
+                       f"{'oneDNN quantized linear' if kernel == 'onednn' else 'torch._int_mm'}"
+                       for (rows, dim, out, later), kernel in sorted(int8._CHOICES.items()))
     return ["", f"int8 kernels ({int8.KERNEL_VARIABLE}={int8.int8_kernel()}: the faster of oneDNN's quantized linear "
-            f"and torch._int_mm, timed once a process at each step product's shape; a block of steps' input products "
-            f"torch._int_mm, their int32 sums kept and scaled a step at a time): {chosen}."]
+            f"and torch._int_mm, timed once a process at each product's shape; a block of steps' input products "
+            f"timed as the engine uses them, before their scales, which the cell applies a step at a time): {chosen}."]
 
 
 BUILD_PROBE = ("import time; start = time.perf_counter(); from elmokit.model import fused_cell; "

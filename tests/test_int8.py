@@ -118,32 +118,69 @@ def test_the_two_int8_kernels_give_the_same_numbers(monkeypatch):
 
 
 def test_auto_takes_the_faster_kernel_timed_once_a_shape(monkeypatch):
-    """ELMOKIT_INT8_KERNEL unset: each (rows, in, out) is timed once a process and the faster
-    kernel kept; a product into kept buffers (a block's input products) takes torch._int_mm untimed;
-    the timing calls leave path_counts alone."""
+    """ELMOKIT_INT8_KERNEL unset: each (rows, in, out, scaled_later) is timed once a process and
+    the faster kernel kept; a block's input products (`scaled_later`) are timed apart, in the form
+    the engine uses them; the timing calls leave path_counts alone."""
     if int8.int8_kernel() != "auto":
         pytest.skip("this torch has no oneDNN quantized linear: torch._int_mm only")
     monkeypatch.setattr(int8, "_CHOICES", {})
     weight = torch.randn(48, 16)
-    for faster in ("onednn", "int_mm"):
-        int8._CHOICES.clear()
-        timed = []
+    x = torch.randn(8, 16)
+    for faster in int8.KERNELS:
+        for scaled_later in (False, True):
+            int8._CHOICES.clear()
+            timed = []
 
-        def best_time(call, faster=faster):
-            timed.append(call)
-            return 1.0 if (len(timed) == 2) == (faster == "onednn") else 2.0  # the second call times oneDNN's
-        monkeypatch.setattr(int8, "_best_time", best_time)
-        counted = kernels.path_counts["int8"]
-        product = Int8Linear(weight, 8)
-        assert len(timed) == 2 and int8._CHOICES == {(8, 16, 48): faster}
-        assert (product.packed is not None, product.weight_t is not None) == (faster == "onednn", faster == "int_mm")
-        assert kernels.path_counts["int8"] == counted
-        again = Int8Linear(weight * 2, 8)  # the same shape: no second timing
-        assert len(timed) == 2 and (again.packed is not None) == (faster == "onednn")
-        block = Int8Linear(weight, 8, kept_buffers=True)
-        assert len(timed) == 2 and block.packed is None and block.weight_t is not None
-        x = torch.randn(8, 16)
-        torch.testing.assert_close(product(x), x @ weight.T, atol=0.2, rtol=0.05)
+            def best_time(call, faster=faster):
+                timed.append(call)
+                return 1.0 if int8.KERNELS[(len(timed) - 1) % 2] == faster else 2.0  # in KERNELS' order
+            monkeypatch.setattr(int8, "_best_time", best_time)
+            counted = kernels.path_counts["int8"]
+            product = Int8Linear(weight, 8, scaled_later=scaled_later)
+            assert len(timed) == 2 and int8._CHOICES == {(8, 16, 48, scaled_later): faster}
+            assert product.kernel == faster
+            assert (product.packed is not None, product.weight_t is not None) == (faster == "onednn", faster == "int_mm")
+            assert kernels.path_counts["int8"] == counted
+            again = Int8Linear(weight * 2, 8, scaled_later=scaled_later)  # the same shape: no second timing
+            assert len(timed) == 2 and again.kernel == faster
+            other = Int8Linear(weight, 8, scaled_later=not scaled_later)  # the other use: timed on its own
+            assert len(timed) == 4 and len(int8._CHOICES) == 2
+            del other
+            torch.testing.assert_close(product(x), x @ weight.T, atol=0.2, rtol=0.05)
+
+
+def test_timing_calls_the_form_the_product_is_used_in(monkeypatch):
+    """A block's input products are timed as `unscaled` into a kept int32 buffer (torch._int_mm
+    writes there; oneDNN's gives a fresh float32 product), the others as the whole call."""
+    if int8.int8_kernel() != "auto":
+        pytest.skip("this torch has no oneDNN quantized linear: torch._int_mm only")
+    monkeypatch.setattr(int8, "_CHOICES", {})
+    forms = []
+    monkeypatch.setattr(int8, "_best_time", lambda call: forms.append(call()) or 1.0)
+    Int8Linear(torch.randn(48, 16), 8, scaled_later=True)
+    (int_mm, row_scale, weight_scale), (onednn, _, no_scale) = forms
+    assert int_mm.dtype == torch.int32 and weight_scale is not None and row_scale.shape == (8, 1)
+    assert onednn.dtype == torch.float32 and no_scale is None
+    forms.clear()
+    Int8Linear(torch.randn(48, 16), 8)
+    assert [result.dtype for result in forms] == [torch.float32, torch.float32] and forms[0].shape == (8, 48)
+
+
+@pytest.mark.parametrize("kernel", ["int_mm", "onednn"])
+def test_finish_of_the_unscaled_product_equals_the_call(monkeypatch, kernel):
+    """`finish(*unscaled(x), bias)` on either kernel gives the call's own numbers (the engine's
+    block products, scaled a step at a time where the fused cell does not run)."""
+    if kernel == "onednn" and not hasattr(torch.ops.onednn, "qlinear_pointwise"):
+        pytest.skip("this torch has no oneDNN quantized linear")
+    monkeypatch.setenv(int8.KERNEL_VARIABLE, kernel)
+    generator = torch.Generator().manual_seed(5)
+    weight, bias = torch.randn(64, 24, generator=generator), torch.randn(64, generator=generator)
+    x = torch.randn(6, 24, generator=generator)
+    product = Int8Linear(weight, 6, scaled_later=True)
+    assert product.kernel == kernel
+    sums = torch.empty(6, 64, dtype=torch.int32)
+    unscaled, scale, _ = product.unscaled(x, sums)
+    assert torch.equal(product.finish(unscaled, scale, bias, out=torch.empty(6, 64)), product(x, bias))
 
 
 def test_int8_kernel_setting_is_checked(monkeypatch):
@@ -220,6 +257,27 @@ def test_builtin_model_within_budget():
     # float32 asked for again: the same module's products back in float32, the exact numbers
     again = ElmoEmbedder(module=embedder.bilm, dtype="float32").embed_many(sentences[:2])
     assert all(np.allclose(x, y, atol=1e-5) for x, y in zip(again, reference[:2]))
+
+
+@needs_int8
+@pytest.mark.parametrize("cell", ["fused", "eager"])
+def test_engine_takes_either_kernel_for_a_blocks_input_products(monkeypatch, cell):
+    """The engine's block input products on oneDNN's quantized linear (a float32 product, weight
+    scales applied) or torch._int_mm (int32 sums into its kept buffer), with the fused cell or the
+    eager one: the same integer sums, so the same vectors."""
+    from elmokit.model import fused_cell
+
+    if not hasattr(torch.ops.onednn, "qlinear_pointwise"):
+        pytest.skip("this torch has no oneDNN quantized linear")
+    if cell == "eager":
+        monkeypatch.setitem(fused_cell._STATE, "library", None)
+    sentences = demo_sentences()[:6]
+    vectors = {}
+    for kernel in ("onednn", "int_mm"):
+        monkeypatch.setenv(int8.KERNEL_VARIABLE, kernel)
+        vectors[kernel] = ElmoEmbedder(dtype="int8", cache_tokens=False).embed_many(sentences)
+    for onednn, int_mm in zip(vectors["onednn"], vectors["int_mm"], strict=True):
+        np.testing.assert_allclose(onednn, int_mm, rtol=0, atol=1e-5)
 
 
 @needs_int8

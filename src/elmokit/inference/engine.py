@@ -168,15 +168,18 @@ class DirectionStreamProducts(NamedTuple):
     def gate_inputs(self, block_inputs: torch.Tensor, bias: torch.Tensor,
                     buffers: tuple[torch.Tensor, ...] | None = None) -> list[torch.Tensor]:
         """(D, k, R, P) -> D x (k, R, 4C): x W_in^T + b, a direction at a time; for int8 products
-        (`buffers` given) D x (int32 sums (k, R, 4C) in `buffers`, row scales (k, R, 1), b), which
-        `step` scales a step at a time (`Int8Linear.integer_sums`: the block's float32 gate inputs
-        are never written, a pass over 16 MB a direction at the `original` shape's block)."""
+        (`buffers` given) D x (products (k, R, 4C), row scales (k, R, 1), weight scales or None, b)
+        as `Int8Linear.unscaled` gives them (torch._int_mm's int32 sums into `buffers`, or oneDNN's
+        float32 products), which `step` scales a step at a time: the block's float32 gate inputs
+        are never written, a pass over 16 MB a direction at the `original` shape's block."""
         _, n_steps, rows, dim = block_inputs.shape
         block_inputs = block_inputs.to(self.dtype)  # itself when not mixed
-        if buffers is not None:  # int8: the int32 sums and the row scales, scaled at each step (`step`)
+        if buffers is not None:  # int8: the products before their scales, scaled at each step (`step`)
             sums = buffers[0][:, :n_steps * rows].view(2, n_steps, rows, -1)
-            return [(sums[d], self.inputs[d].integer_sums(block_inputs[d].reshape(-1, dim), sums[d].flatten(0, 1))
-                     .view(n_steps, rows, 1), bias[d, 0]) for d in range(2)]
+            unscaled = [self.inputs[d].unscaled(block_inputs[d].reshape(-1, dim), sums[d].flatten(0, 1))
+                        for d in range(2)]
+            return [(product.view(n_steps, rows, -1), scale.view(n_steps, rows, 1), weight_scale, bias[d, 0])
+                    for d, (product, scale, weight_scale) in enumerate(unscaled)]
         return [self.inputs[d](block_inputs[d].reshape(-1, dim), bias[d, 0]).view(-1, rows, bias.shape[-1])
                 for d in range(2)]
 
@@ -196,13 +199,13 @@ class DirectionStreamProducts(NamedTuple):
                 gates = self.recurrent[d].add(gate_inputs[d][offset], hidden[index])  # (R, 4C)
                 fused = fused and fused_cell.cell_(gates, state.cell[d], projection_input, cell_clip)
             else:
-                sums, scale, bias = gate_inputs[d]
-                if fused:  # the int32 sums scaled as the cell reads them: no float32 gates written
-                    fused = fused_cell.cell_int8_((sums[offset], scale[offset], self.inputs[d].weight_scale),
+                products, scale, weight_scale, bias = gate_inputs[d]
+                if fused:  # the products scaled as the cell reads them: no float32 gates written
+                    fused = fused_cell.cell_int8_((products[offset], scale[offset], weight_scale),
                                                   self.recurrent[d].unscaled(hidden[index], sums=buffers[1]), bias,
                                                   state.cell[d], projection_input, cell_clip)
-                if not fused:  # the block's sums scaled, then the recurrent product added, in the kept buffers
-                    gates = self.inputs[d].finish(sums[offset], scale[offset], bias, out=buffers[2][d])
+                if not fused:  # the block's products scaled, then the recurrent product added, in the kept buffers
+                    gates = self.inputs[d].finish(products[offset], scale[offset], bias, out=buffers[2][d])
                     gates = self.recurrent[d].add(gates, hidden[index], out=gates, sums=buffers[1])
             if not fused:
                 if state.wide_gates is not None:
@@ -305,7 +308,7 @@ def packed_products(layer: BiLstmLayer, rows: int) -> tuple[list[PackedLinear], 
     block_rows = max(rows, GATE_BUDGET // (2 * 4 * layer.cell_dim))  # input products: a block of steps
     doubled = candidate_doubled(layer)[:, None]  # (4C, 1)
     return tuple([stream_linear(weight[d], hint, scale, is_int8(layer), weight is layer.projection,
-                                kept_buffers=weight is layer.input_weight) for d in range(2)]
+                                scaled_later=weight is layer.input_weight) for d in range(2)]
                  for weight, scale, hint in zip(weights, (doubled, doubled, None), (block_rows, rows, rows)))
 
 

@@ -67,49 +67,52 @@ class Int8Linear:
     The weight (times `row_scale`, as PackedLinear's) is quantized once per output channel, each
     input per row at every call; the products sum int8 x int8 in int32, the scales, the bias and
     the addend in float32. Inputs and outputs are float32. Two kernels compute the same integer
-    sums (`int8_kernel`): oneDNN's quantized linear (its weight reordered once for about `rows`
-    rows; one input scale a call, so the rows go in already divided by their own scales, shifted
-    to uint8, and come out times them), or `torch._int_mm` (int32 sums, then the scales).
-    `kept_buffers`: the caller keeps the int32 sums (`integer_sums`, then `finish`), which only
-    `torch._int_mm` writes into a given tensor (oneDNN's returns a fresh one a call): the engine's
-    input products of a block of steps, whose sums it scales one step at a time: cheaper than
-    oneDNN's fresh result and the pass that scales it (bench/results/profile-embed.md).
+    sums (`KERNELS`, chosen by `int8_kernel`): oneDNN's quantized linear (its weight reordered once
+    for about `rows` rows; one input scale a call, so the rows go in already divided by their own
+    scales, shifted to uint8, and come out times them), or `torch._int_mm` (int32 sums, then the
+    scales). `scaled_later`: the caller takes the product before its scales (`unscaled`, then
+    `finish` or the fused cell, as the engine's input products of a block of steps are used), so
+    the kernels are timed in that form: `torch._int_mm` into the caller's kept int32 buffer against
+    oneDNN's float32 product, fresh each call.
     """
 
     def __init__(self, weight: torch.Tensor, rows: int | None = None, row_scale: torch.Tensor | None = None,
-                 kept_buffers: bool = False):
+                 scaled_later: bool = False):
         source = weight.detach().float()
         if row_scale is not None:
             source = source * row_scale.float()
         quantized, scale = quantize_rows(source)  # (out, in) int8, (out, 1)
-        self.weight_scale = scale.reshape(1, -1)  # (1, out)
-        self.dtype = torch.float32  # of the inputs and outputs
-        self.weight_t = quantized.mT  # (in, out): a transposed view, the layout torch._int_mm reads fastest
-        self.packed = None
         kernel = int8_kernel()
-        if kept_buffers:  # `integer_sums` writes into the caller's buffers: torch._int_mm only
-            kernel = "int_mm"
-        elif kernel == "auto":
-            kernel = choose_kernel(self, quantized, rows or 1)
-        if kernel == "onednn":
-            if self.packed is None:
-                self.pack(quantized, rows or 1)
+        if kernel == "auto":
+            kernel = choose_kernel(quantized, scale.reshape(1, -1), rows or 1, scaled_later)
+        self._take(quantized, scale.reshape(1, -1), kernel, rows or 1)
+
+    @classmethod
+    def of_quantized(cls, quantized: torch.Tensor, weight_scale: torch.Tensor, kernel: str, rows: int) -> Int8Linear:
+        """The product of an int8 weight (out, in) already quantized, with its scales (1, out), on `kernel`."""
+        product = cls.__new__(cls)
+        product._take(quantized, weight_scale, kernel, rows)
+        return product
+
+    def _take(self, quantized: torch.Tensor, weight_scale: torch.Tensor, kernel: str, rows: int) -> None:
+        self.weight_scale = weight_scale  # (1, out)
+        self.dtype = torch.float32  # of the inputs and outputs
+        self.kernel = kernel
+        if kernel == "onednn":  # the weight reordered for about `rows` rows
+            self.packed = torch.ops.onednn.qlinear_prepack(quantized, [rows, quantized.shape[1]])
+            self.zero_points = torch.zeros(quantized.shape[0], dtype=torch.int64, device=quantized.device)
             self.weight_t = None
         else:
-            self.packed = None  # packed only to be timed
-
-    def pack(self, quantized: torch.Tensor, rows: int) -> None:
-        """Use oneDNN's quantized linear from now on, the weight reordered for about `rows` rows."""
-        self.packed = torch.ops.onednn.qlinear_prepack(quantized, [rows, quantized.shape[1]])
-        self.zero_points = torch.zeros(quantized.shape[0], dtype=torch.int64, device=quantized.device)
+            self.packed = None
+            self.weight_t = quantized.mT  # (in, out): a transposed view, the layout torch._int_mm reads fastest
 
     def unscaled(self, x: torch.Tensor, sums: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The product before the scales that remain: with `torch._int_mm`, (int32 sums q_x q_W^T
         (R, out) (into `sums` when given), x's row scales (R, 1), the weight's scales (1, out));
         with oneDNN's quantized linear, (its float32 result, already times the weight's scales,
-        the row scales, None). The fused cell (`elmokit.model.fused_cell.cell_int8_`) scales them
-        as it reads them."""
+        the row scales, None). `finish` or the fused cell (`elmokit.model.fused_cell.cell_int8_`)
+        scales them."""
         path_counts["int8"] += 1
         if self.packed is not None:
             shifted, scale = quantize_rows(x, shifted=True)
@@ -119,11 +122,13 @@ class Int8Linear:
         quantized, scale = quantize_rows(x)
         return torch._int_mm(quantized, self.weight_t, out=sums), scale, self.weight_scale  # (R, out) int32
 
-    def _scaled_product(self, x: torch.Tensor, sums: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(q_x q_W^T * scale_W^T as float32 (R, out), scale_x (R, 1)): what remains is one
-        multiply by scale_x, fused with the bias or addend by the caller."""
-        product, scale, weight_scale = self.unscaled(x, sums)
-        return (product if weight_scale is None else product.float().mul_(weight_scale)), scale
+    @staticmethod
+    def weight_scaled(product: torch.Tensor, weight_scale: torch.Tensor | None,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
+        """`unscaled`'s product times the weight's scales, float32 (into `out` when given)."""
+        if weight_scale is None:  # oneDNN's: already scaled
+            return product
+        return torch.mul(product, weight_scale, out=out) if out is not None else product.float().mul_(weight_scale)
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
                  sums: torch.Tensor | None = None) -> torch.Tensor:
@@ -131,49 +136,51 @@ class Int8Linear:
         int32, both contiguous, the result (and `torch._int_mm`'s sums) are written there: a driver
         that reuses them spares the page faults of fresh buffers (at the gate inputs' 256 x 16,384,
         a fresh one costs about as long as the product itself)."""
-        product, scale = self._scaled_product(x, sums)
+        product, scale, weight_scale = self.unscaled(x, sums)
+        product = self.weight_scaled(product, weight_scale)
         into = product if out is None else out  # the same operation either way: the same numbers
         return torch.mul(product, scale, out=into) if bias is None else torch.addcmul(bias, product, scale, out=into)
 
-    def integer_sums(self, x: torch.Tensor, sums: torch.Tensor) -> torch.Tensor:
-        """The int32 sums q_x q_W^T of x (R, in) into `sums` (R, out), and x's row scales (R, 1):
-        the product with its scaling left for `finish` (`torch._int_mm`: a product built with
-        `kept_buffers`). A driver that keeps the sums of a block of steps spares the float32
-        pass over them that scaling at once costs (the engine's block input products)."""
-        path_counts["int8"] += 1
-        quantized, scale = quantize_rows(x)
-        torch._int_mm(quantized, self.weight_t, out=sums)
-        return scale
-
-    def finish(self, sums: torch.Tensor, scale: torch.Tensor, addend: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """addend + sums * scale_W^T * scale into `out` (R, out): `integer_sums`'s product, scaled."""
-        return torch.addcmul(addend, torch.mul(sums, self.weight_scale, out=out), scale, out=out)
+    def finish(self, product: torch.Tensor, scale: torch.Tensor, addend: torch.Tensor,
+               out: torch.Tensor) -> torch.Tensor:
+        """addend + product * scale_W^T * scale into `out` (R, out): `unscaled`'s product (of this
+        Int8Linear's kernel) scaled, as the call would have."""
+        weight_scale = None if self.packed is not None else self.weight_scale
+        return torch.addcmul(addend, self.weight_scaled(product, weight_scale, out=out), scale, out=out)
 
     def add(self, addend: torch.Tensor, x: torch.Tensor, out: torch.Tensor | None = None,
             sums: torch.Tensor | None = None) -> torch.Tensor:
         """addend (R, out) + x @ weight^T, x (R, in) (into `out` and `sums` as `__call__`)."""
-        product, scale = self._scaled_product(x, sums)
+        product, scale, weight_scale = self.unscaled(x, sums)
+        product = self.weight_scaled(product, weight_scale)
         return torch.addcmul(addend, product, scale, out=product if out is None else out)
 
 
-_CHOICES: dict[tuple[int, int, int], str] = {}  # (rows, in, out) -> the faster kernel, timed once a process
+KERNELS = ("int_mm", "onednn")
+# (rows, in, out, scaled_later) -> the faster kernel, timed once a process
+_CHOICES: dict[tuple[int, int, int, bool], str] = {}
 
 
-def choose_kernel(product: Int8Linear, quantized: torch.Tensor, rows: int) -> str:
-    """The faster of the two kernels for `product` at `rows` rows, timed once a process for each
-    (rows, in, out) (`_best_time`, after a call that builds oneDNN's primitive; both give the
-    same numbers, so the choice moves only the speed; the timing calls are not counted in
-    `path_counts`). A product built with `kept_buffers` is not timed: it takes torch._int_mm."""
-    key = (rows, *quantized.shape[::-1])
+def choose_kernel(quantized: torch.Tensor, weight_scale: torch.Tensor, rows: int, scaled_later: bool = False) -> str:
+    """The faster kernel for the int8 weight `quantized` (out, in) at `rows` rows, timed once a
+    process for each (rows, in, out, scaled_later) on products of its own (`_best_time`, after a
+    call that builds oneDNN's primitive; both give the same numbers, so the choice moves only the
+    speed; the timing calls are not counted in `path_counts`). `scaled_later`: timed as
+    `Int8Linear.unscaled` into a kept int32 buffer (how the engine's block input products are
+    used), else as the call with its scales."""
+    key = (rows, *quantized.shape[::-1], scaled_later)
     if key not in _CHOICES:
         counted = path_counts["int8"]
-        generator = torch.Generator(device=quantized.device).manual_seed(0)  # not the caller's random state
-        x = torch.randn(rows, quantized.shape[1], device=quantized.device, generator=generator)
-        out = torch.empty(rows, quantized.shape[0], device=quantized.device)
-        sums = torch.empty(rows, quantized.shape[0], dtype=torch.int32, device=quantized.device)
-        timings = {"int_mm": _best_time(lambda: product(x, out=out, sums=sums))}
-        product.pack(quantized, rows)
-        timings["onednn"] = _best_time(lambda: product(x))
+        device = quantized.device
+        generator = torch.Generator(device=device).manual_seed(0)  # not the caller's random state
+        x = torch.randn(rows, quantized.shape[1], device=device, generator=generator)
+        out = torch.empty(rows, quantized.shape[0], device=device)
+        sums = torch.empty(rows, quantized.shape[0], dtype=torch.int32, device=device)
+        timings = {}
+        for kernel in KERNELS:
+            product = Int8Linear.of_quantized(quantized, weight_scale, kernel, rows)
+            call = (lambda: product.unscaled(x, sums)) if scaled_later else (lambda: product(x, out=out, sums=sums))
+            timings[kernel] = _best_time(call)
         _CHOICES[key] = min(timings, key=timings.get)
         path_counts["int8"] = counted
     return _CHOICES[key]
@@ -225,7 +232,7 @@ class WidenedLinear(PackedLinear):
 
 
 def stream_linear(weight: torch.Tensor, rows: int, row_scale: torch.Tensor | None = None, int8: bool = False,
-                  projection: bool = False, kept_buffers: bool = False) -> PackedLinear | Int8Linear:
+                  projection: bool = False, scaled_later: bool = False) -> PackedLinear | Int8Linear:
     """The product with `weight` that a driver of the recurrence repeats: `PackedLinear` (oneDNN's
     reordered weight), or for a layer quantized by `quantize_modules` the int8 product (`Int8Linear`),
     except the projection (`projection`), whose product runs in bfloat16 where the CPU has it
@@ -235,7 +242,7 @@ def stream_linear(weight: torch.Tensor, rows: int, row_scale: torch.Tensor | Non
     float32, a bfloat16 one 0.03 (the int8 input and recurrent products alone 0.03 and 0.016)."""
     if int8 and projection:
         return WidenedLinear(weight, rows, row_scale) if bf16_native() else PackedLinear(weight, rows, row_scale)
-    return Int8Linear(weight, rows, row_scale, kept_buffers) if int8 else PackedLinear(weight, rows, row_scale)
+    return Int8Linear(weight, rows, row_scale, scaled_later) if int8 else PackedLinear(weight, rows, row_scale)
 
 
 def bf16_copies(module: torch.nn.Module, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
