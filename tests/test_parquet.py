@@ -15,7 +15,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 
 from elmokit import ElmoEmbedder, read_embeddings  # noqa: E402
 from elmokit.cli import main  # noqa: E402
-from elmokit.inference import parquet  # noqa: E402
+from elmokit.inference import parquet, segments  # noqa: E402
 from elmokit.inference.files import EmbedOptions, embed_file  # noqa: E402
 from elmokit.inference.parquet import embedding_array, embedding_arrays  # noqa: E402
 
@@ -75,7 +75,7 @@ def test_row_groups_bound_memory_and_segments_merge(tiny_model, tmp_path, monkey
     source = _write(tmp_path / "in.txt", lines)
     embedder = ElmoEmbedder(module=tiny_model)
     embed_file(embedder, source, tmp_path / "big.parquet", EmbedOptions(file_format="parquet"), progress=False)
-    monkeypatch.setattr(parquet, "ROW_GROUP_BYTES", 3 * 5 * 12 * 4 * 4)  # about 4 rows of 5 tokens
+    monkeypatch.setattr(segments, "ROW_GROUP_BYTES", 3 * 5 * 12 * 4 * 4)  # about 4 rows of 5 tokens
     options = EmbedOptions(file_format="parquet", checkpoint_every=16)
     embed_file(embedder, source, tmp_path / "small.parquet", options, progress=False)
     big, small = pq.ParquetFile(tmp_path / "big.parquet"), pq.ParquetFile(tmp_path / "small.parquet")
@@ -223,7 +223,7 @@ def test_read_embeddings_of_many_row_groups_and_two_ranks(tiny_model, tmp_path, 
     options = EmbedOptions(file_format="parquet", output_format="top", checkpoint_every=4)
     embed_file(ElmoEmbedder(module=tiny_model), source, tmp_path / "one.parquet", options, progress=False)
     want = read_embeddings(tmp_path / "one.parquet")
-    monkeypatch.setattr(parquet, "ROW_GROUP_BYTES", 3 * 5 * 12 * 4)  # a few rows a group
+    monkeypatch.setattr(segments, "ROW_GROUP_BYTES", 3 * 5 * 12 * 4)  # a few rows a group
     barrier = threading.Barrier(2)
     threads = [threading.Thread(target=embed_file, args=(ElmoEmbedder(module=tiny_model), source,
                                                          tmp_path / "two.parquet", options),

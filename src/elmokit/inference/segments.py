@@ -13,14 +13,17 @@ import re
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
 
-from elmokit.inference.parquet import ParquetSegment, SentenceRow, is_parquet, iter_parquet_embeddings
+from elmokit.inference.parquet import (SentenceRow, embedding_arrays, is_parquet,
+                                     refuse_repeated_lines, require_pyarrow, rows_table)
 
 FILE_FORMATS = ("hdf5", "npz", "parquet")
 INDEX_KEY = "sentence_to_index"
+ROW_GROUP_BYTES = 32 << 20  # a Parquet segment's vectors buffered before a row group is written (memory stays flat)
 
 
 NPZ_MAX_NAME_BYTES = 65_535  # a zip member's name has a 16-bit length
@@ -62,8 +65,11 @@ def open_for_writing(path: Path):
 
 
 class _Segment:
-    """What both segment kinds share: the container (`_container()`) over a file object opened by
-    `open_for_writing` when writing (`handle`), closed in that order; `abort` removes the file."""
+    """A segment file: `write` arrays under keys, `items` reads them back, `copy_to` another (the
+    merge), `close` finishes the file (complete only once it returns), `abort` removes it
+    whatever state a failed write left. The HDF5 and .npz kinds share the container
+    (`_container()`) over a file object opened by `open_for_writing` when writing (`handle`),
+    closed in that order; Parquet's writes row groups (`ParquetSegment`)."""
 
     path: Path
     handle: object
@@ -92,8 +98,12 @@ class _Segment:
             if self.handle is not None:
                 self.handle.close()
 
+    def _drop_pending(self) -> None:
+        """Forget what is buffered and not yet written (nothing, but for Parquet's rows)."""
+
     def abort(self) -> None:
         """Close, whatever state a failed write left, and remove the file."""
+        self._drop_pending()
         with contextlib.suppress(Exception):
             self.close()
         self.path.unlink(missing_ok=True)
@@ -183,6 +193,99 @@ class NpzSegment(_Segment):
         return self.zip
 
 
+# ---------------------------------------------------------------------------------------------
+# Parquet rows (`elmokit.inference.parquet`'s columns): the partial pieces and the merged output alike
+# ---------------------------------------------------------------------------------------------
+class ParquetSegment(_Segment):
+    """Rows written in row groups of about `row_group_bytes` of vectors, or a file to read.
+
+    The file is written through a Python file object, so that a full disk is an OSError; it is
+    complete (with Parquet's footer) only once `close` returns. `abort` removes it."""
+
+    suffix = ".parquet"
+    sentence_index = False  # the rows hold their sentence; no sentence_to_index
+
+    def __init__(self, path: str | Path, mode: str = "w", row_group_bytes: int | None = None):
+        require_pyarrow()
+        import pyarrow.parquet as pq
+
+        self.path = Path(path)
+        self.row_group_bytes = row_group_bytes or ROW_GROUP_BYTES
+        self.writer = None
+        self.pending: list[tuple[SentenceRow, np.ndarray]] = []
+        self.pending_bytes = 0
+        self.handle = open(self.path, "w+b") if mode == "w" else None
+        self.file = None if mode == "w" else pq.ParquetFile(self.path)
+
+    def write(self, key: str, array: np.ndarray, row: SentenceRow | None = None) -> None:
+        """Buffer one sentence's row; a row group is written once `row_group_bytes` are buffered."""
+        if row is None:
+            raise ValueError(f"a Parquet row needs its line number and tokens (row=SentenceRow(...)) for key {key!r}")
+        self.pending.append((row, array))
+        self.pending_bytes += array.nbytes
+        if self.pending_bytes >= self.row_group_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending:
+            rows, arrays = zip(*self.pending)
+            self.pending, self.pending_bytes = [], 0
+            self.write_table(rows_table(rows, arrays))
+
+    def write_table(self, table: Any) -> None:
+        """`table` as one row group (its schema must be the file's: the first table's)."""
+        import pyarrow.parquet as pq
+
+        if self.writer is None:
+            self.writer = pq.ParquetWriter(self.handle, table.schema)
+        self.writer.write_table(table, row_group_size=max(len(table), 1))
+
+    def tables(self) -> Iterator[Any]:
+        """The file's row groups, one Table at a time."""
+        for index in range(self.file.num_row_groups):
+            yield self.file.read_row_group(index)
+
+    def items(self) -> Iterator[tuple[str, np.ndarray]]:
+        """(line number as a str, array) for every row, in the file's order. A null line or
+        embedding, or a line number two rows share, is a ValueError naming the file and rows (a
+        dict of the rows would drop one of two rows silently); repeats are found once the last
+        row group is read, after the rows before it were given."""
+        first, lines = 0, []
+        for table in self.tables():
+            for column in ("line", "embedding"):
+                nulls = table[column].is_null().to_numpy(zero_copy_only=False)
+                if nulls.any():
+                    raise ValueError(f"{self.path}: row {first + int(np.flatnonzero(nulls)[0])}: {column!r} is null; "
+                                     "every row of an embeddings file has its line number and its array")
+            lines.append(table["line"].to_numpy())
+            first += len(table)
+            yield from zip(map(str, lines[-1].tolist()), embedding_arrays(table["embedding"]))
+        if lines:
+            refuse_repeated_lines(np.concatenate(lines), self.path, "every row of an embeddings file is a line of "
+                                  "its input, once")
+
+    def copy_to(self, out: ParquetSegment) -> Iterator[str]:
+        """Copy every row group into `out` as it is; yield the line number of each row copied."""
+        for table in self.tables():
+            out.write_table(table)
+            yield from map(str, table["line"].to_pylist())
+
+    def close(self) -> None:
+        try:
+            if self.handle is not None:
+                self.flush()
+                if self.writer is not None:
+                    self.writer.close()
+            elif self.file is not None:
+                self.file.close()
+        finally:
+            if self.handle is not None:
+                self.handle.close()
+
+    def _drop_pending(self) -> None:
+        self.pending, self.pending_bytes = [], 0
+
+
 SEGMENT_TYPES = {"hdf5": Hdf5Segment, "npz": NpzSegment, "parquet": ParquetSegment}
 
 
@@ -218,3 +321,13 @@ def read_embeddings(path: str | Path) -> dict[str, np.ndarray]:
     --use-sentence-keys) or line number ("0", "1", ...); see `iter_embeddings` to hold one at a
     time. E.g. `read_embeddings("vectors.h5")["The cat sat ."]` -> (L+1, 4, 2P) with --all."""
     return dict(iter_embeddings(path))
+
+
+def iter_parquet_embeddings(path: str | Path) -> Iterator[tuple[str, np.ndarray]]:
+    """(line number as a str, array) for every row of a Parquet output, one row group in memory
+    at a time (`elmokit.read_embeddings` of a .parquet file)."""
+    segment = ParquetSegment(path, "r")
+    try:
+        yield from segment.items()
+    finally:
+        segment.close()
