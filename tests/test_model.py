@@ -253,6 +253,21 @@ def test_max_over_windows_is_the_max_and_its_first_window():
     assert first.dtype == torch.long and 0 <= int(first[2, 1]) < 12  # a NaN column still names a window
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("filters", [1, 32, 63, 64, 1024])
+def test_window_max_is_numpys_max_in_the_products_dtype(dtype, filters):
+    """The inference pooling (`window_max`; bfloat16's narrow convolutions widened first) gives
+    numpy's max of the same values, in the products' dtype, infinities and NaN included."""
+    from elmokit.model.encoder import window_max
+
+    generator = torch.Generator().manual_seed(filters)
+    products = (torch.randn(5, 9, filters, generator=generator) * 100).to(dtype)
+    products[0, 3, 0], products[1, 0, -1], products[2, 8, 0] = float("inf"), float("-inf"), float("nan")
+    pooled = window_max(products)
+    assert pooled.dtype == dtype and pooled.shape == (5, filters)
+    np.testing.assert_array_equal(pooled.float().numpy(), products.float().numpy().max(axis=1))
+
+
 @pytest.mark.parametrize("cell_dim, projection_dim, n_highway, published", [
     (1024, 128, 1, 13_593_296), (4096, 512, 2, 93_600_848)])
 def test_the_parameter_count_is_the_published_one(cell_dim, projection_dim, n_highway, published):
