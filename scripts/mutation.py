@@ -275,6 +275,13 @@ MUTANTS = [
     Mutant("devices: torch.device('mps') accepted", "devices.py",
            'device.type not in ("cpu", "cuda")', 'device.type not in ("cpu", "cuda", "mps")',
            ("tests/test_recipe.py",)),
+    Mutant("elastic: every restart attempt under one prefix of the agent's store", "training/processes.py",
+           'dist.PrefixStore(f"elmokit/attempt_{attempt}", agent_store)', 'dist.PrefixStore("elmokit/attempt", agent_store)',
+           ("tests/test_elastic.py::test_each_restart_attempt_keeps_its_keys_in_the_agents_store_apart",)),
+    Mutant("elastic: the agent's shared store used unprefixed", "training/processes.py",
+           'return {"store": dist.PrefixStore(f"elmokit/attempt_{attempt}", agent_store), "rank": rank,',
+           'return {"store": agent_store, "rank": rank,',
+           ("tests/test_elastic.py::test_each_restart_attempt_keeps_its_keys_in_the_agents_store_apart",)),
     Mutant("seeds: NumPy's generator not seeded", "training/processes.py", "    np.random.seed(seed)\n", "\n",
            ("tests/test_recipe.py",)),
     # what surrounds the LSTM

@@ -229,3 +229,30 @@ def test_every_rank_follows_rank_0s_view_of_the_run_directory(short_run, tmp_pat
             assert outcomes[1][0] == "FileNotFoundError" and str(run_dirs[1]) in outcomes[1][1], outcomes
         else:
             assert outcomes == [["started", 0], ["started", 0]]
+
+
+def test_each_restart_attempt_keeps_its_keys_in_the_agents_store_apart(monkeypatch):
+    """Under torchrun's shared agent store, `restart_safe_store` gives each attempt its own prefix
+    of that store: a key set by attempt 2's workers is read there under elmokit/attempt_2/, and an
+    attempt 3 does not see it (the dead workers' addresses of pytorch/pytorch#135712). Outside
+    such a store: torch's own ({})."""
+    import torch.distributed as dist
+
+    from elmokit.training.processes import restart_safe_store
+
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    assert restart_safe_store(0, 2) == {}
+    port = free_port()
+    agent = dist.TCPStore("127.0.0.1", port, 1, is_master=True, wait_for_workers=False)
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    stores = {}
+    for attempt in (2, 3):
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(attempt))
+        stores[attempt] = restart_safe_store(1, 2)
+        assert (stores[attempt]["rank"], stores[attempt]["world_size"]) == (1, 2)
+    stores[2]["store"].set("rank_0_address", "dead-worker")
+    assert agent.check(["elmokit/attempt_2/rank_0_address"])  # check, not get: a missing key's get waits
+    assert agent.get("elmokit/attempt_2/rank_0_address") == b"dead-worker"
+    assert not stores[3]["store"].check(["rank_0_address"])
