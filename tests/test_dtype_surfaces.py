@@ -239,3 +239,20 @@ def test_resume_keeps_the_partials_segment_size(model_dir, tmp_path, monkeypatch
         for key in expected:
             if key != "sentence_to_index":
                 np.testing.assert_array_equal(resumed[key][()], expected[key][()])
+
+
+def test_a_placement_that_changes_a_shared_modules_precision_says_so(tiny_model, caplog):
+    """The precision is the module's own: an embedder made with another dtype on a module an
+    earlier one placed changes it for both, and says so once; the same dtype, or none, is silent;
+    a deep copy keeps each its own."""
+    module = copy.deepcopy(tiny_model)
+    with caplog.at_level(logging.WARNING, logger="elmokit.inference.elmo"):
+        first = ElmoEmbedder(module=module, dtype=torch.bfloat16)
+        ElmoEmbedder(module=module, dtype=torch.bfloat16)
+        ElmoEmbedder(module=module)
+        assert not caplog.records
+        ElmoEmbedder(module=module, dtype="float32")
+        assert len(caplog.records) == 1 and "placed in bfloat16 before and now runs in float32" in caplog.text
+        assert first.bilm.lstm.layers[0].input_weight.dtype == torch.float32  # the first holder's too
+        ElmoEmbedder(module=copy.deepcopy(module), dtype=torch.bfloat16)
+        assert len(caplog.records) == 1 and module.lstm.layers[0].input_weight.dtype == torch.float32

@@ -50,6 +50,7 @@ elmokit changes nothing; set them yourself (before anything runs) to choose othe
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from collections import Counter
@@ -98,6 +99,15 @@ def bf16_native() -> bool:
     torch emulate bfloat16, slower than float32."""
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch.cpu's, private
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+
+
+def warn_if_bfloat16_is_emulated() -> None:
+    """One warning line when this CPU has no native bfloat16 products (`bf16_native`): torch
+    emulates them there, slower than float32, and the user asked for bfloat16 to be faster."""
+    if not bf16_native():
+        logging.getLogger(__name__).warning(
+            "dtype bfloat16 is slower than float32 on this CPU, which has no native bfloat16 products "
+            "(AVX512-BF16 or AMX) for torch to use; float32 (--dtype float32, the default) is faster and exact")
 
 
 def onednn_active() -> bool:

@@ -24,6 +24,7 @@ import inspect
 import logging
 import math
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from torch import nn
 from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS
 from elmokit.devices import dtype_name, resolve_device, resolve_dtype, use_threads
 from elmokit.model.int8 import is_int8, quantize_modules, unquantize_modules
-from elmokit.kernels import weights_key
+from elmokit.kernels import warn_if_bfloat16_is_emulated, weights_key
 from elmokit.model.bilm import BiLM, BiLMOutput, LstmState
 from elmokit.model.mix import ScalarMix
 from elmokit.inference.engine import bilm_contextualize, bilm_forward
@@ -113,6 +114,7 @@ def place_bilm(bilm: BiLM, device: torch.device, dtype: str | torch.dtype | None
     module runs it. bfloat16 and int8 are for stateless inference: an error otherwise."""
     use_threads(threads, device)
     resolved = None if dtype is None else resolve_dtype(dtype)
+    before = bilm_precision(bilm)
     if resolved == torch.bfloat16 and device.type == "cpu":
         warn_if_bfloat16_is_emulated()
     if resolved is not None and resolved != torch.int8:
@@ -132,18 +134,21 @@ def place_bilm(bilm: BiLM, device: torch.device, dtype: str | torch.dtype | None
     bilm = bilm.to(device)
     if precision == "int8":  # marks it (again: checks the device of a module marked earlier)
         quantize_modules(int8_modules(bilm), device)
+    say_a_shared_precision_changed(bilm, before, precision, who)
     return bilm
 
 
-def warn_if_bfloat16_is_emulated() -> None:
-    """One warning line when this CPU has no native bfloat16 products (`elmokit.kernels.bf16_native`):
-    torch emulates them there, slower than float32, and the user asked for bfloat16 to be faster."""
-    from elmokit.kernels import bf16_native
+_PLACED: "weakref.WeakKeyDictionary[BiLM, str]" = weakref.WeakKeyDictionary()  # the precision a placement left
 
-    if not bf16_native():
-        logging.getLogger(__name__).warning(
-            "dtype bfloat16 is slower than float32 on this CPU, which has no native bfloat16 products "
-            "(AVX512-BF16 or AMX) for torch to use; float32 (--dtype float32, the default) is faster and exact")
+
+def say_a_shared_precision_changed(bilm: BiLM, before: str, after: str, who: str) -> None:
+    """A warning where a placement changes the precision an earlier one left on this module: the
+    precision is the module's own (as `nn.Module.to`), so every holder runs in the new one."""
+    earlier, _PLACED[bilm] = _PLACED.get(bilm), after
+    if earlier == before != after:
+        logging.getLogger(__name__).warning(f"{who}: this biLM module was placed in {before} before and now runs in "
+                                            f"{after}, for every embedder holding it; pass module=copy.deepcopy("
+                                            "module) to keep both")
 
 
 def bilm_precision(bilm: BiLM) -> str:
