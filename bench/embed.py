@@ -161,8 +161,11 @@ def run_one(shape: str, batch_size: int, cache: bool, limit: int | None, threads
     encoded = len(embedder.cache.index) if embedder.cache is not None else n_positions
     executed = flops["lstm"] * n_positions + flops["encoder"] * encoded
     engine = engine_tokens_per_s(embedder, sentences, batch_size) if device.startswith("cuda") else None
+    from elmokit.model import int8
+
     return {
         "engine_tokens_per_s": engine,
+        "int8_kernels": [[*key, kernel] for key, kernel in int8._CHOICES.items()],  # this process's choices
         "shape": shape, "batch_size": batch_size, "cache": cache, "dtype": dtype, "sentences": len(sentences),
         "tokens": n_tokens, "seconds": seconds, "tokens_per_s": n_tokens / seconds,
         "tokens_per_cpu_s": n_tokens / cpu_seconds,
@@ -410,7 +413,7 @@ def write_report(output: Path, args, kernels: dict, ceilings: dict, best: dict, 
     ]
     lines += [f"| {shape} | {batch_size} | {dtype} | {gflops:.1f} | {gflops / roof[dtype]:.1%} |"
               for (shape, batch_size, dtype), gflops in ceilings.items()]
-    lines += int8_kernel_lines()
+    lines += int8_kernel_lines([choice for row in best.values() for choice in row.get("int8_kernels", [])])
     if "fused" in args.cells and not gpu:
         lines += fused_cell_cost_lines()
     lines += [
@@ -444,18 +447,22 @@ def write_report(output: Path, args, kernels: dict, ceilings: dict, best: dict, 
     output.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def int8_kernel_lines() -> list[str]:
-    """Which kernel each int8 product of this run took (`elmokit.model.int8.choose_kernel`'s timings)."""
+def int8_kernel_lines(choices: list[list]) -> list[str]:
+    """Which kernel each int8 product of this run took (`elmokit.model.int8.choose_kernel`'s timings
+    in the processes that embedded, and in this one for the ceilings): (rows, in, out, scaled later,
+    kernel) lists."""
     from elmokit.model import int8
 
-    if not int8._CHOICES:
+    chosen = dict(((rows, dim, out, later), kernel) for rows, dim, out, later, kernel in choices)
+    chosen.update(int8._CHOICES)
+    if not chosen:
         return []
-    chosen = "; ".join(f"{rows} x {dim} -> {out}{' (a block of steps, scaled later)' if later else ''}: "
+    listed = "; ".join(f"{rows} x {dim} -> {out}{' (a block of steps, scaled later)' if later else ''}: "
                        f"{'oneDNN quantized linear' if kernel == 'onednn' else 'torch._int_mm'}"
-                       for (rows, dim, out, later), kernel in sorted(int8._CHOICES.items()))
+                       for (rows, dim, out, later), kernel in sorted(chosen.items()))
     return ["", f"int8 kernels ({int8.KERNEL_VARIABLE}={int8.int8_kernel()}: the faster of oneDNN's quantized linear "
             f"and torch._int_mm, timed once a process at each product's shape; a block of steps' input products "
-            f"timed as the engine uses them, before their scales, which the cell applies a step at a time): {chosen}."]
+            f"timed as the engine uses them, before their scales, which the cell applies a step at a time): {listed}."]
 
 
 BUILD_PROBE = ("import time; start = time.perf_counter(); from elmokit.model import fused_cell; "
