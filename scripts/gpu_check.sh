@@ -43,9 +43,8 @@ if [ -z "$PY" ]; then
 fi
 
 # Every core dependency of pyproject.toml, before any GPU time is spent: a machine's own image may
-# lack one (the H200's lacked platformdirs: 6 CUDA tests failed on its import). Pure-Python ones can
-# travel as wheels: `pip download --no-deps -d .whl platformdirs` here, then there
-# `pip install --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site`.
+# lack one (the H200's lacked platformdirs: 6 CUDA tests failed on its import). A pure-Python one can
+# travel as a wheel downloaded here, unpacked there into a folder put on PYTHONPATH.
 MISSING="$("$PY" - "$REPO/pyproject.toml" <<'PYTHON'
 import importlib.util, re, sys, tomllib
 with open(sys.argv[1], "rb") as f:
