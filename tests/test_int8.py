@@ -144,8 +144,7 @@ def test_auto_takes_the_faster_kernel_timed_once_a_shape(monkeypatch):
             again = Int8Linear(weight * 2, 8, scaled_later=scaled_later)  # the same shape: no second timing
             assert len(timed) == 2 and again.kernel == faster
             other = Int8Linear(weight, 8, scaled_later=not scaled_later)  # the other use: timed on its own
-            assert len(timed) == 4 and len(int8._CHOICES) == 2
-            del other
+            assert len(timed) == 4 and len(int8._CHOICES) == 2 and other.kernel == faster
             torch.testing.assert_close(product(x), x @ weight.T, atol=0.2, rtol=0.05)
 
 
@@ -168,7 +167,7 @@ def test_timing_calls_the_form_the_product_is_used_in(monkeypatch):
 
 @pytest.mark.parametrize("kernel", ["int_mm", "onednn"])
 def test_finish_of_the_unscaled_product_equals_the_call(monkeypatch, kernel):
-    """`finish(*unscaled(x), bias)` on either kernel gives the call's own numbers (the engine's
+    """`Int8Linear.finish(*unscaled(x), bias)` on either kernel gives the call's own numbers (the engine's
     block products, scaled a step at a time where the fused cell does not run)."""
     if kernel == "onednn" and not hasattr(torch.ops.onednn, "qlinear_pointwise"):
         pytest.skip("this torch has no oneDNN quantized linear")
@@ -179,8 +178,7 @@ def test_finish_of_the_unscaled_product_equals_the_call(monkeypatch, kernel):
     product = Int8Linear(weight, 6, scaled_later=True)
     assert product.kernel == kernel
     sums = torch.empty(6, 64, dtype=torch.int32)
-    unscaled, scale, _ = product.unscaled(x, sums)
-    assert torch.equal(product.finish(unscaled, scale, bias, out=torch.empty(6, 64)), product(x, bias))
+    assert torch.equal(Int8Linear.finish(*product.unscaled(x, sums), bias, out=torch.empty(6, 64)), product(x, bias))
 
 
 def test_int8_kernel_setting_is_checked(monkeypatch):

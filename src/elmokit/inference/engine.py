@@ -205,7 +205,7 @@ class DirectionStreamProducts(NamedTuple):
                                                   self.recurrent[d].unscaled(hidden[index], sums=buffers[1]), bias,
                                                   state.cell[d], projection_input, cell_clip)
                 if not fused:  # the block's products scaled, then the recurrent product added, in the kept buffers
-                    gates = self.inputs[d].finish(products[offset], scale[offset], bias, out=buffers[2][d])
+                    gates = Int8Linear.finish(products[offset], scale[offset], weight_scale, bias, out=buffers[2][d])
                     gates = self.recurrent[d].add(gates, hidden[index], out=gates, sums=buffers[1])
             if not fused:
                 if state.wide_gates is not None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import time
 import weakref
+from functools import partial
 
 import torch
 
@@ -97,7 +98,6 @@ class Int8Linear:
     def _take(self, quantized: torch.Tensor, weight_scale: torch.Tensor, kernel: str, rows: int) -> None:
         self.weight_scale = weight_scale  # (1, out)
         self.dtype = torch.float32  # of the inputs and outputs
-        self.kernel = kernel
         if kernel == "onednn":  # the weight reordered for about `rows` rows
             self.packed = torch.ops.onednn.qlinear_prepack(quantized, [rows, quantized.shape[1]])
             self.zero_points = torch.zeros(quantized.shape[0], dtype=torch.int64, device=quantized.device)
@@ -105,6 +105,11 @@ class Int8Linear:
         else:
             self.packed = None
             self.weight_t = quantized.mT  # (in, out): a transposed view, the layout torch._int_mm reads fastest
+
+    @property
+    def kernel(self) -> str:
+        """"onednn" (the weight packed for oneDNN's quantized linear) or "int_mm"."""
+        return "onednn" if self.packed is not None else "int_mm"
 
     def unscaled(self, x: torch.Tensor, sums: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -141,12 +146,12 @@ class Int8Linear:
         into = product if out is None else out  # the same operation either way: the same numbers
         return torch.mul(product, scale, out=into) if bias is None else torch.addcmul(bias, product, scale, out=into)
 
-    def finish(self, product: torch.Tensor, scale: torch.Tensor, addend: torch.Tensor,
+    @staticmethod
+    def finish(product: torch.Tensor, scale: torch.Tensor, weight_scale: torch.Tensor | None, addend: torch.Tensor,
                out: torch.Tensor) -> torch.Tensor:
-        """addend + product * scale_W^T * scale into `out` (R, out): `unscaled`'s product (of this
-        Int8Linear's kernel) scaled, as the call would have."""
-        weight_scale = None if self.packed is not None else self.weight_scale
-        return torch.addcmul(addend, self.weight_scaled(product, weight_scale, out=out), scale, out=out)
+        """addend + product * scale_W^T * scale into `out` (R, out): `unscaled`'s (product, row
+        scales, weight scales or None) scaled, as the call would have."""
+        return torch.addcmul(addend, Int8Linear.weight_scaled(product, weight_scale, out=out), scale, out=out)
 
     def add(self, addend: torch.Tensor, x: torch.Tensor, out: torch.Tensor | None = None,
             sums: torch.Tensor | None = None) -> torch.Tensor:
@@ -179,8 +184,8 @@ def choose_kernel(quantized: torch.Tensor, weight_scale: torch.Tensor, rows: int
         timings = {}
         for kernel in KERNELS:
             product = Int8Linear.of_quantized(quantized, weight_scale, kernel, rows)
-            call = (lambda: product.unscaled(x, sums)) if scaled_later else (lambda: product(x, out=out, sums=sums))
-            timings[kernel] = _best_time(call)
+            timings[kernel] = _best_time(partial(product.unscaled, x, sums) if scaled_later
+                                         else partial(product, x, out=out, sums=sums))
         _CHOICES[key] = min(timings, key=timings.get)
         path_counts["int8"] = counted
     return _CHOICES[key]
