@@ -214,7 +214,7 @@ class ParquetSegment(_Segment):
         self.writer = None
         self.pending: list[tuple[SentenceRow, np.ndarray]] = []
         self.pending_bytes = 0
-        self.handle = open(self.path, "w+b") if mode == "w" else None
+        self.handle = open_for_writing(self.path) if mode == "w" else None
         self.file = None if mode == "w" else pq.ParquetFile(self.path)
 
     def write(self, key: str, array: np.ndarray, row: SentenceRow | None = None) -> None:
@@ -300,7 +300,11 @@ def iter_embeddings(path: str | Path) -> Iterator[tuple[str, np.ndarray]]:
     vectors and is skipped."""
     path = Path(path)
     if is_parquet(path):
-        yield from iter_parquet_embeddings(path)
+        segment = ParquetSegment(path, "r")
+        try:
+            yield from segment.items()
+        finally:
+            segment.close()
         return
     if zipfile.is_zipfile(path):
         with np.load(path, allow_pickle=False) as archive:
@@ -321,13 +325,3 @@ def read_embeddings(path: str | Path) -> dict[str, np.ndarray]:
     --use-sentence-keys) or line number ("0", "1", ...); see `iter_embeddings` to hold one at a
     time. E.g. `read_embeddings("vectors.h5")["The cat sat ."]` -> (L+1, 4, 2P) with --all."""
     return dict(iter_embeddings(path))
-
-
-def iter_parquet_embeddings(path: str | Path) -> Iterator[tuple[str, np.ndarray]]:
-    """(line number as a str, array) for every row of a Parquet output, one row group in memory
-    at a time (`elmokit.read_embeddings` of a .parquet file)."""
-    segment = ParquetSegment(path, "r")
-    try:
-        yield from segment.items()
-    finally:
-        segment.close()
