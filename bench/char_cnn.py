@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from embed import REPO, _model, bench_sentences  # bench/embed.py
-from machine import busy_processes, matmul_gflops, page_header, rooflines  # bench/machine.py
+from machine import busy_processes, matmul_gflops, page_header, replace_page, rooflines  # bench/machine.py
 
 from elmokit.model import encoder
 from elmokit.model.chars import tokens_to_char_ids
@@ -97,7 +97,7 @@ def write_page(args, header: str, kernels: dict[str, float], seconds, maxes, tok
         "",
         header,
         f"Run of {time.strftime('%Y-%m-%d %H:%M')}; `original` shape (random weights, seed 0), {tokens:,} tokens "
-        f"({'UD English EWT dev' if args.data_note else 'synthetic words'}), no gradients; the fastest of "
+        f"({'UD English EWT dev' if args.ud_dev else 'synthetic words'}), no gradients; the fastest of "
         f"{args.repeats} interleaved rounds. {args.note}".rstrip(),
         "",
         f"Machine load: before, {loads[0]}. After, {loads[1]}.",
@@ -140,7 +140,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from embed import UD_DEV
 
-    args.data_note = UD_DEV.is_file()
+    args.ud_dev = UD_DEV.is_file()
     before = busy_processes()
     kernels = matmul_gflops(args.threads, "cpu", repeats=4, trials=3)
     header = page_header("cpu", args.threads, kernels)
@@ -151,9 +151,7 @@ def main() -> None:
     maxes = time_maxes(ids, args.repeats)
     page = write_page(args, header, kernels, seconds, maxes, len(words), flops, (before, busy_processes()))
     print(page)
-    temporary = args.output.with_suffix(".md.tmp")
-    temporary.write_text(page, encoding="utf-8")
-    temporary.replace(args.output)
+    replace_page(args.output, page)
 
 
 if __name__ == "__main__":

@@ -453,13 +453,16 @@ def int8_kernel_lines(choices: list[list]) -> list[str]:
     kernel) lists."""
     from elmokit.model import int8
 
-    chosen = dict(((rows, dim, out, later), kernel) for rows, dim, out, later, kernel in choices)
-    chosen.update(int8._CHOICES)
+    names = {"onednn": "oneDNN quantized linear", "int_mm": "torch._int_mm"}
+    chosen: dict[tuple, set[str]] = {}
+    for *key, kernel in [*choices, *([*key, kernel] for key, kernel in int8._CHOICES.items())]:
+        chosen.setdefault(tuple(key), set()).add(kernel)
     if not chosen:
         return []
     listed = "; ".join(f"{rows} x {dim} -> {out}{' (a block of steps, scaled later)' if later else ''}: "
-                       f"{'oneDNN quantized linear' if kernel == 'onednn' else 'torch._int_mm'}"
-                       for (rows, dim, out, later), kernel in sorted(chosen.items()))
+                       + (" in some processes, ".join(names[kernel] for kernel in sorted(kernels))
+                          + " in others" if len(kernels) > 1 else names[next(iter(kernels))])
+                       for (rows, dim, out, later), kernels in sorted(chosen.items()))
     return ["", f"int8 kernels ({int8.KERNEL_VARIABLE}={int8.int8_kernel()}: the faster of oneDNN's quantized linear "
             f"and torch._int_mm, timed once a process at each product's shape; a block of steps' input products "
             f"timed as the engine uses them, before their scales, which the cell applies a step at a time): {listed}."]

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from train import PTB, REPO, SHAPES, Trainer, TorchLstmLM, unclipped  # bench/train.py
-from machine import page_header  # bench/machine.py: the CPU, its flags, the rooflines
+from machine import page_header, replace_page  # bench/machine.py: the CPU, its flags, the rooflines
 from train_kernels import median_us  # bench/train_kernels.py
 
 from elmokit import kernels as elmokit_kernels
@@ -186,9 +186,7 @@ def main() -> None:
     steps = step_times(Vocabulary.load(vocab_path), args)
     page = write_page(rows, steps, args, lstm, (load_before, os.getloadavg()[0]), header)
     print(page)
-    temporary = args.output.with_suffix(".md.tmp")
-    temporary.write_text(page)
-    temporary.replace(args.output)
+    replace_page(args.output, page)
 
 
 if __name__ == "__main__":

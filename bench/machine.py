@@ -190,3 +190,11 @@ def page_header(device: str, threads: int, kernels: dict[str, float] | None = No
 def is_header(line: str) -> bool:
     """Whether a page's line is page_header's (the machine and the rooflines of its run)."""
     return line.startswith(HEADER_PREFIX) and ROOFLINES in line
+
+
+def replace_page(output: Path, page: str) -> None:
+    """Write a bench page under a temporary name and rename it into place (a run killed midway
+    leaves the page of the last finished run)."""
+    temporary = output.with_suffix(output.suffix + ".tmp")
+    temporary.write_text(page, encoding="utf-8")
+    temporary.replace(output)

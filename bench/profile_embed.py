@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from embed import DTYPES, REPO, _model, bench_sentences  # bench/embed.py
-from machine import busy_processes, page_header
+from machine import busy_processes, page_header, replace_page
 
 PRODUCTS = ("addmm", "mm", "bmm", "baddbmm", "_int_mm", "_linear_pointwise", "qlinear_pointwise", "linear",
             "matmul", "_addmm_activation", "mkldnn_linear")
@@ -140,9 +140,7 @@ def write_page(args, header: str, started: str, before: str, after: str, results
                   "| operation | input shapes | calls | own time (s) | of wall |", "|---|---|---:|---:|---:|"]
         lines += [f"| {op['name']} | `{op['shapes']}` | {op['calls']:,} | {op['seconds']:.3f} | "
                   f"{op['seconds'] / result['wall']:.1%} |" for op in result["ops"]]
-    tmp = args.output.with_suffix(".md.tmp")
-    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    tmp.replace(args.output)
+    replace_page(args.output, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
