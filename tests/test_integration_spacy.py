@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import textwrap
@@ -139,6 +140,18 @@ def test_bad_config_says_what_is_expected(model_dir):
         nlp.add_pipe("elmo", config={"model": str(model_dir), "batch_size": 0})
     with pytest.raises(FileNotFoundError, match="model not found"):
         nlp.add_pipe("elmo", config={"model": "no/such/model"})
+
+
+def test_a_folder_given_relative_is_refused_as_spacy_would_save_it(model_dir, monkeypatch):
+    """spaCy writes the config as given: a relative folder would load from whatever folder spacy.load
+    runs in, so it is refused with its absolute form; the absolute one is taken and saved as such."""
+    monkeypatch.chdir(model_dir.parent)
+    nlp = spacy.blank("en")
+    with pytest.raises(ValueError, match=rf"model '{model_dir.name}' is a folder given relative .* give it "
+                                         rf"absolute, '{re.escape(str(model_dir.resolve()))}'"):
+        nlp.add_pipe("elmo", config={"model": model_dir.name})
+    nlp.add_pipe("elmo", config={"model": str(model_dir.resolve())})
+    assert nlp.config["components"]["elmo"]["model"] == str(model_dir.resolve())
 
 
 def test_the_entry_point_and_to_disk_in_a_fresh_process(model_dir, tmp_path):

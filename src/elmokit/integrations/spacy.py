@@ -15,7 +15,9 @@ words alone, as it was trained (a "\n\n" or an extra space between two words is 
 no word of the text), and a whitespace token's vectors are zeros, without a vector
 (`token.has_vector` False), outside the means of its doc and spans; `nlp.pipe(texts, batch_size=...)` runs that many docs
 through the biLM at once. `nlp.to_disk` keeps the pipe's config (the model by its reference: a
-name, URL or path), and `spacy.load` loads the model again from there. The vector, similarity and
+name, URL or absolute path, as every saved elmokit pipeline keeps it), and `spacy.load` loads the model
+again from there; spaCy saves a config as it was written, so a folder given as a relative path is
+refused (it would load from whatever folder `spacy.load` runs in). The vector, similarity and
 norm are user hooks of the doc, objects of this module, so a pickled doc keeps them; a doc that
 comes back from `nlp.pipe(texts, n_process=N)` has lost them (spaCy serializes docs between
 processes without hooks) and `ElmoComponent.add_hooks` puts them back. The workers run torch on
@@ -25,6 +27,7 @@ one thread each (`elmokit.devices.one_thread_in_forked_children`).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import numpy as np
 
@@ -40,6 +43,7 @@ from elmokit.devices import default_device  # noqa: E402
 from elmokit.inference.embedder import ElmoEmbedder  # noqa: E402
 from elmokit.inference.layers import select_layers, token_mean  # noqa: E402
 from elmokit.model.builtin import BUILTIN_MODEL  # noqa: E402
+from elmokit.sources.loading import saved_reference  # noqa: E402
 
 __all__ = ["ElmoComponent", "make_elmo"]
 
@@ -107,7 +111,8 @@ class ElmoComponent:
     Args:
         nlp, name: spaCy's (the pipeline and the pipe's name).
         model: anything `elmokit.load_model` takes: the built-in "gutenberg-en" (the default), a
-            published name, a TF-Hub handle, or a model folder (an absolute path travels best).
+            published name, a TF-Hub handle, or a model folder as an absolute path (a relative one is
+            refused: spaCy saves the config as written, and `spacy.load` elsewhere would miss it).
         layers: what `token.vector` is: "average" (the equal-weight mean of the L+1 layers, the
             default), "top", or a layer index 0..L (0: the context-free token layer).
         batch_size: docs run through the biLM at once where the pipe is given no batch size
@@ -125,6 +130,10 @@ class ElmoComponent:
                  threads: int | None = None):
         if batch_size < 1:
             raise ValueError(f"elmo pipe: batch_size must be >= 1, got {batch_size}")
+        if saved_reference(model) != str(model) and not Path(model).is_absolute():
+            raise ValueError(f"elmo pipe: model {model!r} is a folder given relative to this working directory, and "
+                             f"spaCy saves the config as written, so spacy.load in another folder would miss it: "
+                             f"give it absolute, {str(Path(model).resolve())!r}")
         self.name = name
         self.embedder = ElmoEmbedder(model, device=default_device() if device is None else device, threads=threads)
         n_layers = self.embedder.bilm.config.n_output_layers
