@@ -185,7 +185,23 @@ def test_convert_writes_original_and_native_files_naming_the_module(tmp_path, re
         assert record["elmo_mix"]["weights"] == pytest.approx(MIX_WEIGHTS)
         assert record["variables_index_sha256"] == hashlib.sha256(
             (MODULE / "variables" / "variables.index").read_bytes()).hexdigest()
-    assert native["module_folder"] == str(MODULE.resolve())
+    assert native["module_folder"] == str(MODULE.resolve()) and "module_archive" not in native
+    assert options["module_archive"] == str(ARCHIVE.resolve())  # the archive the user gave, not its extraction
+
+
+def test_convert_to_original_takes_a_folder_or_two_paths(tmp_path, reference, capsys):
+    """`--to-original DIR` writes DIR/options.json and DIR/weights.hdf5 (the folder made); one path
+    that is a file, or three paths, are refused naming the two forms."""
+    assert main(["convert", "--model", str(MODULE), "--to-original", str(tmp_path / "out")]) == 0
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == ["options.json", "weights.hdf5"]
+    assert_same_weights(load_original(tmp_path / "out" / "options.json", tmp_path / "out" / "weights.hdf5"), reference)
+    capsys.readouterr()
+    (tmp_path / "file").write_text("mine\n")
+    assert main(["convert", "--model", str(MODULE), "--to-original", str(tmp_path / "file")]) == 2
+    one_error_line(capsys, "--to-original", "is a file", "OPTIONS WEIGHTS")
+    assert (tmp_path / "file").read_text() == "mine\n"
+    assert main(["convert", "--model", str(MODULE), "--to-original", "a", "b", "c"]) == 2
+    one_error_line(capsys, "a folder DIR or the two files OPTIONS WEIGHTS, got 3 paths")
 
 
 def test_a_module_folder_where_a_trained_model_is_needed_says_what_reads_it(capsys, tmp_path):
@@ -339,3 +355,21 @@ def test_the_integrations_take_a_module_folder(reference):
     ours = ELMoEmbeddings(model=str(MODULE)).embed_documents(texts)
     theirs = ElmoEmbedder(module=reference).sentence_vectors([text.split() for text in texts])
     np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-5)
+
+
+def test_training_starts_from_a_module_and_a_native_folder_error_points_to_load_model(tmp_path, reference):
+    """`elmo train --init-from` takes a module folder or archive (its biLM, a new softmax);
+    `load_pretrained` of a module folder names what reads it."""
+    from elmokit.model.weights import load_pretrained
+    from elmokit.training.build import build_model
+    from elmokit.training.config import TrainConfig
+    from elmokit.training.vocab import Vocabulary
+
+    (tmp_path / "vocab.txt").write_text("<S>\n</S>\n<UNK>\nthe\ncat\n")
+    vocab = Vocabulary.load(tmp_path / "vocab.txt")
+    for given in (MODULE, ARCHIVE):
+        model = build_model(TrainConfig(init_from=str(given), vocab=str(tmp_path / "vocab.txt")), vocab)
+        assert_same_weights(model.bilm, reference)
+        assert model.softmax.weight.shape[0] == len(vocab)
+    with pytest.raises(FileNotFoundError, match=r"no config.json\); elmokit.load_model reads .* a TF-Hub module folder"):
+        load_pretrained(MODULE)

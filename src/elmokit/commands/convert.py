@@ -17,14 +17,17 @@ from elmokit.sources.tfhub import module_folder, module_provenance
 from elmokit.model.weights import CONFIG_NAME, PROVENANCE_NAME, WEIGHTS_NAME, refuse_same_file, save_original, save_pretrained
 from elmokit.training.model_card import CARD_NAME
 
+ORIGINAL_NAMES = ("options.json", "weights.hdf5")  # what `--to-original DIR` writes in DIR
+
 
 def register(subcommands: argparse._SubParsersAction) -> None:
     parser = subcommands.add_parser(
         "convert", help="convert between the original HDF5 files and the native format, or to ONNX",
         description="Convert a model. Original -> native: `elmo convert --options-file O "
                     "--weight-file W --to-native DIR`. Native -> original: `elmo convert --model DIR "
-                    "--to-original OPTIONS.json WEIGHTS.hdf5`. A TF-Hub ELMo module folder or .tar.gz -> either: "
-                    "`elmo convert --model FOLDER --to-native DIR` or `--to-original O W` (provenance.json, or the "
+                    "--to-original OPTIONS.json WEIGHTS.hdf5` (or `--to-original OUT_DIR`: OUT_DIR/options.json and "
+                    "OUT_DIR/weights.hdf5). A TF-Hub ELMo module folder or .tar.gz -> either: "
+                    "`elmo convert --model FOLDER --to-native DIR` or `--to-original DIR` (provenance.json, or the "
                     "options' elmokit_provenance key, names the module and keeps its elmo mix; docs/loading.md). An ELMoForManyLangs model folder -> native: "
                     "`elmo convert --model FOLDER --to-native DIR` (its character and word vocabularies go to "
                     "DIR/manylangs_vocab.json); the original format cannot hold those, so --to-original "
@@ -38,8 +41,10 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     add_model_arguments(parser, positional=True)
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--to-native", type=Path, metavar="DIR", help="write a native model directory")
-    target.add_argument("--to-original", type=Path, nargs=2, metavar=("OPTIONS", "WEIGHTS"),
-                        help="write an original options JSON and HDF5 weight file")
+    target.add_argument("--to-original", type=Path, nargs="+", metavar="PATH",
+                        help="write an original options JSON and HDF5 weight file: `--to-original DIR` as "
+                             f"DIR/{ORIGINAL_NAMES[0]} and DIR/{ORIGINAL_NAMES[1]}, `--to-original OPTIONS WEIGHTS` "
+                             "at those two paths")
     target.add_argument("--to-onnx", type=Path, metavar="FILE.onnx",
                         help="write the stateless biLM as one ONNX graph (any batch and length), checked in "
                              "onnxruntime against elmokit before it is renamed into place")
@@ -60,6 +65,18 @@ def register(subcommands: argparse._SubParsersAction) -> None:
                         help="with --mix-weights: the mix's gamma (default 1)")
     parser.add_argument("--overwrite", action="store_true", help="replace existing outputs")
     parser.set_defaults(func=run)
+
+
+def _original_paths(given: list[Path]) -> list[Path]:
+    """`--to-original`'s options and weights paths: a folder's two files, or the two paths given."""
+    if len(given) == 1:
+        if given[0].exists() and not given[0].is_dir():
+            raise ValueError(f"--to-original {given[0]}: one path is a folder to write {' and '.join(ORIGINAL_NAMES)} "
+                             f"in, and this is a file (give OPTIONS WEIGHTS to name both files)")
+        return [given[0] / name for name in ORIGINAL_NAMES]
+    if len(given) > 2:
+        raise ValueError(f"--to-original takes a folder DIR or the two files OPTIONS WEIGHTS, got {len(given)} paths")
+    return given
 
 
 def _floats(text: str) -> list[float]:
@@ -89,6 +106,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--mix-gamma scales the mix that --mix-weights adds: give both, or neither")
     if args.license is not None and not args.to_sentence_transformers:
         raise ValueError("--license goes on the model card that --to-sentence-transformers writes: give both")
+    if args.to_original:
+        args.to_original = _original_paths(args.to_original)
     written = ([args.to_native / name for name in (CONFIG_NAME, WEIGHTS_NAME, VOCABULARY_NAME, PROVENANCE_NAME, CARD_NAME)]
                if args.to_native else args.to_original or [args.to_onnx or args.to_sentence_transformers])
     refuse_output_over_input(model_paths(args), written)  # before the model is read; a folder replaced whole too
@@ -100,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         refuse_same_file(args.to_original)  # before loading: the options JSON would replace the weights
     model = model_from_args(args)
     module = module_folder(model_reference(args))  # a TF-Hub module: its record goes with the files
-    record = module_provenance(module) if module is not None else None
+    record = module_provenance(module, model_reference(args)) if module is not None else None
     names = [CONFIG_NAME, WEIGHTS_NAME, *([VOCABULARY_NAME] if isinstance(model, ManyLangsBiLM) else [])]
     outputs = [args.to_native / name for name in names] if args.to_native else args.to_original
     refuse_overwrite(outputs, args.overwrite)
@@ -114,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
             names.append(PROVENANCE_NAME)
         print(f"wrote {', '.join(names[:-1])} and {names[-1]} in {args.to_native}")
     else:
+        args.to_original[0].parent.mkdir(parents=True, exist_ok=True)  # DIR of `--to-original DIR`
         save_original(model, *args.to_original, provenance=record)
         print(f"wrote {args.to_original[0]} and {args.to_original[1]}")
     return 0

@@ -400,7 +400,9 @@ def load_pretrained(directory: str | Path) -> BiLM:
     directory = Path(directory)
     for name in (CONFIG_NAME, WEIGHTS_NAME):
         if not (directory / name).is_file():
-            raise FileNotFoundError(f"{directory}: not an elmokit model directory (no {name})")
+            raise FileNotFoundError(f"{directory}: not an elmokit model directory (no {name}); elmokit.load_model "
+                                    f"reads the other forms, a TF-Hub module folder, an ELMoForManyLangs folder, "
+                                    f"a published name (docs/loading.md)")
     config = ElmoConfig.load(directory / CONFIG_NAME)
     build = _model_builder(config, directory)
     path = directory / WEIGHTS_NAME

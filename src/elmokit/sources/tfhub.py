@@ -238,13 +238,16 @@ def module_mix(folder: str | Path) -> tuple[list[float], float] | None:
     return [float(w) for w in weights], float(scaling[0])
 
 
-def module_provenance(folder: str | Path) -> dict:
-    """What a conversion records of the module it read: the folder, the handle TF-Hub cached it
-    for (its `<hash>.descriptor.txt`), the checkpoint index's SHA-256 and the module's mix."""
+def module_provenance(folder: str | Path, given: str | Path | None = None) -> dict:
+    """What a conversion records of the module it read: the folder (and the archive `given`, when
+    the folder is its extraction), the handle TF-Hub cached it for (its `<hash>.descriptor.txt`),
+    the checkpoint index's SHA-256 and the module's mix."""
     folder = Path(folder).resolve()
     record = {"converted_from": "TF-Hub module", "module_folder": str(folder),
               "variables_index_sha256": hashlib.sha256((folder / VARIABLES.with_name("variables.index"))
                                                        .read_bytes()).hexdigest()}
+    if given is not None and is_module_archive(Path(given).expanduser()):
+        record["module_archive"] = str(Path(given).expanduser().resolve())
     descriptor = folder.with_name(folder.name + ".descriptor.txt")
     if descriptor.is_file():
         for line in descriptor.read_text(encoding="utf-8", errors="replace").splitlines():

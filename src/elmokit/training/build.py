@@ -12,6 +12,7 @@ import torch
 from elmokit.model.chars import MAX_CHARS
 from elmokit.model.config import ConfigError, ElmoConfig
 from elmokit.model.weights import WEIGHTS_NAME, load_original, load_pretrained, read_safetensors
+from elmokit.sources import tfhub
 from elmokit.training import checkpoint as ckpt
 from elmokit.training.config import TrainConfig
 from elmokit.training.data import LMBatch, LMBatcher, eval_batches
@@ -32,7 +33,8 @@ def build_model(config: TrainConfig, vocab, shape: ElmoConfig | None = None) -> 
     if shape is not None:
         return LanguageModel(shape, len(vocab), config.dropout, n_samples)
     if config.init_from:
-        bilm = load_pretrained(config.init_from)
+        module = tfhub.module_folder(config.init_from)  # a TF-Hub module's biLM; else a native folder's
+        bilm = load_pretrained(config.init_from) if module is None else tfhub.load_tfhub_module(module)
         model = LanguageModel(bilm.config, len(vocab), config.dropout, n_samples)
         model.bilm.load_state_dict(bilm.state_dict())
         if _same_vocabulary(Path(config.init_from) / ckpt.VOCAB_NAME, Path(config.vocab)):

@@ -56,7 +56,8 @@ class TrainConfig:
     vocab: str = _field("", "vocab.txt of the softmax (from `elmo vocab`), sorted by frequency")
     model: str = _field("small", "a preset name (gutenberg-cpu: the built-in model's shape, the one that trains fast on a "
                                  "CPU; small, medium, original: the released shapes) or an ElmoConfig JSON file")
-    init_from: str = _field("", "start from a native model dir (its softmax is kept if its vocab.txt is ours)")
+    init_from: str = _field("", "start from a native model dir (its softmax is kept if its vocab.txt is ours) or a TF-Hub "
+                                "ELMo module folder or .tar.gz (docs/loading.md)")
     init_from_original: list[str] = _field([], "start from an original OPTIONS.json WEIGHTS.hdf5 (new softmax)")
     optimizer: str = _field("adagrad", "adagrad (the original) or adam")
     lr: float = _field(0.2, "learning rate")
