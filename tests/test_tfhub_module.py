@@ -270,6 +270,19 @@ def test_shapes_that_disagree(tmp_path):
         load_model(folder)
 
 
+def test_a_mix_of_another_layer_count_is_refused_naming_it(tmp_path):
+    """aggregation/weights must hold one weight a layer of the biLM (3 here): 4 are refused."""
+    tensors = fixture_tensors()
+    tensors["aggregation/weights"] = np.zeros(4, np.float32)
+    folder = module_copy(tmp_path)
+    write_bundle(folder / VARIABLES, tensors)
+    with pytest.raises(WeightFileError, match=r"aggregation/weights holds 4 weights, expected one a layer .*, 3"):
+        hub.Module(str(folder))
+    tensors["aggregation/weights"] = np.zeros(3, np.float32)
+    write_bundle(folder / VARIABLES, tensors)
+    assert module_mix(folder) == ([0.0, 0.0, 0.0], pytest.approx(MIX_SCALING))
+
+
 def test_absurd_sizes_are_refused_before_allocating(tmp_path):
     """An entry declaring 262 x 10^9 floats in a 420 KB data file: refused, nothing allocated."""
     tensors = fixture_tensors()
@@ -314,20 +327,32 @@ def tar_with(tmp_path: Path, member: tarfile.TarInfo, data: bytes = b"") -> Path
     return path
 
 
-@pytest.mark.parametrize("kind", ["dotdot", "absolute", "symlink", "hardlink"])
+@pytest.mark.parametrize("kind", ["dotdot", "absolute", "symlink", "hardlink", "device"])
 def test_hostile_archives_are_refused_before_writing(tmp_path, kind):
     member = tarfile.TarInfo({"dotdot": "../escaped.txt", "absolute": "/tmp/escaped.txt"}.get(kind, "variables/link"))
     if kind == "symlink":
         member.type, member.linkname = tarfile.SYMTYPE, "/etc/passwd"
     elif kind == "hardlink":
         member.type, member.linkname = tarfile.LNKTYPE, "saved_model.pb"
+    elif kind == "device":
+        member.type = tarfile.CHRTYPE
     else:
         member.size = 3
     archive = tar_with(tmp_path, member, b"bad")
-    with pytest.raises(WeightFileError, match="outside the module folder|is a link"):
+    with pytest.raises(WeightFileError, match="outside the module folder|is a link|is not a file or folder"):
         load_model(archive)
     assert not (tmp_path / "escaped.txt").exists()
     assert not list((tmp_path / "elmokit-cache").rglob("variables.index"))  # nothing extracted
+
+
+def test_an_archive_of_too_many_members_is_refused_before_writing(tmp_path):
+    path = tmp_path / "many.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for i in range(1001):
+            tar.addfile(tarfile.TarInfo(f"variables/part{i}"), io.BytesIO(b""))
+    with pytest.raises(WeightFileError, match="more than 1000 members: not a TF-Hub module"):
+        load_model(path)
+    assert not list((tmp_path / "elmokit-cache").rglob("part0"))
 
 
 def test_an_archive_past_the_cap_is_refused(tmp_path, monkeypatch):

@@ -227,7 +227,7 @@ def module_mix(folder: str | Path) -> tuple[list[float], float] | None:
     """The module's `elmo` mix, (`aggregation/weights` before their softmax, `aggregation/scaling`),
     or None if it has none."""
     folder = Path(folder)
-    entries = read_index(folder / VARIABLES.with_name("variables.index"))
+    entries, names = _variables(folder)
     if not {"aggregation/weights", "aggregation/scaling"} <= set(entries):
         return None
     arrays = read_tensors(folder / VARIABLES, entries, ["aggregation/weights", "aggregation/scaling"])
@@ -235,6 +235,10 @@ def module_mix(folder: str | Path) -> tuple[list[float], float] | None:
     if scaling.size != 1:
         raise WeightFileError(f"{folder}: aggregation/scaling has shape {list(entries['aggregation/scaling'].shape)}, "
                               "expected a scalar")
+    n_outputs = module_config(folder, {hdf5: entries[name] for hdf5, name in names.items()}).n_output_layers
+    if weights.size != n_outputs:
+        raise WeightFileError(f"{folder}: aggregation/weights holds {weights.size} weights, expected one a layer of "
+                              f"the module's biLM, {n_outputs}")
     return [float(w) for w in weights], float(scaling[0])
 
 
