@@ -27,7 +27,7 @@ from elmokit.inference.files import make_tokenizer
 from elmokit.model.int8 import int8_native
 from elmokit.sources.loading import load_model
 from elmokit.serve.recurrence import Recurrence, token_layer
-from tests.serving import Server, save_tiny_model
+from tests.serving import START_LIMIT, Server, save_tiny_model
 
 KEY = "test-key-7f3a"
 TEXTS = ["I like to eat apple.", "I like apple products, don't you?", "They play football on Sundays."]
@@ -430,9 +430,6 @@ def test_info_says_the_model_shape_and_limits(server):
     assert info["dtype"] == "float32" and info["device"] == "cpu"  # --dtype's name, not torch's
 
 
-STARTUP_SECONDS = 180  # for `elmo serve` to load a test's model and say `listening on`
-
-
 def start_serve(model, *arguments: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
     """`elmo serve` started bare (no waiting for /health, unlike `Server`): the process, and the
     address of its `listening on` line once printed (else the whole of stderr, the process ended)."""
@@ -441,7 +438,7 @@ def start_serve(model, *arguments: str, env: dict | None = None) -> tuple[subpro
     process = subprocess.Popen([sys.executable, "-m", "elmokit", "serve", "--model", str(model), "--port", "0",
                                 "--threads", "1", *arguments], stderr=subprocess.PIPE, text=True, env=env)
     said = []
-    watchdog = threading.Timer(STARTUP_SECONDS, process.kill)  # a server stuck before `listening on` fails a test
+    watchdog = threading.Timer(START_LIMIT, process.kill)  # a server stuck before `listening on` fails a test
     watchdog.start()  # instead of hanging it: killed, its stderr ends
     try:
         for line in process.stderr:

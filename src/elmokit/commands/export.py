@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 
@@ -79,8 +78,9 @@ def load_source(source: Path, last: bool = False):
     checkpoint file or the built-in model's name; a checkpoint's provenance is built from its
     progress and the run's metrics.jsonl beside it (`checkpoint_provenance`), a model dir's is
     its provenance.json."""
-    from elmokit.training.checkpoint import (PROVENANCE_NAME, VOCAB_NAME, checkpoint_provenance,
-                                             load_checkpoint, load_model_dir, model_from_checkpoint)
+    from elmokit.model.weights import read_provenance
+    from elmokit.training.checkpoint import (VOCAB_NAME, checkpoint_provenance, load_checkpoint, load_model_dir,
+                                             model_from_checkpoint)
     from elmokit.training.loop import METRICS_NAME
 
     source = source_path(source, last)
@@ -91,10 +91,7 @@ def load_source(source: Path, last: bool = False):
         vocab = vocab if vocab and Path(vocab).is_file() else (local if local.is_file() else None)
         card = checkpoint_provenance(checkpoint, source.parent / METRICS_NAME) if "progress" in checkpoint else None
         return model_from_checkpoint(checkpoint), vocab, card
-    directory = source
-    card_path = Path(directory) / PROVENANCE_NAME
-    card = json.loads(card_path.read_text(encoding="utf-8")) if card_path.is_file() else None
-    return (*load_model_dir(directory), card)
+    return (*load_model_dir(source), read_provenance(source) or None)
 
 
 def run(args: argparse.Namespace) -> int:
