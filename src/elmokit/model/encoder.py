@@ -62,8 +62,8 @@ def flat_kernels(kernels) -> list[torch.Tensor]:
 
 def window_products(chars: torch.Tensor, kernels: list[torch.Tensor]):
     """Each convolution over chars (n, W, E) as one product over all its windows (through oneDNN,
-    `elmokit.kernels`; ~2x oneDNN's own convolution here): yields (n, W - w + 1, n_i) per kernel
-    (n_i, w*E) of `flat_kernels`. Callers pass a few tokens at a time, so the products stay in cache."""
+    `elmokit.kernels`): yields (n, W - w + 1, n_i) per kernel (n_i, w*E) of `flat_kernels`. Callers
+    pass a few tokens at a time, so the products stay in cache."""
     n_tokens, n_chars, dim = chars.shape
     for kernel in kernels:
         width = kernel.shape[1] // dim

@@ -52,7 +52,7 @@ def quantize_rows(x: torch.Tensor, shifted: bool = False) -> tuple[torch.Tensor,
 
     x (R, K) float -> q (R, K) int8, scale (R, 1) float32 (a row of zeros: q 0, any scale).
     `shifted`: q + 128 as uint8 instead (1..255, zero point 128), the form oneDNN's quantized
-    linear reads its input in (a signed int8 input sends it to a reference kernel ~1000x slower)."""
+    linear reads its input in (a signed int8 input sends it to a reference kernel, orders of magnitude slower)."""
     scale = x.abs().amax(dim=-1, keepdim=True).float().clamp_min(1e-30) / 127.0  # (R, 1)
     if shifted:
         return (x.float() / scale).round_().add_(ZERO_POINT).to(torch.uint8), scale

@@ -5,8 +5,8 @@ Why a process and not a thread: the recurrence runs dozens of small torch operat
 each of which gives up Python's lock and takes it back. In the server's process the event loop
 (HTTP parsing, JSON) wants that lock between every two of them, so the model and the event loop
 took turns instead of running on two cores at once (profiled at 64 clients with the model in a
-thread: its one write a step to wake the event loop took 2.3 ms, half a step, waiting for the
-lock). Here the model has a process, and a lock, of its own; the event loop only reads and
+thread: its one write a step to wake the event loop spent much of a step waiting for the lock).
+Here the model has a process, and a lock, of its own; the event loop only reads and
 writes pipes.
 
 Messages, server -> model (one pipe): ("job", id, sentences, enqueued, sentence_vectors),

@@ -98,8 +98,8 @@ def unique_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The distinct rows of an integer matrix and where each row went: rows (N, W) -> unique (M, W),
     inverse (N,) with unique[inverse] == rows.
 
-    `torch.unique(rows, dim=0)` compares rows one pair at a time on the CPU (~4 small operations a
-    row: ~8 ms of a training step's 1,280 token rows); here each row is hashed to one int64 (a
+    `torch.unique(rows, dim=0)` compares rows one pair at a time on the CPU (a few small operations
+    a row, for each of a training step's token rows); here each row is hashed to one int64 (a
     polynomial in its ids, wrapping), the hashes are de-duplicated, and the result is checked
     exactly against the rows, falling back to `torch.unique(dim=0)` on a collision.
     """

@@ -290,7 +290,7 @@ def written_files(out_dir: Path) -> list[Path]:
 
 def training_total(config: TrainConfig) -> int:
     """The progress bar's total: targets of every epoch (counted by `count_targets`: a pass over
-    the files' bytes, ~0.3 s per 25 MB shard), or `max_tokens` where that comes first."""
+    the files' bytes), or `max_tokens` where that comes first."""
     corpus = config.epochs * count_targets(expand_paths(config.train_files))
     return min(corpus, config.max_tokens) if config.max_tokens else corpus
 

@@ -242,8 +242,8 @@ def forward_cell(gates: list[torch.Tensor] | torch.Tensor, acts: torch.Tensor, c
     fresh results (on the CPU their candidate's slot is doubled in place). Writes acts (D, B, 4C) =
     (σ(i), σ(f), σ(o), tanh(j)), cell_next c_t = clip(f * c_{t-1} + i * j) (D, B, C), tanh_cell
     tanh(c_t) and cell_output m_t = o * tanh(c_t). `via_sigmoid` (None: on the CPU) makes every tanh
-    2 σ(2x) - 1 (`tanh_via_sigmoid`, as in inference: torch's sigmoid on the CPU is ~3x faster than
-    its tanh, so one sigmoid covers the four gates); else torch.tanh (on a GPU both are
+    2 σ(2x) - 1 (`tanh_via_sigmoid`, as in inference: torch's sigmoid on the CPU is faster than its
+    tanh, so one sigmoid covers the four gates); else torch.tanh (on a GPU both are
     memory-bound: the extra operations would only cost).
     """
     pairs = [(gates, acts)] if isinstance(gates, torch.Tensor) else zip(gates, acts.unbind(0))
