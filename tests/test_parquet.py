@@ -177,9 +177,10 @@ def test_embedding_column_errors_name_the_problem():
     ragged = pa.array([[[1.0, 2.0], [3.0]]], type=pa.list_(pa.list_(pa.float32())))
     with pytest.raises(ValueError, match="not an embedding column"):
         embedding_arrays(ragged)
-    uneven = pa.array([[[[1.0]], [[2.0], [3.0]]]], type=pa.list_(pa.list_(pa.list_(pa.float32(), 1))))
-    with pytest.raises(ValueError, match="row 0 .* not rectangular"):
-        embedding_arrays(uneven)
+    for lists in ([[[1.0]], [[2.0], [3.0]]], [[[1.0], [2.0]], [[3.0]]]):  # more, and fewer, than the first list says
+        uneven = pa.array([lists], type=pa.list_(pa.list_(pa.list_(pa.float32(), 1))))
+        with pytest.raises(ValueError, match="row 0 .* not rectangular"):
+            embedding_arrays(uneven)
 
 
 def _rows_file(path: Path, lines: list, arrays: list) -> Path:
