@@ -3,6 +3,7 @@
     .venv/bin/python bench/ray_memory.py                       # -> bench/results/ray-memory.md
     .venv/bin/python bench/ray_memory.py --sizes-mb 5 20 --label after
     .venv/bin/python bench/ray_memory.py --label before --src /tmp/before/src      # an older tree's elmokit
+                                                                  # (a git worktree: its commit is named)
 
 Each size runs in a process of its own (`--one MB`): it writes a text corpus of that many MB
 (random words, lines of 3 to 12 tokens), starts a local Ray instance with a small object store
@@ -118,11 +119,13 @@ def _bench_machine():
     return module
 
 
-def render(rows_by_label: dict[str, list[dict]], object_store_mb: int, header: str, busy: str) -> str:
+def render(runs: dict[str, dict], object_store_mb: int, header: str) -> str:
+    """The page: a row per label and size; under the table, each label's run (the tree's commit, when,
+    and what else ran)."""
     table = ["| tree | corpus (MB) | lines | driver RSS before (MB) | driver peak RSS (MB) | growth (MB) | seconds |",
              "|---|---:|---:|---:|---:|---:|---:|"]
-    for label, rows in rows_by_label.items():
-        for row in rows:
+    for label, run in runs.items():
+        for row in run["rows"]:
             table.append(f"| {label} | {row['mb']:g} | {row['lines']:,} | {row['rss_before_mb']:,.0f} | "
                          f"{row['peak_mb']:,.0f} | {row['peak_mb'] - row['rss_before_mb']:+,.0f} | "
                          f"{row['seconds']:,.1f} |")
@@ -130,7 +133,9 @@ def render(rows_by_label: dict[str, list[dict]], object_store_mb: int, header: s
             f"`bench/ray_memory.py`: each size in a fresh process, a local Ray instance of 2 CPUs with an "
             f"object store of {object_store_mb} MB, one actor, a tiny random model, `--top --sentence-vectors`; "
             f"the driver's RSS sampled every 0.1 s (psutil).\n\n" + "\n".join(table) +
-            f"\n\n<!-- rows: {json.dumps(rows_by_label)} -->\n\nWhat else ran: {busy}\n")
+            f"\n\n<!-- runs: {json.dumps(runs)} -->\n\n" +
+            "".join(f"* '{label}': elmokit at {run['commit']}, run {run['when']}; what else ran: {run['busy']}\n"
+                    for label, run in runs.items()))
 
 
 def main() -> None:
@@ -146,8 +151,13 @@ def main() -> None:
         return
     machine = _bench_machine()
     kept = {}
-    if RESULTS.exists() and "<!-- rows: " in RESULTS.read_text():
-        kept = json.loads(RESULTS.read_text().split("<!-- rows: ", 1)[1].split(" -->", 1)[0])
+    if RESULTS.exists() and "<!-- runs: " in RESULTS.read_text():
+        kept = json.loads(RESULTS.read_text().split("<!-- runs: ", 1)[1].split(" -->", 1)[0])
+    tree = args.src.resolve().parent if args.src else REPO
+    commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, check=False).stdout.strip() or "a tree outside git"
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    busy_before = machine.busy_processes(own="bench/ray_memory.py")
     rows = []
     for size in args.sizes_mb:
         env = dict(os.environ, PYTHONPATH=str(args.src.resolve())) if args.src else None  # only the measured process
@@ -157,10 +167,11 @@ def main() -> None:
             raise SystemExit(f"size {size} MB failed:\n{done.stderr[-3000:]}")
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
         print(rows[-1], flush=True)
-    kept[args.label] = rows
-    busy = machine.busy_processes(own="bench/ray_memory.py")
-    page = render(kept, args.object_store_mb, machine.page_header("cpu", 2), busy)
-    RESULTS.write_text(page)
+    busy = f"before, {busy_before}; after, {machine.busy_processes(own='bench/ray_memory.py')}"
+    kept[args.label] = {"rows": rows, "commit": commit, "when": f"{started} to "
+                        f"{time.strftime('%H:%M UTC', time.gmtime())}", "busy": busy}
+    page = render(kept, args.object_store_mb, machine.page_header("cpu", 2))
+    machine.replace_page(RESULTS, page)
     print(page)
 
 
