@@ -154,8 +154,11 @@ def main() -> None:
     if RESULTS.exists() and "<!-- runs: " in RESULTS.read_text():
         kept = json.loads(RESULTS.read_text().split("<!-- runs: ", 1)[1].split(" -->", 1)[0])
     tree = args.src.resolve().parent if args.src else REPO
-    commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, check=False).stdout.strip() or "a tree outside git"
+    try:  # a tree with uncommitted changes is named as such ("-dirty")
+        commit = subprocess.run(["git", "-C", str(tree), "describe", "--always", "--dirty"], capture_output=True,
+                                text=True, check=False).stdout.strip() or "a tree outside git"
+    except OSError:
+        commit = "a tree of unknown commit (no git)"
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     busy_before = machine.busy_processes(own="bench/ray_memory.py")
     rows = []

@@ -16,6 +16,7 @@ import torch
 from elmokit.model import cell as lstm_cell
 from elmokit.model import fused_cell
 from elmokit.model.int8 import Int8Linear, int8_native
+from elmokit.model.lstm import LstmState
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -168,3 +169,66 @@ def test_a_pass_that_computes_something_else_is_refused(tmp_path, monkeypatch):
                                             r"\(torch.float32 gates, torch.float32 output: cell off by [0-9.]+e-0[67], output by [0-9.]+e"
                                             r"[-+]0[01]\)"):
         assert not fused_cell.available()
+
+
+@pytest.mark.parametrize("clip", [0.0, 0.05])
+def test_training_steps_give_the_eager_cells_values_and_gradients(clip, monkeypatch):
+    """The training recurrence (forward and backward through time) with the compiled passes against
+    the same recurrence with the eager cell, float32, from a carried state, clipped (0.05 binds
+    often with these weights) or not: outputs, final state and every gradient within float32
+    rounding; the compiled passes really ran (counted)."""
+    from tests.test_lm import recurrence_case
+    from elmokit.training.recurrence import forward_streams
+
+    lstm, inputs, state, weights = recurrence_case(clip)
+    lstm = lstm.float()
+    inputs = inputs.detach().float().requires_grad_()
+    state = LstmState(state.hidden.float(), state.cell.float())
+    calls = {"forward": 0, "backward": 0}
+    for name in ("forward", "backward"):
+        compiled = getattr(fused_cell, f"train_{name}_")
+
+        def counted(*args, name=name, compiled=compiled):
+            ran = compiled(*args)
+            calls[name] += ran
+            return ran
+
+        monkeypatch.setattr(fused_cell, f"train_{name}_", counted)
+    results = []
+    for cell in ("compiled", "eager"):
+        if cell == "eager":
+            monkeypatch.setitem(fused_cell._STATE, "library", None)
+        layers, final = forward_streams(lstm, inputs, state)
+        loss = sum((layer * weight.float()).sum() for layer, weight in zip(layers, weights))
+        loss = loss + final.hidden.square().sum() + final.cell.sin().sum()
+        results.append((layers, final, torch.autograd.grad(loss, [inputs, *lstm.parameters()])))
+    assert calls == {"forward": 14, "backward": 14}  # 2 layers x 7 steps, each pass, the compiled run only
+    (layers, final, grads), (eager_layers, eager_final, eager_grads) = results
+    for got, expected in zip([*layers, final.hidden, final.cell], [*eager_layers, eager_final.hidden,
+                                                                    eager_final.cell]):
+        torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+    for got, expected in zip(grads, eager_grads):
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-3)
+
+
+def test_training_buffers_it_does_not_take_are_refused_untouched():
+    """Gates or buffers of another width, dtype or layout: False, nothing written (the eager cell
+    runs instead)."""
+    n_dirs, rows, cell_dim = 2, 3, 8
+    gates = torch.randn(n_dirs, rows, 4 * cell_dim)
+    acts, cell_prev, cell_next, tanh_cell, output = (torch.zeros(n_dirs, rows, w * cell_dim) for w in (4, 1, 1, 1, 1))
+    assert fused_cell.train_forward_(gates, acts, cell_prev, cell_next, tanh_cell, output, 0.0)  # the right ones
+    for wrong in (dict(acts=torch.zeros(n_dirs, rows, 3 * cell_dim)), dict(cell_next=torch.zeros(n_dirs, rows, 4)),
+                  dict(output=torch.zeros(n_dirs, rows, 2 * cell_dim)),
+                  dict(output=torch.zeros(n_dirs, rows, cell_dim, dtype=torch.float64)),
+                  dict(tanh_cell=torch.zeros(n_dirs, cell_dim, rows).mT)):
+        given = dict(acts=torch.zeros_like(acts), cell_prev=cell_prev, cell_next=torch.zeros_like(cell_next),
+                     tanh_cell=torch.zeros_like(tanh_cell), output=torch.zeros_like(output)) | wrong
+        assert not fused_cell.train_forward_(gates, given["acts"], given["cell_prev"], given["cell_next"],
+                                             given["tanh_cell"], given["output"], 0.0), list(wrong)
+        assert all(not t.any() for name, t in given.items() if name != "cell_prev")
+    grad_m, cell_grad = torch.randn(n_dirs, rows, cell_dim), torch.randn(n_dirs, rows, cell_dim)
+    kept = cell_grad.clone()
+    transposed = torch.zeros(n_dirs, rows, cell_dim, 4).transpose(2, 3)  # (D, R, 4, C), not rows of 4C
+    assert not fused_cell.train_backward_(grad_m, cell_grad, acts, cell_prev, cell_next, tanh_cell, transposed, 0.0)
+    assert torch.equal(cell_grad, kept) and not transposed.any()

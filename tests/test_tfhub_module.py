@@ -200,6 +200,9 @@ def test_convert_to_original_takes_a_folder_or_two_paths(tmp_path, reference, ca
     assert main(["convert", "--model", str(MODULE), "--to-original", str(tmp_path / "file")]) == 2
     one_error_line(capsys, "--to-original", "is a file", "OPTIONS WEIGHTS")
     assert (tmp_path / "file").read_text() == "mine\n"
+    assert main(["convert", "--model", str(MODULE), "--to-original", str(tmp_path / "weights.hdf5")]) == 2
+    one_error_line(capsys, "names a file: give both")
+    assert not (tmp_path / "weights.hdf5").exists()
     assert main(["convert", "--model", str(MODULE), "--to-original", "a", "b", "c"]) == 2
     one_error_line(capsys, "a folder DIR or the two files OPTIONS WEIGHTS, got 3 paths")
 
@@ -398,3 +401,11 @@ def test_training_starts_from_a_module_and_a_native_folder_error_points_to_load_
         assert model.softmax.weight.shape[0] == len(vocab)
     with pytest.raises(FileNotFoundError, match=r"no config.json\); elmokit.load_model reads .* a TF-Hub module folder"):
         load_pretrained(MODULE)
+    with pytest.raises(FileNotFoundError, match=r"--init-from small: no such folder or module archive; .* --to-native"):
+        build_model(TrainConfig(init_from="small", vocab=str(tmp_path / "vocab.txt")), vocab)
+    damaged = module_copy(tmp_path)
+    (damaged / "variables" / "variables.index").unlink()
+    with pytest.raises(FileNotFoundError, match="without its variables/variables.index"):  # load_model's own words
+        build_model(TrainConfig(init_from=str(damaged), vocab=str(tmp_path / "vocab.txt")), vocab)
+    builtin = build_model(TrainConfig(init_from="gutenberg-en", vocab=str(tmp_path / "vocab.txt")), vocab)
+    assert builtin.bilm.config == load_model("gutenberg-en").config

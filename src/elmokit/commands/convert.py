@@ -70,6 +70,9 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 def _original_paths(given: list[Path]) -> list[Path]:
     """`--to-original`'s options and weights paths: a folder's two files, or the two paths given."""
     if len(given) == 1:
+        if given[0].suffix.lower() in (".json", ".hdf5", ".h5") and not given[0].is_dir():
+            raise ValueError(f"--to-original {given[0]}: one path is a folder to write {' and '.join(ORIGINAL_NAMES)} "
+                             f"in, and this names a file: give both, --to-original OPTIONS.json WEIGHTS.hdf5")
         if given[0].exists() and not given[0].is_dir():
             raise ValueError(f"--to-original {given[0]}: one path is a folder to write {' and '.join(ORIGINAL_NAMES)} "
                              f"in, and this is a file (give OPTIONS WEIGHTS to name both files)")

@@ -158,11 +158,89 @@ void int8_cell(const void* input, const float* input_row_scale, const float* inp
                 cell_state, output, output_bf16, rows, cell_dim, cell_clip, threads);
 }
 
+// Training's step, forward: from the pre-activations (i, f, o, j) of a step (the candidate not
+// doubled), the activated gates (σ(i), σ(f), σ(o), tanh j), c_t, tanh(c_t) and m_t, each written for
+// the backward pass (elmokit.training.recurrence.forward_cell's buffers), in float32.
+void train_forward(const float* __restrict gates, int64_t gate_stride, float* __restrict acts,
+                   const float* __restrict cell_prev, float* __restrict cell_next, float* __restrict tanh_cell,
+                   float* __restrict cell_output, int64_t rows, int64_t cell_dim, float cell_clip, int threads) {
+    const int64_t blocks = (cell_dim + kBlock - 1) / kBlock;
+    const int64_t items = rows * blocks;
+    const int use = items * kBlock >= 16384 ? threads : 1;
+    const float low = cell_clip > 0.0f ? -cell_clip : -__builtin_inff();
+    const float high = cell_clip > 0.0f ? cell_clip : __builtin_inff();
+#pragma omp parallel for num_threads(use) schedule(static)
+    for (int64_t item = 0; item < items; ++item) {
+        const int64_t row = item / blocks;
+        const int64_t first = (item % blocks) * kBlock;
+        const int64_t last = first + kBlock < cell_dim ? first + kBlock : cell_dim;
+        const float* __restrict pre = gates + row * gate_stride;
+        float* __restrict act = acts + row * 4 * cell_dim;
+        const int64_t at = row * cell_dim;
+#pragma omp simd
+        for (int64_t c = first; c < last; ++c) {
+            const float input_gate = sigmoid(pre[c]);
+            const float forget_gate = sigmoid(pre[cell_dim + c]);
+            const float output_gate = sigmoid(pre[2 * cell_dim + c]);
+            const float candidate = sigmoid(2.0f * pre[3 * cell_dim + c]) * 2.0f - 1.0f;
+            act[c] = input_gate;
+            act[cell_dim + c] = forget_gate;
+            act[2 * cell_dim + c] = output_gate;
+            act[3 * cell_dim + c] = candidate;
+            float c_t = forget_gate * cell_prev[at + c] + input_gate * candidate;
+            c_t = c_t < low ? low : (c_t > high ? high : c_t);
+            cell_next[at + c] = c_t;
+            const float tanh_next = sigmoid(2.0f * c_t) * 2.0f - 1.0f;
+            tanh_cell[at + c] = tanh_next;
+            cell_output[at + c] = output_gate * tanh_next;
+        }
+    }
+}
+
+// Training's step, backward: from dL/dm_t (grad_m) and the cell gradient carried from step t+1
+// (cell_grad), the gradients of the four pre-activations (gate_grads (rows, 4, C)) and dL/dc_{t-1}
+// (written over cell_grad), with the forward pass's acts, c_{t-1}, c_t (where it was clipped, the
+// gradient stops, as torch.clamp's) and tanh(c_t):
+//     dc = (cell_grad + grad_m o (1 - tanh(c_t)^2)) [|c_t| < clip]
+//     di = dc (i - i^2) j   df = dc (f - f^2) c_{t-1}   do = grad_m (o - o^2) tanh(c_t)   dj = dc i (1 - j^2)
+//     dc_{t-1} = dc f
+void train_backward(const float* __restrict grad_m, float* __restrict cell_grad, const float* __restrict acts,
+                    const float* __restrict cell_prev, const float* __restrict cell_next,
+                    const float* __restrict tanh_cell, float* __restrict gate_grads, int64_t rows, int64_t cell_dim,
+                    float cell_clip, int threads) {
+    const int64_t blocks = (cell_dim + kBlock - 1) / kBlock;
+    const int64_t items = rows * blocks;
+    const int use = items * kBlock >= 16384 ? threads : 1;
+#pragma omp parallel for num_threads(use) schedule(static)
+    for (int64_t item = 0; item < items; ++item) {
+        const int64_t row = item / blocks;
+        const int64_t first = (item % blocks) * kBlock;
+        const int64_t last = first + kBlock < cell_dim ? first + kBlock : cell_dim;
+        const float* __restrict act = acts + row * 4 * cell_dim;
+        float* __restrict grads = gate_grads + row * 4 * cell_dim;
+        const int64_t at = row * cell_dim;
+#pragma omp simd
+        for (int64_t c = first; c < last; ++c) {
+            const float input_gate = act[c], forget_gate = act[cell_dim + c];
+            const float output_gate = act[2 * cell_dim + c], candidate = act[3 * cell_dim + c];
+            const float tanh_next = tanh_cell[at + c], dm = grad_m[at + c];
+            float dc = cell_grad[at + c] + dm * (output_gate - output_gate * (tanh_next * tanh_next));
+            if (cell_clip > 0.0f)
+                dc = (cell_next[at + c] < cell_clip && cell_next[at + c] > -cell_clip) ? dc : 0.0f;
+            grads[c] = (input_gate - input_gate * input_gate) * candidate * dc;
+            grads[cell_dim + c] = (forget_gate - forget_gate * forget_gate) * cell_prev[at + c] * dc;
+            grads[2 * cell_dim + c] = (output_gate - output_gate * output_gate) * tanh_next * dm;
+            grads[3 * cell_dim + c] = (input_gate - input_gate * (candidate * candidate)) * dc;
+            cell_grad[at + c] = dc * forget_gate;
+        }
+    }
+}
+
 }  // namespace
 
 extern "C" {
 
-int elmokit_fused_cell_version() { return 1; }
+int elmokit_fused_cell_version() { return 2; }
 
 // gates (rows, 4 cell_dim) with `row_stride` elements between rows, float32 (gates_bf16 0) or bfloat16.
 void elmokit_lstm_cell(const void* gates, int gates_bf16, int64_t row_stride, float* cell_state,
@@ -187,6 +265,22 @@ void elmokit_lstm_cell_int8(const void* input, const float* input_row_scale, con
     else
         int8_cell<false>(input, input_row_scale, input_weight_scale, bias, recurrent, recurrent_row_scale,
                          recurrent_weight_scale, cell_state, output, output_bf16, rows, cell_dim, cell_clip, threads);
+}
+
+// Training (elmokit.training.recurrence), float32: one direction's step, each tensor (rows, .) contiguous
+// but the gates, whose rows are `gate_stride` apart.
+void elmokit_lstm_train_forward(const float* gates, int64_t gate_stride, float* acts, const float* cell_prev,
+                                float* cell_next, float* tanh_cell, float* cell_output, int64_t rows,
+                                int64_t cell_dim, float cell_clip, int threads) {
+    train_forward(gates, gate_stride, acts, cell_prev, cell_next, tanh_cell, cell_output, rows, cell_dim, cell_clip,
+                  threads);
+}
+
+void elmokit_lstm_train_backward(const float* grad_m, float* cell_grad, const float* acts, const float* cell_prev,
+                                 const float* cell_next, const float* tanh_cell, float* gate_grads, int64_t rows,
+                                 int64_t cell_dim, float cell_clip, int threads) {
+    train_backward(grad_m, cell_grad, acts, cell_prev, cell_next, tanh_cell, gate_grads, rows, cell_dim, cell_clip,
+                   threads);
 }
 
 }  // extern "C"

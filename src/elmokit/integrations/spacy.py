@@ -131,9 +131,11 @@ class ElmoComponent:
         if batch_size < 1:
             raise ValueError(f"elmo pipe: batch_size must be >= 1, got {batch_size}")
         if saved_reference(model) != str(model) and not Path(model).is_absolute():
-            raise ValueError(f"elmo pipe: model {model!r} is a folder given relative to this working directory, and "
-                             f"spaCy saves the config as written, so spacy.load in another folder would miss it: "
-                             f"give it absolute, {str(Path(model).resolve())!r}")
+            absolute = str(Path(model).resolve())
+            raise ValueError(f"elmo pipe: model {model!r} is a path relative to this working directory, and spaCy "
+                             f"saves the config as written, so spacy.load in another folder would miss it: give it "
+                             f"absolute, {absolute!r} (a pipeline saved with a relative one loads with spacy.load(PATH, "
+                             f"config={{'components': {{'elmo': {{'model': {absolute!r}}}}}}}))")
         self.name = name
         self.embedder = ElmoEmbedder(model, device=default_device() if device is None else device, threads=threads)
         n_layers = self.embedder.bilm.config.n_output_layers

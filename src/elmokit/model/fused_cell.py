@@ -1,7 +1,12 @@
+# Why this file is long: one compiled library for every driver of the cell (the engine, the server,
+# training forward and backward), and for each the checks that decide whether a call may run it,
+# with the build, cache and self-check that decide whether it runs at all.
 """The LSTM cell's elementwise work in one compiled pass, for the CPU drivers of the recurrence.
 
     cell_(gates, cell, output, cell_clip)            float32 or bfloat16 gates (i, f, o, 2j)
     cell_int8_(input, recurrent, bias, cell, output, cell_clip)   int8 products' int32 sums and scales
+    train_forward_(gates, acts, cell_prev, cell_next, tanh_cell, cell_output, cell_clip)   training's
+    train_backward_(grad_m, cell_grad, acts, cell_prev, cell_next, tanh_cell, gate_grads, cell_clip)   step
     available(), status()                            whether it runs here, and if not why
 
 Both compute `elmokit.model.cell`'s step (`activate_doubled_gates_` then `cell_step` with
@@ -9,8 +14,12 @@ Both compute `elmokit.model.cell`'s step (`activate_doubled_gates_` then `cell_s
 goes to `output` in float32 or bfloat16 (the projection's input, so no cast follows). Eager torch
 makes about a dozen passes over a step's (R, 4C) gates for the same work (sigmoid, the candidate's
 2σ - 1, the products and sums of the cell, the clip, tanh, the cast; for int8 the scaling of the
-int32 sums too), each reading and writing memory and each a dispatch from Python. Each returns
-False where the compiled pass does not run; the caller then runs the eager cell.
+int32 sums too), each reading and writing memory and each a dispatch from Python. Training's two
+passes (`elmokit.training.recurrence`, float32) do the same for its step forward, writing what the
+backward pass reads (the activated gates, c_t, tanh(c_t), m_t), and backward, the four gates'
+gradients and the cell's from dL/dm_t (the derivative of the same formulas, torch.clamp's rule at
+the clip). Each returns False where the compiled pass does not run; the caller then runs the eager
+cell.
 
 The pass is `csrc/lstm_cell.cpp`, built at its first use with the machine's C++ compiler (`CXX`, else
 g++, c++ or clang++; `-O3 -march=native -fopenmp`: vectorized for this CPU, threads from the
@@ -53,7 +62,7 @@ from elmokit.cachedir import cache_dir
 SWITCH = "ELMOKIT_FUSED_CELL"  # "0" turns the compiled pass off
 SOURCE = "csrc/lstm_cell.cpp"  # in the package
 FLAGS = ("-std=c++17", "-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
-VERSION = 1  # elmokit_fused_cell_version() of the source this module calls
+VERSION = 2  # elmokit_fused_cell_version() of the source this module calls
 CHECK_TOLERANCE = 1e-5  # of the self-check against the eager cell (values of order 1)
 
 _LOCK = threading.Lock()
@@ -117,6 +126,68 @@ def cell_int8_(input_product: tuple[torch.Tensor, torch.Tensor, torch.Tensor | N
         return False
     _run_int8(library, input_product, recurrent_product, bias, cell, output, cell_clip, torch.get_num_threads())
     return True
+
+
+def train_forward_(gates: torch.Tensor | list[torch.Tensor], acts: torch.Tensor, cell_prev: torch.Tensor,
+                   cell_next: torch.Tensor, tanh_cell: torch.Tensor, cell_output: torch.Tensor,
+                   cell_clip: float) -> bool:
+    """Training's step forward, both directions: gates (D, R, 4C) or D x (R, 4C), the pre-activations
+    (i, f, o, j), each row contiguous -> acts (D, R, 4C) (σ(i), σ(f), σ(o), tanh(j)), cell_next
+    clip(f c_{t-1} + i j), tanh_cell and cell_output o tanh(c_t) (each (D, R, C)), from cell_prev
+    (D, R, C); float32 on the CPU, each direction's (R, .) contiguous. False (nothing written) where
+    the pass does not run here or does not take these tensors."""
+    directions = list(gates.unbind(0)) if isinstance(gates, torch.Tensor) else list(gates)
+    buffers = (acts, cell_prev, cell_next, tanh_cell, cell_output)
+    if not (_train_buffers(cell_prev, buffers, (4, 1, 1, 1, 1)) and len(directions) == len(cell_prev)
+            and all(_on_cpu_float32(pre) and pre.shape == acts.shape[1:] and pre.stride(-1) == 1 for pre in directions)):
+        return False
+    library = _library()
+    if library is None:
+        return False
+    rows, cell_dim = cell_prev.shape[1:]
+    threads = torch.get_num_threads()
+    for d, pre in enumerate(directions):
+        library.elmokit_lstm_train_forward(pre.data_ptr(), pre.stride(0), *(t[d].data_ptr() for t in buffers),
+                                           rows, cell_dim, float(cell_clip), threads)
+    return True
+
+
+def train_backward_(grad_m: torch.Tensor, cell_grad: torch.Tensor, acts: torch.Tensor, cell_prev: torch.Tensor,
+                    cell_next: torch.Tensor, tanh_cell: torch.Tensor, gate_grads: torch.Tensor,
+                    cell_clip: float) -> bool:
+    """Training's step backward, both directions: from grad_m dL/dm_t and cell_grad, the cell's
+    gradient from step t+1 (each (D, R, C)), and the forward pass's acts, c_{t-1}, c_t and tanh(c_t)
+    of the step: the gates' gradients into gate_grads (D, R, 4, C) (i, f, o, j) and dL/dc_{t-1} over
+    cell_grad. float32 on the CPU, each direction's (R, .) contiguous; False (nothing written) where
+    the pass does not run here or does not take these tensors."""
+    if not (gate_grads.dim() == 4 and gate_grads.shape[2] == 4 and gate_grads.stride(2) == gate_grads.shape[3]):
+        return False  # (D, R, 4, C) whose (4, C) are one row of 4C: a view of it is written, never a copy
+    buffers = (grad_m, cell_grad, acts, cell_prev, cell_next, tanh_cell, gate_grads.flatten(-2))
+    if not _train_buffers(cell_prev, buffers, (1, 1, 4, 1, 1, 1, 4)):
+        return False
+    library = _library()
+    if library is None:
+        return False
+    rows, cell_dim = cell_prev.shape[1:]
+    threads = torch.get_num_threads()
+    for d in range(len(cell_prev)):
+        library.elmokit_lstm_train_backward(*(t[d].data_ptr() for t in buffers), rows, cell_dim, float(cell_clip),
+                                            threads)
+    return True
+
+
+def _on_cpu_float32(tensor: torch.Tensor) -> bool:
+    return tensor.device.type == "cpu" and tensor.dtype == torch.float32
+
+
+def _train_buffers(cell_prev: torch.Tensor, buffers: tuple[torch.Tensor, ...], widths: tuple[int, ...]) -> bool:
+    """Whether training's buffers are what its passes take: float32 on the CPU, each of shape
+    (D, R, width x C) for cell_prev's (D, R, C), each direction's (R, .) contiguous."""
+    if cell_prev.dim() != 3:
+        return False
+    n_dirs, rows, cell_dim = cell_prev.shape
+    return all(_on_cpu_float32(t) and t.shape == (n_dirs, rows, width * cell_dim)
+               and all(t[d].is_contiguous() for d in range(n_dirs)) for t, width in zip(buffers, widths, strict=True))
 
 
 _GATE_KINDS = {torch.float32: 0, torch.bfloat16: 1}
@@ -259,6 +330,10 @@ def _declare(library: ctypes.CDLL) -> None:
     library.elmokit_lstm_cell.restype = None
     library.elmokit_lstm_cell_int8.argtypes = [pointer] * 9 + [number, size, size, ctypes.c_float, number]
     library.elmokit_lstm_cell_int8.restype = None
+    library.elmokit_lstm_train_forward.argtypes = [pointer, size] + [pointer] * 5 + [size, size, ctypes.c_float, number]
+    library.elmokit_lstm_train_forward.restype = None
+    library.elmokit_lstm_train_backward.argtypes = [pointer] * 7 + [size, size, ctypes.c_float, number]
+    library.elmokit_lstm_train_backward.restype = None
 
 
 def _self_check(library: ctypes.CDLL) -> str:
@@ -299,6 +374,40 @@ def _self_check(library: ctypes.CDLL) -> str:
                                f"{'int32' if integer_recurrent else 'float32'})", cell, output, expected_cell, expected)
             if problem:
                 return problem
+    return _train_problem(library)
+
+
+def _train_problem(library: ctypes.CDLL) -> str:
+    """'' where training's two passes give, on random inputs, the values and the gradients that
+    autograd finds through `elmokit.model.cell`'s step in float64; else what differs."""
+    from elmokit.model import cell as lstm_cell
+
+    generator = torch.Generator(device="cpu").manual_seed(1)
+    n_dirs, rows, cell_dim, clip = 2, 3, 40, 1.5
+    pre, previous, grad_m, grad_cell = (torch.randn(n_dirs, rows, width * cell_dim, generator=generator) * 2
+                                        for width in (4, 1, 1, 1))
+    with torch.inference_mode(False), torch.enable_grad():  # its first call may come under either
+        gates, cell_prev = pre.double().requires_grad_(), previous.double().requires_grad_()
+        expected_acts = lstm_cell.activate_gates(gates)
+        expected_cell, expected_output = lstm_cell.cell_step(expected_acts, cell_prev, clip)
+        expected_gates_grad, expected_cell_grad = torch.autograd.grad(
+            (expected_cell, expected_output), (gates, cell_prev), (grad_cell.double(), grad_m.double()))
+    acts, cell_next, tanh_cell, output = (torch.empty(n_dirs, rows, width * cell_dim) for width in (4, 1, 1, 1))
+    gate_grads, carried = torch.empty(n_dirs, rows, 4, cell_dim), grad_cell.clone()
+    for d in range(n_dirs):
+        library.elmokit_lstm_train_forward(pre[d].data_ptr(), 4 * cell_dim, acts[d].data_ptr(),
+                                           previous[d].data_ptr(), cell_next[d].data_ptr(), tanh_cell[d].data_ptr(),
+                                           output[d].data_ptr(), rows, cell_dim, clip, 1)
+        library.elmokit_lstm_train_backward(grad_m[d].data_ptr(), carried[d].data_ptr(), acts[d].data_ptr(),
+                                            previous[d].data_ptr(), cell_next[d].data_ptr(), tanh_cell[d].data_ptr(),
+                                            gate_grads[d].data_ptr(), rows, cell_dim, clip, 1)
+    for name, found, expected in (("activated gates", acts, expected_acts.detach()),
+                                  ("cell", cell_next, expected_cell.detach()), ("output", output, expected_output.detach()),
+                                  ("gates' gradient", gate_grads.flatten(-2), expected_gates_grad),
+                                  ("cell's gradient", carried, expected_cell_grad)):
+        worst = (found.double() - expected).abs().max().item()
+        if not worst <= CHECK_TOLERANCE:
+            return f"training's step: its {name} off by {worst:.2e}"
     return ""
 
 

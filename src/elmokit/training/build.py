@@ -12,7 +12,10 @@ import torch
 from elmokit.model.chars import MAX_CHARS
 from elmokit.model.config import ConfigError, ElmoConfig
 from elmokit.model.weights import WEIGHTS_NAME, load_original, load_pretrained, read_safetensors
+from elmokit.model.bilm import BiLM
+from elmokit.model.builtin import BUILTIN_MODEL, builtin_model_dir
 from elmokit.sources import tfhub
+from elmokit.sources.loading import load_model
 from elmokit.training import checkpoint as ckpt
 from elmokit.training.config import TrainConfig
 from elmokit.training.data import LMBatch, LMBatcher, eval_batches
@@ -33,12 +36,11 @@ def build_model(config: TrainConfig, vocab, shape: ElmoConfig | None = None) -> 
     if shape is not None:
         return LanguageModel(shape, len(vocab), config.dropout, n_samples)
     if config.init_from:
-        module = tfhub.module_folder(config.init_from)  # a TF-Hub module's biLM; else a native folder's
-        bilm = load_pretrained(config.init_from) if module is None else tfhub.load_tfhub_module(module)
+        bilm, folder = initial_bilm(config.init_from)
         model = LanguageModel(bilm.config, len(vocab), config.dropout, n_samples)
         model.bilm.load_state_dict(bilm.state_dict())
-        if _same_vocabulary(Path(config.init_from) / ckpt.VOCAB_NAME, Path(config.vocab)):
-            softmax = read_safetensors(Path(config.init_from) / WEIGHTS_NAME, prefix="softmax.")
+        if folder is not None and _same_vocabulary(folder / ckpt.VOCAB_NAME, Path(config.vocab)):
+            softmax = read_safetensors(folder / WEIGHTS_NAME, prefix="softmax.")
             if set(softmax) == {"weight", "bias"}:
                 model.softmax.load_state_dict(softmax)
         return model
@@ -50,6 +52,22 @@ def build_model(config: TrainConfig, vocab, shape: ElmoConfig | None = None) -> 
     elmo_config = ElmoConfig.from_name(config.model) if not config.model.endswith(".json") \
         else ElmoConfig.load(config.model)
     return LanguageModel(elmo_config, len(vocab), config.dropout, n_samples)
+
+
+def initial_bilm(reference: str) -> tuple[BiLM, Path | None]:
+    """`--init-from`'s biLM, and the native folder it came from (None for a TF-Hub module): a native
+    model folder (the built-in model's by its name), or a TF-Hub ELMo module folder or .tar.gz."""
+    module = tfhub.module_folder(reference)
+    if module is not None:
+        return tfhub.load_tfhub_module(module), None
+    path = builtin_model_dir() if reference == BUILTIN_MODEL else Path(reference).expanduser()
+    if path.is_dir() and tfhub.looks_like_module_folder(path):
+        return load_model(path), None  # a module folder missing a part: its error names the part
+    if path.is_dir():
+        return load_pretrained(path), path  # its own errors name what the folder lacks
+    raise FileNotFoundError(f"--init-from {reference}: no such folder or module archive; it takes a native model "
+                            f"folder (a run's best/, {BUILTIN_MODEL!r}, or a published model written by `elmo convert "
+                            "--model NAME --to-native DIR`) or a TF-Hub ELMo module folder or .tar.gz")
 
 
 def _same_vocabulary(a: Path, b: Path) -> bool:

@@ -31,7 +31,10 @@ offset already in `bias`, its `cell_step` and `clip_`, its `run_layers` for drop
 residual), on the CPU every tanh as 2 σ(2x) - 1 as in inference (`forward_cell`); the backward pass is their
 derivative written out (tests/test_lm.py checks it against autograd through the step loop of
 `elmokit.model.lstm`, which runs the same functions with torch.tanh: a few float32 ulps apart).
-Clipping follows `torch.clamp`: the gradient passes where the value was not clipped.
+Clipping follows `torch.clamp`: the gradient passes where the value was not clipped. On the CPU in
+float32 a step's elementwise work runs as one compiled pass each way (`elmokit.model.fused_cell`'s
+`train_forward_` and `train_backward_`, checked against autograd through the same formulas when
+loaded), and as the eager functions below where it does not run (no compiler; other devices).
 
 Shape notation: D 2 directions, U steps, B rows, P projection dim, C cell dim.
 """
@@ -48,6 +51,7 @@ from elmokit.devices import without_autocast
 from elmokit.kernels import PackedLinear, linear, matmul
 from elmokit.training import cuda_graphs
 from elmokit.model import cell as lstm_cell
+from elmokit.model import fused_cell
 from elmokit.model.lstm import BiLstm, LstmState
 
 
@@ -80,8 +84,11 @@ class LstmLayerFunction(torch.autograd.Function):
         step_acts, step_cells, step_tanh_cells = acts.unbind(1), cells.unbind(1), tanh_cells.unbind(1)
         step_outputs, step_hiddens = cell_outputs.unbind(1), hiddens.unbind(1)
         for step in range(n_steps):
-            forward_cell(recurrent(step_inputs[step], step_hiddens[step]), step_acts[step], step_cells[step],
-                         step_cells[step + 1], step_tanh_cells[step], step_outputs[step], cell_clip)
+            gates = recurrent(step_inputs[step], step_hiddens[step])
+            buffers = (step_acts[step], step_cells[step], step_cells[step + 1], step_tanh_cells[step],
+                       step_outputs[step])
+            if not fused_cell.train_forward_(gates, *buffers, cell_clip):  # the compiled pass, where it runs
+                forward_cell(gates, *buffers, cell_clip)
             lstm_cell.clip_(products.project(step_outputs[step], weights[2], step_hiddens[step + 1]),
                             proj_clip)  # h_t (D, B, P)
         ctx.save_for_backward(flat_inputs, *weights, acts, cells, tanh_cells, cell_outputs, hiddens)
@@ -96,15 +103,18 @@ class LstmLayerFunction(torch.autograd.Function):
         n_dirs, n_steps, n_rows, cell_dim = tanh_cells.shape
         dim = hiddens.shape[-1]
         forget_gate = acts[..., cell_dim:2 * cell_dim]  # (D, U, B, C)
-        factors, through_tanh = gate_factors(acts, cells, tanh_cells)
-        cell_mask = (cells[:, 1:].abs() < cell_clip).to(cells.dtype) if cell_clip else None
+        fused = acts.device.type == "cpu" and acts.dtype == torch.float32 and fused_cell.available()
+        if not fused:  # the eager cell's factors, all steps at once (the compiled pass makes its own)
+            factors, through_tanh = gate_factors(acts, cells, tanh_cells)
+            cell_mask = (cells[:, 1:].abs() < cell_clip).to(cells.dtype) if cell_clip else None
         hidden_mask = (hiddens[:, 1:].abs() < proj_clip).to(hiddens.dtype) if proj_clip else None
         if grad_outputs is None:
             grad_outputs = hiddens.new_zeros(n_dirs, n_steps, n_rows, dim)
         grad_gates = acts.new_empty(n_dirs, n_steps, n_rows, 4, cell_dim)
         grad_hiddens = hiddens.new_empty(n_dirs, n_steps, n_rows, dim)  # dL/d(projection before its clip)
         recurrent_grad = grad_hidden if grad_hidden is not None else hiddens.new_zeros(n_dirs, n_rows, dim)
-        cell_grad = grad_cell if grad_cell is not None else cells.new_zeros(n_dirs, n_rows, cell_dim)
+        cell_grad = grad_cell.clone(memory_format=torch.contiguous_format) if grad_cell is not None else \
+            cells.new_zeros(n_dirs, n_rows, cell_dim)  # the fused pass writes dL/dc_{t-1} over it
         grad_m = cells.new_empty(n_dirs, n_rows, cell_dim)
         for step in reversed(range(n_steps)):  # both directions in every elementwise operation
             grad_h = torch.add(grad_outputs[:, step], recurrent_grad, out=grad_hiddens[:, step])  # (D, B, P)
@@ -112,8 +122,15 @@ class LstmLayerFunction(torch.autograd.Function):
                 grad_h.mul_(hidden_mask[:, step])
             products.times(grad_h, projection, out=grad_m)  # grad_h W_proj (D, B, C)
             step_grads = grad_gates[:, step]  # (D, B, 4, C)
-            cell_grad = backward_cell(grad_m, cell_grad, through_tanh[:, step], factors[:, step], forget_gate[:, step],
-                                      None if cell_mask is None else cell_mask[:, step], step_grads)
+            if not (fused and fused_cell.train_backward_(grad_m, cell_grad, acts[:, step], cells[:, step],
+                                                         cells[:, step + 1], tanh_cells[:, step], step_grads,
+                                                         cell_clip)):
+                if fused:
+                    raise RuntimeError("the LSTM cell's compiled backward pass refused the buffers of its own "
+                                       "forward pass")  # cannot happen: they are this function's
+                cell_grad = backward_cell(grad_m, cell_grad, through_tanh[:, step], factors[:, step],
+                                          forget_gate[:, step], None if cell_mask is None else cell_mask[:, step],
+                                          step_grads)
             recurrent_grad = products.times(step_grads.view(n_dirs, n_rows, 4 * cell_dim),
                                             recurrent_weight)  # (D, B, P): grad_g W_rec
         flat_gates = grad_gates.view(n_dirs, n_steps * n_rows, 4 * cell_dim)  # (D, U*B, 4C)
