@@ -232,3 +232,36 @@ def test_training_buffers_it_does_not_take_are_refused_untouched():
     transposed = torch.zeros(n_dirs, rows, cell_dim, 4).transpose(2, 3)  # (D, R, 4, C), not rows of 4C
     assert not fused_cell.train_backward_(grad_m, cell_grad, acts, cell_prev, cell_next, tanh_cell, transposed, 0.0)
     assert torch.equal(cell_grad, kept) and not transposed.any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows, width", [(3, 37), (64, 2050)])  # the second on both threads
+def test_the_training_softmax_pass_is_torchs_softmax_nll_and_bias_gradient(dtype, rows, width):
+    """Each row's nll and softmax - onehot(target), float32 over the logits or bfloat16 beside
+    them (the bias added first), and the bias gradient added to what its buffer held."""
+    generator = torch.Generator().manual_seed(3)
+    logits = (torch.randn(rows, width, generator=generator) * 5).to(dtype)
+    bias = None if dtype == torch.float32 else torch.randn(width, generator=generator)
+    targets = torch.randint(0, width, (rows,), generator=generator)
+    full = logits.float() + (0 if bias is None else bias)
+    expected = torch.softmax(full, dim=1)
+    expected[torch.arange(rows), targets] -= 1
+    expected_nll = torch.logsumexp(full, dim=1) - full[torch.arange(rows), targets]
+    grad = logits if dtype == torch.float32 else torch.empty_like(logits)
+    bias_grad = torch.full((width,), 0.5)
+    nll = fused_cell.softmax_rows_(logits, bias, targets, grad, bias_grad)
+    torch.testing.assert_close(nll, expected_nll, rtol=0, atol=2e-5)
+    torch.testing.assert_close(grad.float(), expected, rtol=0, atol=1e-6 if dtype == torch.float32 else 4e-3)
+    torch.testing.assert_close(bias_grad, 0.5 + expected.sum(dim=0), rtol=0, atol=2e-5)
+
+
+def test_the_training_softmax_pass_refuses_what_it_does_not_take():
+    logits, targets, bias_grad = torch.randn(4, 9), torch.tensor([0, 8, 3, 1]), torch.zeros(9)
+    kept = logits.clone()
+    for wrong in (dict(targets=torch.tensor([0, 9, 3, 1])), dict(targets=torch.tensor([0, -1, 3, 1])),
+                  dict(targets=targets.int()), dict(grad=torch.empty(4, 9, dtype=torch.bfloat16)),
+                  dict(bias_grad=torch.zeros(8)), dict(logits=logits.double(), grad=logits.double()),
+                  dict(logits=logits.T.contiguous().T, grad=logits.T.contiguous().T)):
+        given = dict(logits=logits, bias=None, targets=targets, grad=logits, bias_grad=bias_grad) | wrong
+        assert fused_cell.softmax_rows_(**given) is None, list(wrong)
+        assert torch.equal(logits, kept) and not bias_grad.any()

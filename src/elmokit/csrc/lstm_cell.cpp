@@ -12,8 +12,13 @@
 // exp is computed here (range reduction to [-ln2/2, ln2/2] and a degree-6 polynomial: relative
 // error under 2 float32 ulps) so that the compiler vectorizes the loop without -ffast-math.
 // Threads: OpenMP (the process's own runtime, libgomp, shared with torch), over blocks of columns.
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 namespace {
 
@@ -33,6 +38,9 @@ inline uint16_t float_to_bf16(float value) {  // round to nearest even, as torch
     bits += 0x7fffu + ((bits >> 16) & 1u);
     return uint16_t(bits >> 16);
 }
+
+inline float to_float(float value) { return value; }
+inline float to_float(uint16_t value) { return bf16_to_float(value); }
 
 inline float exp_approx(float x) {
     x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
@@ -236,11 +244,61 @@ void train_backward(const float* __restrict grad_m, float* __restrict cell_grad,
     }
 }
 
+// The training softmax's elementwise work on a block of rows (elmokit.training.softmax, full form):
+// from the logits (rows, V), float32, or bfloat16 products to which the float32 bias is added here,
+// each row's nll = log sum_k exp(l_k - max) + max - l_target and its gradient
+// d nll / d logits = softmax - onehot(target), written as float32 (over the logits: the same buffer)
+// or bfloat16 (the next products' operand), and the bias' gradient, the sum of the rows' float32
+// gradients, added into bias_grad. Three passes over a row (its max, its sum, the gradient), each
+// from cache; the threads take rows, each summing its own columns, added up at the end.
+template <typename In, typename Out, bool kBias>
+void softmax_rows(const In* logits, const float* bias, const int64_t* targets, Out* grad, float* bias_grad,
+                  float* nll, int64_t rows, int64_t width, int threads) {
+    const int use = rows * width >= 65536 ? threads : 1;
+    float* partials = new float[int64_t(use) * width]();
+#pragma omp parallel num_threads(use)
+    {
+        int thread = 0, count = 1;
+#ifdef _OPENMP
+        thread = omp_get_thread_num();
+        count = omp_get_num_threads();
+#endif
+        float* __restrict partial = partials + int64_t(thread) * width;
+        for (int64_t row = thread; row < rows; row += count) {
+            const In* in = logits + row * width;  // float32: `out` is `in` (written over it)
+            Out* out = grad + row * width;
+            float top = -__builtin_inff();
+#pragma omp simd reduction(max : top)
+            for (int64_t k = 0; k < width; ++k) {
+                const float logit = to_float(in[k]) + (kBias ? bias[k] : 0.0f);
+                top = logit > top ? logit : top;
+            }
+            float total = 0.0f;
+#pragma omp simd reduction(+ : total)
+            for (int64_t k = 0; k < width; ++k) total += exp_approx(to_float(in[k]) + (kBias ? bias[k] : 0.0f) - top);
+            const int64_t target = targets[row];
+            const float target_logit = to_float(in[target]) + (kBias ? bias[target] : 0.0f);
+            nll[row] = std::log(total) + top - target_logit;
+            const float inverse = 1.0f / total;
+#pragma omp simd
+            for (int64_t k = 0; k < width; ++k) {
+                const float probability = exp_approx(to_float(in[k]) + (kBias ? bias[k] : 0.0f) - top) * inverse;
+                const float gradient = k == target ? probability - 1.0f : probability;
+                store(out, k, gradient);
+                partial[k] += gradient;
+            }
+        }
+    }
+    for (int thread = 0; thread < use; ++thread)
+        for (int64_t k = 0; k < width; ++k) bias_grad[k] += partials[int64_t(thread) * width + k];
+    delete[] partials;
+}
+
 }  // namespace
 
 extern "C" {
 
-int elmokit_fused_cell_version() { return 2; }
+int elmokit_fused_cell_version() { return 3; }
 
 // gates (rows, 4 cell_dim) with `row_stride` elements between rows, float32 (gates_bf16 0) or bfloat16.
 void elmokit_lstm_cell(const void* gates, int gates_bf16, int64_t row_stride, float* cell_state,
@@ -281,6 +339,26 @@ void elmokit_lstm_train_backward(const float* grad_m, float* cell_grad, const fl
                                  int64_t cell_dim, float cell_clip, int threads) {
     train_backward(grad_m, cell_grad, acts, cell_prev, cell_next, tanh_cell, gate_grads, rows, cell_dim, cell_clip,
                    threads);
+}
+
+// The training softmax's rows: logits (rows, width) float32 (logits_bf16 0: the gradient written over
+// them, grad the same pointer) or bfloat16 (its gradient into grad, bfloat16), all contiguous.
+void elmokit_softmax_rows(const void* logits, int logits_bf16, const float* bias, const int64_t* targets, void* grad,
+                          float* bias_grad, float* nll, int64_t rows, int64_t width, int threads) {
+    const auto run = [&](auto in, auto out) {  // the bias a template argument: each loop vectorized without a branch
+        if (bias)
+            softmax_rows<std::remove_cv_t<std::remove_pointer_t<decltype(in)>>,
+                         std::remove_pointer_t<decltype(out)>, true>(in, bias, targets, out, bias_grad, nll, rows,
+                                                                     width, threads);
+        else
+            softmax_rows<std::remove_cv_t<std::remove_pointer_t<decltype(in)>>,
+                         std::remove_pointer_t<decltype(out)>, false>(in, bias, targets, out, bias_grad, nll, rows,
+                                                                      width, threads);
+    };
+    if (logits_bf16)
+        run(static_cast<const uint16_t*>(logits), static_cast<uint16_t*>(grad));
+    else
+        run(static_cast<const float*>(logits), static_cast<float*>(grad));
 }
 
 }  // extern "C"

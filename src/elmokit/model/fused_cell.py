@@ -7,6 +7,7 @@
     cell_int8_(input, recurrent, bias, cell, output, cell_clip)   int8 products' int32 sums and scales
     train_forward_(gates, acts, cell_prev, cell_next, tanh_cell, cell_output, cell_clip)   training's
     train_backward_(grad_m, cell_grad, acts, cell_prev, cell_next, tanh_cell, gate_grads, cell_clip)   step
+    softmax_rows_(logits, bias, targets, grad, bias_grad)   the training softmax's rows after its product
     available(), status()                            whether it runs here, and if not why
 
 Both compute `elmokit.model.cell`'s step (`activate_doubled_gates_` then `cell_step` with
@@ -18,8 +19,10 @@ int32 sums too), each reading and writing memory and each a dispatch from Python
 passes (`elmokit.training.recurrence`, float32) do the same for its step forward, writing what the
 backward pass reads (the activated gates, c_t, tanh(c_t), m_t), and backward, the four gates'
 gradients and the cell's from dL/dm_t (the derivative of the same formulas, torch.clamp's rule at
-the clip). Each returns False where the compiled pass does not run; the caller then runs the eager
-cell.
+the clip). The same library holds the training softmax's work between its products (each row's
+max, sum, nll and softmax - onehot, the bias gradient summed), `elmokit.training.softmax`'s
+full form. Each returns False (None) where the compiled pass does not run; the caller then runs
+the eager code.
 
 The pass is `csrc/lstm_cell.cpp`, built at its first use with the machine's C++ compiler (`CXX`, else
 g++, c++ or clang++; `-O3 -march=native -fopenmp`: vectorized for this CPU, threads from the
@@ -62,7 +65,7 @@ from elmokit.cachedir import cache_dir
 SWITCH = "ELMOKIT_FUSED_CELL"  # "0" turns the compiled pass off
 SOURCE = "csrc/lstm_cell.cpp"  # in the package
 FLAGS = ("-std=c++17", "-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
-VERSION = 2  # elmokit_fused_cell_version() of the source this module calls
+VERSION = 3  # elmokit_fused_cell_version() of the source this module calls
 CHECK_TOLERANCE = 1e-5  # of the self-check against the eager cell (values of order 1)
 
 _LOCK = threading.Lock()
@@ -174,6 +177,33 @@ def train_backward_(grad_m: torch.Tensor, cell_grad: torch.Tensor, acts: torch.T
         library.elmokit_lstm_train_backward(*(t[d].data_ptr() for t in buffers), rows, cell_dim, float(cell_clip),
                                             threads)
     return True
+
+
+def softmax_rows_(logits: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, grad: torch.Tensor,
+                  bias_grad: torch.Tensor) -> torch.Tensor | None:
+    """The training softmax's elementwise work on a block of rows (`elmokit.training.softmax`):
+    logits (n, V) float32 or bfloat16 (products, before `bias` (V,) float32 when given), targets
+    (n,) int64 -> each row's nll (n,) float32, log sum_k exp(logit_k - max) + max - logit_target,
+    returned; its gradient softmax - onehot(target) into grad (n, V) of the logits' dtype (for
+    float32 it may be the logits themselves, written over); the sum of the rows' float32 gradients
+    added into bias_grad (V,) float32. All contiguous, on the CPU. None (nothing written) where the
+    pass does not run here or does not take these tensors."""
+    if not (logits.dim() == 2 and logits.dtype in _GATE_KINDS and logits.device.type == "cpu"
+            and logits.is_contiguous() and grad.shape == logits.shape and grad.dtype == logits.dtype
+            and grad.device.type == "cpu" and grad.is_contiguous() and _on_cpu_float32(bias_grad)
+            and bias_grad.shape == logits.shape[1:] and bias_grad.is_contiguous()
+            and (bias is None or (_on_cpu_float32(bias) and bias.shape == logits.shape[1:] and bias.is_contiguous()))
+            and targets.dtype == torch.int64 and targets.device.type == "cpu" and targets.shape == logits.shape[:1]
+            and targets.is_contiguous() and len(logits) and 0 <= int(targets.min()) <= int(targets.max()) < logits.shape[1]):
+        return None
+    library = _library()
+    if library is None:
+        return None
+    nll = torch.empty(len(logits), dtype=torch.float32)
+    library.elmokit_softmax_rows(logits.data_ptr(), _GATE_KINDS[logits.dtype], _pointer(bias), targets.data_ptr(),
+                                 grad.data_ptr(), bias_grad.data_ptr(), nll.data_ptr(), *logits.shape,
+                                 torch.get_num_threads())
+    return nll
 
 
 def _on_cpu_float32(tensor: torch.Tensor) -> bool:
@@ -334,6 +364,8 @@ def _declare(library: ctypes.CDLL) -> None:
     library.elmokit_lstm_train_forward.restype = None
     library.elmokit_lstm_train_backward.argtypes = [pointer] * 7 + [size, size, ctypes.c_float, number]
     library.elmokit_lstm_train_backward.restype = None
+    library.elmokit_softmax_rows.argtypes = [pointer, number] + [pointer] * 5 + [size, size, number]
+    library.elmokit_softmax_rows.restype = None
 
 
 def _self_check(library: ctypes.CDLL) -> str:
@@ -374,7 +406,35 @@ def _self_check(library: ctypes.CDLL) -> str:
                                f"{'int32' if integer_recurrent else 'float32'})", cell, output, expected_cell, expected)
             if problem:
                 return problem
-    return _train_problem(library)
+    return _train_problem(library) or _softmax_problem(library)
+
+
+def _softmax_problem(library: ctypes.CDLL) -> str:
+    """'' where the training softmax's pass gives torch's softmax, nll and bias gradient on random
+    logits (float32 written over, bfloat16 with the bias added), else what differs."""
+    generator = torch.Generator(device="cpu").manual_seed(2)
+    rows, width = 5, 37
+    logits, bias = torch.randn(rows, width, generator=generator) * 4, torch.randn(width, generator=generator)
+    targets = torch.randint(0, width, (rows,), generator=generator)
+    for dtype in _GATE_KINDS:
+        given = logits.to(dtype)
+        full = given.float() + (0 if dtype == torch.float32 else bias)
+        expected = torch.softmax(full, dim=1)
+        expected[torch.arange(rows), targets] -= 1
+        expected_nll = torch.logsumexp(full, dim=1) - full[torch.arange(rows), targets]
+        grad = given if dtype == torch.float32 else torch.empty_like(given)
+        bias_grad = torch.ones(width)
+        nll = torch.empty(rows)
+        library.elmokit_softmax_rows(given.data_ptr(), _GATE_KINDS[dtype], None if dtype == torch.float32
+                                     else bias.data_ptr(), targets.data_ptr(), grad.data_ptr(), bias_grad.data_ptr(),
+                                     nll.data_ptr(), rows, width, 1)
+        rounding = CHECK_TOLERANCE if dtype == torch.float32 else 4e-3  # the gradient stored in bfloat16
+        worst = max((grad.float() - expected).abs().max().item() / rounding,
+                    (bias_grad - 1 - expected.sum(dim=0)).abs().max().item() / CHECK_TOLERANCE,
+                    (nll - expected_nll).abs().max().item() / CHECK_TOLERANCE)
+        if not worst <= 1:
+            return f"the training softmax ({dtype} logits): {worst:.1f} times its tolerance off"
+    return ""
 
 
 def _train_problem(library: ctypes.CDLL) -> str:

@@ -8,7 +8,10 @@ backward: four more passes over 25-250 MB a direction for the biLM's 640 targets
 computes its logits, turns them into probabilities (the full form by torch's softmax, a row at a
 time in cache; the sampled form in place), subtracts one at the target (d nll / d logits =
 softmax - onehot) and accumulates the gradients of the hidden states, the weight and the bias
-right away; the backward pass only scales them by the incoming gradient.
+right away; the backward pass only scales them by the incoming gradient. On the CPU the full form's
+work between the products (each row's max, sum, nll and softmax - onehot, the bias gradient) is
+one compiled pass (`elmokit.model.fused_cell.softmax_rows_`, self-checked against torch's softmax
+when loaded), the eager code below where it does not run.
 
 Two forms of the same loss, `nll = logsumexp(candidates) - target logit`:
     full       candidates = every row of W; the target is a column (`targets`)
@@ -28,6 +31,7 @@ import torch
 
 from elmokit.devices import without_autocast
 from elmokit.kernels import linear, matmul
+from elmokit.model import fused_cell
 
 LOGIT_BUDGET = 1 << 24  # floats of a block's logits (64 MB; the full form holds its probabilities beside them,
 # the peak twice that): all N rows of a 10k softmax, blocks of a 100k one
@@ -88,22 +92,33 @@ class Products:
         self.dtype = None if dtype in (None, weight.dtype) else dtype
         self.low_weight = weight if self.dtype is None else weight.to(self.dtype)
 
+    def product(self, block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(n, P) -> the logits' product (n, K) and the bias still to add to it: in float32 the
+        logits themselves (the bias inside the product) and None; with `dtype` the product in it
+        and the float32 bias."""
+        if self.dtype is None:
+            return linear(block, self.weight, self.bias), None  # oneDNN's kernel on the CPU (bench/results/train.md)
+        return linear(block.to(self.dtype), self.low_weight), self.bias
+
     def logits(self, block: torch.Tensor) -> torch.Tensor:
         """(n, P) -> (n, K) in the weight's dtype."""
-        if self.dtype is None:
-            return linear(block, self.weight, self.bias)  # oneDNN's kernel on the CPU (bench/results/train.md)
-        return torch.add(self.bias, linear(block.to(self.dtype), self.low_weight))
+        product, bias = self.product(block)
+        return product if bias is None else torch.add(bias, product)
 
     def accumulate(self, grads: list, grad_logits: torch.Tensor, block: torch.Tensor, rows: slice) -> None:
         """Add a block's gradients, from d nll / d logits (n, K), to grads [hidden, weight, bias,
         true]: its hidden rows' own, the weight's and the bias' summed over the blocks."""
-        low_grad, low_block = (grad_logits, block) if self.dtype is None else (
-            grad_logits.to(self.dtype), block.to(self.dtype))
+        self.accumulate_products(grads, grad_logits if self.dtype is None else grad_logits.to(self.dtype), block, rows)
+        block_bias = grad_logits.sum(dim=0)
+        grads[2] = block_bias if grads[2] is None else grads[2].add_(block_bias)
+
+    def accumulate_products(self, grads: list, low_grad: torch.Tensor, block: torch.Tensor, rows: slice) -> None:
+        """The hidden rows' gradient into grads[0] and the weight's added into grads[1], from d nll /
+        d logits in the products' dtype."""
+        low_block = block if self.dtype is None else block.to(self.dtype)
         grads[0][rows] = matmul(low_grad, self.low_weight)  # oneDNN's kernels on the CPU, as the logits
         block_weight = matmul(low_grad.t(), low_block).to(grads[0].dtype)
-        block_bias = grad_logits.sum(dim=0)
         grads[1] = block_weight if grads[1] is None else grads[1].add_(block_weight)
-        grads[2] = block_bias if grads[2] is None else grads[2].add_(block_bias)
 
 
 def _full_block(block: torch.Tensor, products: Products, targets: torch.Tensor, grads: list | None,
@@ -113,7 +128,18 @@ def _full_block(block: torch.Tensor, products: Products, targets: torch.Tensor, 
     logits); each row's nll = logsumexp - target logit, where logsumexp = top - log p(top) (the
     largest probability, at the largest logit `top`, is 1 / sum exp(logit - top)): exact also for a
     target whose own probability is below what float32 holds, and no data-dependent branch."""
-    logits = products.logits(block)  # (n, V)
+    if grads is not None and block.device.type == "cpu":  # training: one compiled pass for what follows the product
+        product, bias = products.product(block)
+        low_grad = product if product.dtype == torch.float32 else torch.empty_like(product)
+        bias_grad = grads[2] if grads[2] is not None else product.new_zeros(product.shape[1], dtype=torch.float32)
+        nll = fused_cell.softmax_rows_(product, bias, targets, low_grad, bias_grad)
+        if nll is not None:
+            grads[2] = bias_grad
+            products.accumulate_products(grads, low_grad, block, rows)
+            return nll.sum(dtype=torch.float64)
+        logits = product if bias is None else torch.add(bias, product)
+    else:
+        logits = products.logits(block)  # (n, V)
     row_index = torch.arange(len(block), device=block.device)
     top, target_logits = logits.amax(dim=1), logits[row_index, targets]  # (n,)
     probabilities = torch.softmax(logits, dim=1)
