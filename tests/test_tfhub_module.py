@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import shutil
 import tarfile
 import tracemalloc
@@ -281,6 +282,11 @@ def test_a_mix_of_another_layer_count_is_refused_naming_it(tmp_path):
     write_bundle(folder / VARIABLES, tensors)
     with pytest.raises(WeightFileError, match=r"aggregation/weights holds 4 weights, expected one a layer .*, 3"):
         hub.Module(str(folder))
+    archive = tmp_path / "module.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(folder, arcname=".")
+    with pytest.raises(WeightFileError, match=rf"^{re.escape(str(archive))} \(read from .*aggregation/weights holds 4"):
+        hub.Module(str(archive))  # the archive the user gave, not only elmokit's cache folder
     tensors["aggregation/weights"] = np.zeros(3, np.float32)
     write_bundle(folder / VARIABLES, tensors)
     assert module_mix(folder) == ([0.0, 0.0, 0.0], pytest.approx(MIX_SCALING))

@@ -48,7 +48,8 @@ def load_model(model: str | Path | None = None, weight_file: str | Path | None =
         return load_pretrained(builtin_model_dir())
     module = tfhub.module_folder(model)
     if module is not None:
-        return tfhub.load_tfhub_module(module)
+        with tfhub.named_as_given(model, module):
+            return tfhub.load_tfhub_module(module)
     path = Path(model)
     if not is_url(str(model)) and path.is_dir():
         if not (path / WEIGHTS_NAME).is_file():  # not native: perhaps an ELMoForManyLangs folder
@@ -80,7 +81,8 @@ def load_with_mix(model: str | Path | None) -> tuple[BiLM, tuple[list[float], fl
     folder = tfhub.module_folder(model)
     if folder is None:
         return load_model(model), None
-    return tfhub.load_tfhub_module(folder), tfhub.module_mix(folder)
+    with tfhub.named_as_given(model, folder):
+        return tfhub.load_tfhub_module(folder), tfhub.module_mix(folder)
 
 
 def saved_reference(reference: str | Path | None) -> str | None:

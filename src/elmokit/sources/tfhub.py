@@ -22,6 +22,7 @@ cell and projection clips 3, relu, 50 characters a token (docs/loading.md).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -103,6 +104,18 @@ def module_folder(reference: str | Path | None) -> Path | None:
     if is_module_archive(path):
         return extract_module_archive(path)
     return None
+
+
+@contextlib.contextmanager
+def named_as_given(given: str | Path | None, folder: Path):
+    """Errors of reading `folder` name what the user gave first, where that was an archive or a
+    handle (the folder is then elmokit's or TF-Hub's cache, a name they never wrote)."""
+    try:
+        yield
+    except WeightFileError as error:
+        if given is None or Path(str(given)) == folder:
+            raise
+        raise WeightFileError(f"{given} (read from {error})") from None
 
 
 # ---------------------------------------------------------------------------------------------
