@@ -171,14 +171,18 @@ def test_a_pass_that_computes_something_else_is_refused(tmp_path, monkeypatch):
         assert not fused_cell.available()
 
 
-@pytest.mark.parametrize("clip", [0.0, 0.05])
-def test_training_steps_give_the_eager_cells_values_and_gradients(clip, monkeypatch):
+@pytest.mark.parametrize("clip, lstm_bf16", [(0.0, False), (0.05, False), (0.05, True)])
+def test_training_steps_give_the_eager_cells_values_and_gradients(clip, lstm_bf16, monkeypatch):
     """The training recurrence (forward and backward through time) with the compiled passes against
-    the same recurrence with the eager cell, float32, from a carried state, clipped (0.05 binds
+    the same recurrence with the eager cell, float32 (or its products in bfloat16, `--lstm-bf16`:
+    the recurrent product added to G_t inside the pass), from a carried state, clipped (0.05 binds
     often with these weights) or not: outputs, final state and every gradient within float32
     rounding; the compiled passes really ran (counted)."""
     from tests.test_lm import recurrence_case
-    from elmokit.training.recurrence import forward_streams
+    from elmokit.training.recurrence import RecurrenceOptions, forward_streams
+
+    if lstm_bf16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        pytest.skip("--lstm-bf16 needs native bfloat16 products (AVX512-BF16 or AMX)")
 
     lstm, inputs, state, weights = recurrence_case(clip)
     lstm = lstm.float()
@@ -198,7 +202,7 @@ def test_training_steps_give_the_eager_cells_values_and_gradients(clip, monkeypa
     for cell in ("compiled", "eager"):
         if cell == "eager":
             monkeypatch.setitem(fused_cell._STATE, "library", None)
-        layers, final = forward_streams(lstm, inputs, state)
+        layers, final = forward_streams(lstm, inputs, state, RecurrenceOptions(lstm_bf16=lstm_bf16))
         loss = sum((layer * weight.float()).sum() for layer, weight in zip(layers, weights))
         loss = loss + final.hidden.square().sum() + final.cell.sin().sum()
         results.append((layers, final, torch.autograd.grad(loss, [inputs, *lstm.parameters()])))

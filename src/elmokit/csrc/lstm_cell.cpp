@@ -167,9 +167,11 @@ void int8_cell(const void* input, const float* input_row_scale, const float* inp
 }
 
 // Training's step, forward: from the pre-activations (i, f, o, j) of a step (the candidate not
-// doubled), the activated gates (σ(i), σ(f), σ(o), tanh j), c_t, tanh(c_t) and m_t, each written for
+// doubled; with kAddend the sum of G_t, float32, and the recurrent product, bfloat16), the activated gates (σ(i), σ(f), σ(o), tanh j), c_t, tanh(c_t) and m_t, each written for
 // the backward pass (elmokit.training.recurrence.forward_cell's buffers), in float32.
-void train_forward(const float* __restrict gates, int64_t gate_stride, float* __restrict acts,
+template <bool kAddend>
+void train_forward(const float* __restrict gates, int64_t gate_stride, const uint16_t* __restrict addend,
+                   int64_t addend_stride, float* __restrict acts,
                    const float* __restrict cell_prev, float* __restrict cell_next, float* __restrict tanh_cell,
                    float* __restrict cell_output, int64_t rows, int64_t cell_dim, float cell_clip, int threads) {
     const int64_t blocks = (cell_dim + kBlock - 1) / kBlock;
@@ -183,14 +185,18 @@ void train_forward(const float* __restrict gates, int64_t gate_stride, float* __
         const int64_t first = (item % blocks) * kBlock;
         const int64_t last = first + kBlock < cell_dim ? first + kBlock : cell_dim;
         const float* __restrict pre = gates + row * gate_stride;
+        const uint16_t* __restrict add = kAddend ? addend + row * addend_stride : nullptr;
+        const auto gate = [&](int64_t column) {  // G_t + the recurrent product (bfloat16), summed in float32
+            return kAddend ? pre[column] + bf16_to_float(add[column]) : pre[column];
+        };
         float* __restrict act = acts + row * 4 * cell_dim;
         const int64_t at = row * cell_dim;
 #pragma omp simd
         for (int64_t c = first; c < last; ++c) {
-            const float input_gate = sigmoid(pre[c]);
-            const float forget_gate = sigmoid(pre[cell_dim + c]);
-            const float output_gate = sigmoid(pre[2 * cell_dim + c]);
-            const float candidate = sigmoid(2.0f * pre[3 * cell_dim + c]) * 2.0f - 1.0f;
+            const float input_gate = sigmoid(gate(c));
+            const float forget_gate = sigmoid(gate(cell_dim + c));
+            const float output_gate = sigmoid(gate(2 * cell_dim + c));
+            const float candidate = sigmoid(2.0f * gate(3 * cell_dim + c)) * 2.0f - 1.0f;
             act[c] = input_gate;
             act[cell_dim + c] = forget_gate;
             act[2 * cell_dim + c] = output_gate;
@@ -298,7 +304,7 @@ void softmax_rows(const In* logits, const float* bias, const int64_t* targets, O
 
 extern "C" {
 
-int elmokit_fused_cell_version() { return 3; }
+int elmokit_fused_cell_version() { return 4; }
 
 // gates (rows, 4 cell_dim) with `row_stride` elements between rows, float32 (gates_bf16 0) or bfloat16.
 void elmokit_lstm_cell(const void* gates, int gates_bf16, int64_t row_stride, float* cell_state,
@@ -327,11 +333,16 @@ void elmokit_lstm_cell_int8(const void* input, const float* input_row_scale, con
 
 // Training (elmokit.training.recurrence), float32: one direction's step, each tensor (rows, .) contiguous
 // but the gates, whose rows are `gate_stride` apart.
-void elmokit_lstm_train_forward(const float* gates, int64_t gate_stride, float* acts, const float* cell_prev,
-                                float* cell_next, float* tanh_cell, float* cell_output, int64_t rows,
-                                int64_t cell_dim, float cell_clip, int threads) {
-    train_forward(gates, gate_stride, acts, cell_prev, cell_next, tanh_cell, cell_output, rows, cell_dim, cell_clip,
-                  threads);
+// `addend` (null: none) a bfloat16 product (rows, 4 cell_dim), rows `addend_stride` apart, added to the gates.
+void elmokit_lstm_train_forward(const float* gates, int64_t gate_stride, const uint16_t* addend, int64_t addend_stride,
+                                float* acts, const float* cell_prev, float* cell_next, float* tanh_cell,
+                                float* cell_output, int64_t rows, int64_t cell_dim, float cell_clip, int threads) {
+    if (addend)
+        train_forward<true>(gates, gate_stride, addend, addend_stride, acts, cell_prev, cell_next, tanh_cell,
+                            cell_output, rows, cell_dim, cell_clip, threads);
+    else
+        train_forward<false>(gates, gate_stride, addend, addend_stride, acts, cell_prev, cell_next, tanh_cell,
+                             cell_output, rows, cell_dim, cell_clip, threads);
 }
 
 void elmokit_lstm_train_backward(const float* grad_m, float* cell_grad, const float* acts, const float* cell_prev,

@@ -65,7 +65,7 @@ from elmokit.cachedir import cache_dir
 SWITCH = "ELMOKIT_FUSED_CELL"  # "0" turns the compiled pass off
 SOURCE = "csrc/lstm_cell.cpp"  # in the package
 FLAGS = ("-std=c++17", "-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
-VERSION = 3  # elmokit_fused_cell_version() of the source this module calls
+VERSION = 4  # elmokit_fused_cell_version() of the source this module calls
 CHECK_TOLERANCE = 1e-5  # of the self-check against the eager cell (values of order 1)
 
 _LOCK = threading.Lock()
@@ -133,16 +133,20 @@ def cell_int8_(input_product: tuple[torch.Tensor, torch.Tensor, torch.Tensor | N
 
 def train_forward_(gates: torch.Tensor | list[torch.Tensor], acts: torch.Tensor, cell_prev: torch.Tensor,
                    cell_next: torch.Tensor, tanh_cell: torch.Tensor, cell_output: torch.Tensor,
-                   cell_clip: float) -> bool:
+                   cell_clip: float, addends: list[torch.Tensor] | None = None) -> bool:
     """Training's step forward, both directions: gates (D, R, 4C) or D x (R, 4C), the pre-activations
-    (i, f, o, j), each row contiguous -> acts (D, R, 4C) (σ(i), σ(f), σ(o), tanh(j)), cell_next
+    (i, f, o, j), each row contiguous (with `addends`, D x (R, 4C) bfloat16 products added to them in
+    float32 as they are read) -> acts (D, R, 4C) (σ(i), σ(f), σ(o), tanh(j)), cell_next
     clip(f c_{t-1} + i j), tanh_cell and cell_output o tanh(c_t) (each (D, R, C)), from cell_prev
     (D, R, C); float32 on the CPU, each direction's (R, .) contiguous. False (nothing written) where
     the pass does not run here or does not take these tensors."""
     directions = list(gates.unbind(0)) if isinstance(gates, torch.Tensor) else list(gates)
     buffers = (acts, cell_prev, cell_next, tanh_cell, cell_output)
     if not (_train_buffers(cell_prev, buffers, (4, 1, 1, 1, 1)) and len(directions) == len(cell_prev)
-            and all(_on_cpu_float32(pre) and pre.shape == acts.shape[1:] and pre.stride(-1) == 1 for pre in directions)):
+            and all(_on_cpu_float32(pre) and pre.shape == acts.shape[1:] and pre.stride(-1) == 1 for pre in directions)
+            and (addends is None or (len(addends) == len(directions) and all(
+                add.device.type == "cpu" and add.dtype == torch.bfloat16 and add.shape == acts.shape[1:]
+                and add.stride(-1) == 1 for add in addends)))):
         return False
     library = _library()
     if library is None:
@@ -150,8 +154,10 @@ def train_forward_(gates: torch.Tensor | list[torch.Tensor], acts: torch.Tensor,
     rows, cell_dim = cell_prev.shape[1:]
     threads = torch.get_num_threads()
     for d, pre in enumerate(directions):
-        library.elmokit_lstm_train_forward(pre.data_ptr(), pre.stride(0), *(t[d].data_ptr() for t in buffers),
-                                           rows, cell_dim, float(cell_clip), threads)
+        add = None if addends is None else addends[d]
+        library.elmokit_lstm_train_forward(pre.data_ptr(), pre.stride(0), _pointer(add), 0 if add is None else
+                                           add.stride(0), *(t[d].data_ptr() for t in buffers), rows, cell_dim,
+                                           float(cell_clip), threads)
     return True
 
 
@@ -360,7 +366,8 @@ def _declare(library: ctypes.CDLL) -> None:
     library.elmokit_lstm_cell.restype = None
     library.elmokit_lstm_cell_int8.argtypes = [pointer] * 9 + [number, size, size, ctypes.c_float, number]
     library.elmokit_lstm_cell_int8.restype = None
-    library.elmokit_lstm_train_forward.argtypes = [pointer, size] + [pointer] * 5 + [size, size, ctypes.c_float, number]
+    library.elmokit_lstm_train_forward.argtypes = [pointer, size, pointer, size] + [pointer] * 5 + [size, size,
+                                                                                                ctypes.c_float, number]
     library.elmokit_lstm_train_forward.restype = None
     library.elmokit_lstm_train_backward.argtypes = [pointer] * 7 + [size, size, ctypes.c_float, number]
     library.elmokit_lstm_train_backward.restype = None
@@ -454,10 +461,12 @@ def _train_problem(library: ctypes.CDLL) -> str:
             (expected_cell, expected_output), (gates, cell_prev), (grad_cell.double(), grad_m.double()))
     acts, cell_next, tanh_cell, output = (torch.empty(n_dirs, rows, width * cell_dim) for width in (4, 1, 1, 1))
     gate_grads, carried = torch.empty(n_dirs, rows, 4, cell_dim), grad_cell.clone()
-    for d in range(n_dirs):
-        library.elmokit_lstm_train_forward(pre[d].data_ptr(), 4 * cell_dim, acts[d].data_ptr(),
-                                           previous[d].data_ptr(), cell_next[d].data_ptr(), tanh_cell[d].data_ptr(),
-                                           output[d].data_ptr(), rows, cell_dim, clip, 1)
+    addend = pre[1].to(torch.bfloat16)  # the second direction's gates as G_t + a bfloat16 product
+    parts = [(pre[0], None), (pre[1] - addend.float(), addend)]
+    for d, (part, add) in enumerate(parts):
+        library.elmokit_lstm_train_forward(part.data_ptr(), 4 * cell_dim, _pointer(add), 4 * cell_dim,
+                                           acts[d].data_ptr(), previous[d].data_ptr(), cell_next[d].data_ptr(),
+                                           tanh_cell[d].data_ptr(), output[d].data_ptr(), rows, cell_dim, clip, 1)
         library.elmokit_lstm_train_backward(grad_m[d].data_ptr(), carried[d].data_ptr(), acts[d].data_ptr(),
                                             previous[d].data_ptr(), cell_next[d].data_ptr(), tanh_cell[d].data_ptr(),
                                             gate_grads[d].data_ptr(), rows, cell_dim, clip, 1)

@@ -84,10 +84,12 @@ class LstmLayerFunction(torch.autograd.Function):
         step_acts, step_cells, step_tanh_cells = acts.unbind(1), cells.unbind(1), tanh_cells.unbind(1)
         step_outputs, step_hiddens = cell_outputs.unbind(1), hiddens.unbind(1)
         for step in range(n_steps):
-            gates = recurrent(step_inputs[step], step_hiddens[step])
+            gates, addends = recurrent(step_inputs[step], step_hiddens[step])
             buffers = (step_acts[step], step_cells[step], step_cells[step + 1], step_tanh_cells[step],
                        step_outputs[step])
-            if not fused_cell.train_forward_(gates, *buffers, cell_clip):  # the compiled pass, where it runs
+            if not fused_cell.train_forward_(gates, *buffers, cell_clip, addends):  # the compiled pass, where it runs
+                if addends is not None:
+                    gates = [torch.add(gate, addend) for gate, addend in zip(gates, addends)]  # float32 + bfloat16
                 forward_cell(gates, *buffers, cell_clip)
             lstm_cell.clip_(products.project(step_outputs[step], weights[2], step_hiddens[step + 1]),
                             proj_clip)  # h_t (D, B, P)
@@ -177,15 +179,16 @@ class DirectionProducts:
         return [list(steps) for steps in zip(*(s.view(n_steps, n_rows, s.shape[-1]).unbind(0) for s in sums))]
 
     def recurrent(self, recurrent_weight: torch.Tensor, n_rows: int) -> Callable:
-        """(G_t (D, B, 4C), h_{t-1} (D, B, P)) -> G_t + h_{t-1} W_rec^T, a list of D (B, 4C)."""
+        """(G_t (D, B, 4C), h_{t-1} (D, B, P)) -> (G_t + h_{t-1} W_rec^T as a list of D (B, 4C), None);
+        with `dtype`, (G_t, the products h_{t-1} W_rec^T in it), for the cell to add in float32."""
         packed = [PackedLinear(recurrent_weight[d], n_rows) for d in range(len(recurrent_weight))]
         if self.dtype is None:
-            return lambda acts, hidden: [packed[d].add(acts[d], hidden[d]) for d in range(len(packed))]
+            return lambda acts, hidden: ([packed[d].add(acts[d], hidden[d]) for d in range(len(packed))], None)
 
-        def widened(acts: torch.Tensor, hidden: torch.Tensor) -> list[torch.Tensor]:
-            low = hidden.to(self.dtype)
-            return [torch.add(acts[d], packed[d](low[d])) for d in range(len(packed))]  # float32 + bfloat16 product
-        return widened
+        def low(acts: torch.Tensor, hidden: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+            operand = hidden.to(self.dtype)
+            return list(acts), [packed[d](operand[d]) for d in range(len(packed))]
+        return low
 
     def project(self, cell_output: torch.Tensor, projection: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """m_t (D, B, C) -> m_t W_proj^T into out (D, B, P)."""
@@ -234,11 +237,11 @@ class BatchedProducts:
         return sums.view(len(sums), n_steps, n_rows, sums.shape[-1]).unbind(1)
 
     def recurrent(self, recurrent_weight: torch.Tensor, n_rows: int) -> Callable:
-        """(G_t (D, B, 4C), h_{t-1} (D, B, P)) -> G_t + h_{t-1} W_rec^T (D, B, 4C)."""
+        """(G_t (D, B, 4C), h_{t-1} (D, B, P)) -> (G_t + h_{t-1} W_rec^T (D, B, 4C), None)."""
         transposed = recurrent_weight.mT  # (D, P, 4C)
         if self.dtype is None:
-            return lambda acts, hidden: torch.baddbmm(acts, hidden, transposed)
-        return lambda acts, hidden: torch.add(acts, torch.bmm(hidden.to(self.dtype), transposed))
+            return lambda acts, hidden: (torch.baddbmm(acts, hidden, transposed), None)
+        return lambda acts, hidden: (torch.add(acts, torch.bmm(hidden.to(self.dtype), transposed)), None)
 
     def project(self, cell_output: torch.Tensor, projection: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return self._bmm(cell_output, projection.mT, out=out)
