@@ -31,10 +31,8 @@ offset already in `bias`, its `cell_step` and `clip_`, its `run_layers` for drop
 residual), on the CPU every tanh as 2 σ(2x) - 1 as in inference (`forward_cell`); the backward pass is their
 derivative written out (tests/test_lm.py checks it against autograd through the step loop of
 `elmokit.model.lstm`, which runs the same functions with torch.tanh: a few float32 ulps apart).
-Clipping follows `torch.clamp`: the gradient passes where the value was not clipped. On the CPU in
-float32 a step's elementwise work runs as one compiled pass each way (`elmokit.model.fused_cell`'s
-`train_forward_` and `train_backward_`, checked against autograd through the same formulas when
-loaded), and as the eager functions below where it does not run (no compiler; other devices).
+Clipping follows `torch.clamp`: the gradient passes where the value was not clipped. On the CPU a step's
+elementwise work is one compiled pass each way (`elmokit.model.fused_cell`), the functions below elsewhere.
 
 Shape notation: D 2 directions, U steps, B rows, P projection dim, C cell dim.
 """
@@ -127,9 +125,8 @@ class LstmLayerFunction(torch.autograd.Function):
             if not (fused and fused_cell.train_backward_(grad_m, cell_grad, acts[:, step], cells[:, step],
                                                          cells[:, step + 1], tanh_cells[:, step], step_grads,
                                                          cell_clip)):
-                if fused:
-                    raise RuntimeError("the LSTM cell's compiled backward pass refused the buffers of its own "
-                                       "forward pass")  # cannot happen: they are this function's
+                if fused:  # cannot happen: the buffers are this function's own
+                    raise RuntimeError("the LSTM cell's compiled backward pass refused its forward pass's buffers")
                 cell_grad = backward_cell(grad_m, cell_grad, through_tanh[:, step], factors[:, step],
                                           forget_gate[:, step], None if cell_mask is None else cell_mask[:, step],
                                           step_grads)
