@@ -205,7 +205,7 @@ def softmax_rows_(logits: torch.Tensor, bias: torch.Tensor | None, targets: torc
     library = _library()
     if library is None:
         return None
-    nll = torch.empty(len(logits), dtype=torch.float32)
+    nll = torch.empty(len(logits), dtype=torch.float32, device=logits.device)
     library.elmokit_softmax_rows(logits.data_ptr(), _GATE_KINDS[logits.dtype], _pointer(bias), targets.data_ptr(),
                                  grad.data_ptr(), bias_grad.data_ptr(), nll.data_ptr(), *logits.shape,
                                  torch.get_num_threads())
