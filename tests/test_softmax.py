@@ -8,8 +8,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from elmokit.model import fused_cell
 from elmokit.training import softmax
 from tests.test_lm import VOCAB, make_model, plain_sampled_nll, random_streams, window
+
+
+@pytest.fixture(autouse=True, params=["compiled", "eager"])
+def softmax_pass(request, monkeypatch):
+    """Every test with the full form's compiled pass (where it runs here) and with the eager code
+    that runs where it does not (no compiler, other devices)."""
+    if request.param == "eager":
+        monkeypatch.setitem(fused_cell._STATE, "library", None)
+    return request.param
 
 
 @pytest.mark.parametrize("n_samples", [0, 25])
