@@ -112,19 +112,34 @@ inline void store<float>(float* out, int64_t at, float value) { out[at] = value;
 template <>
 inline void store<uint16_t>(uint16_t* out, int64_t at, float value) { out[at] = float_to_bf16(value); }
 
+// The cell clip: values kept within [-clip, clip]; a clip of 0 keeps every value.
+struct Clip {
+    float low, high;
+    explicit Clip(float clip)
+        : low(clip > 0.0f ? -clip : -__builtin_inff()), high(clip > 0.0f ? clip : __builtin_inff()) {}
+    float operator()(float value) const { return value < low ? low : (value > high ? high : value); }
+};
+
+// body(row, first, last) for every block of kBlock columns [first, last) of each of `rows` rows of
+// `width` columns, the blocks shared among `threads` OpenMP threads (one where the work is too small
+// to pay for waking them).
+template <typename Body>
+inline void for_each_block(int64_t rows, int64_t width, int threads, const Body& body) {
+    const int64_t blocks = (width + kBlock - 1) / kBlock;
+    const int64_t items = rows * blocks;
+    const int use = items * kBlock >= 16384 ? threads : 1;
+#pragma omp parallel for num_threads(use) schedule(static)
+    for (int64_t item = 0; item < items; ++item) {
+        const int64_t first = (item % blocks) * kBlock;
+        body(item / blocks, first, first + kBlock < width ? first + kBlock : width);
+    }
+}
+
 template <typename Gates, typename Output>
 void cell(const Gates gates, float* __restrict cell_state, Output* __restrict output,
           int64_t rows, int64_t cell_dim, float cell_clip, int threads) {
-    const int64_t blocks = (cell_dim + kBlock - 1) / kBlock;
-    const int64_t items = rows * blocks;
-    const int use = items * kBlock >= 16384 ? threads : 1;  // small steps: no thread wake-up
-    const float low = cell_clip > 0.0f ? -cell_clip : -__builtin_inff();
-    const float high = cell_clip > 0.0f ? cell_clip : __builtin_inff();
-#pragma omp parallel for num_threads(use) schedule(static)
-    for (int64_t item = 0; item < items; ++item) {
-        const int64_t row = item / blocks;
-        const int64_t first = (item % blocks) * kBlock;
-        const int64_t last = first + kBlock < cell_dim ? first + kBlock : cell_dim;
+    const Clip clip(cell_clip);
+    for_each_block(rows, cell_dim, threads, [&](int64_t row, int64_t first, int64_t last) {
         float* __restrict state = cell_state + row * cell_dim;
         Output* __restrict out = output + row * cell_dim;
         const Gates local = gates;  // its pointers in registers: the stores below cannot change them
@@ -134,12 +149,11 @@ void cell(const Gates gates, float* __restrict cell_state, Output* __restrict ou
             const float forget_gate = sigmoid(local(row, cell_dim + c));
             const float output_gate = sigmoid(local(row, 2 * cell_dim + c));
             const float candidate = sigmoid(local(row, 3 * cell_dim + c)) * 2.0f - 1.0f;
-            float next = forget_gate * state[c] + input_gate * candidate;
-            next = next < low ? low : (next > high ? high : next);
+            const float next = clip(forget_gate * state[c] + input_gate * candidate);
             state[c] = next;
             store(out, c, output_gate * (sigmoid(2.0f * next) * 2.0f - 1.0f));
         }
-    }
+    });
 }
 
 template <typename Gates>
@@ -167,30 +181,26 @@ void int8_cell(const void* input, const float* input_row_scale, const float* inp
 }
 
 // Training's step, forward: from the pre-activations (i, f, o, j) of a step (the candidate not
-// doubled; with kAddend the sum of G_t, float32, and the recurrent product, bfloat16), the activated gates (σ(i), σ(f), σ(o), tanh j), c_t, tanh(c_t) and m_t, each written for
-// the backward pass (elmokit.training.recurrence.forward_cell's buffers), in float32.
+// doubled; with kAddend the sum of G_t, float32, and the recurrent product, bfloat16), the
+// activated gates (σ(i), σ(f), σ(o), tanh j), c_t, tanh(c_t) and m_t, each written for the backward
+// pass (elmokit.training.recurrence.forward_cell's buffers), in float32.
 template <bool kAddend>
 void train_forward(const float* __restrict gates, int64_t gate_stride, const uint16_t* __restrict addend,
                    int64_t addend_stride, float* __restrict acts,
                    const float* __restrict cell_prev, float* __restrict cell_next, float* __restrict tanh_cell,
                    float* __restrict cell_output, int64_t rows, int64_t cell_dim, float cell_clip, int threads) {
-    const int64_t blocks = (cell_dim + kBlock - 1) / kBlock;
-    const int64_t items = rows * blocks;
-    const int use = items * kBlock >= 16384 ? threads : 1;
-    const float low = cell_clip > 0.0f ? -cell_clip : -__builtin_inff();
-    const float high = cell_clip > 0.0f ? cell_clip : __builtin_inff();
-#pragma omp parallel for num_threads(use) schedule(static)
-    for (int64_t item = 0; item < items; ++item) {
-        const int64_t row = item / blocks;
-        const int64_t first = (item % blocks) * kBlock;
-        const int64_t last = first + kBlock < cell_dim ? first + kBlock : cell_dim;
+    const Clip clip(cell_clip);
+    for_each_block(rows, cell_dim, threads, [&](int64_t row, int64_t first, int64_t last) {
         const float* __restrict pre = gates + row * gate_stride;
         const uint16_t* __restrict add = kAddend ? addend + row * addend_stride : nullptr;
         const auto gate = [&](int64_t column) {  // G_t + the recurrent product (bfloat16), summed in float32
             return kAddend ? pre[column] + bf16_to_float(add[column]) : pre[column];
         };
         float* __restrict act = acts + row * 4 * cell_dim;
-        const int64_t at = row * cell_dim;
+        const float* __restrict previous = cell_prev + row * cell_dim;  // restrict here: see train_backward
+        float* __restrict next = cell_next + row * cell_dim;
+        float* __restrict tanh_row = tanh_cell + row * cell_dim;
+        float* __restrict output = cell_output + row * cell_dim;
 #pragma omp simd
         for (int64_t c = first; c < last; ++c) {
             const float input_gate = sigmoid(gate(c));
@@ -201,14 +211,13 @@ void train_forward(const float* __restrict gates, int64_t gate_stride, const uin
             act[cell_dim + c] = forget_gate;
             act[2 * cell_dim + c] = output_gate;
             act[3 * cell_dim + c] = candidate;
-            float c_t = forget_gate * cell_prev[at + c] + input_gate * candidate;
-            c_t = c_t < low ? low : (c_t > high ? high : c_t);
-            cell_next[at + c] = c_t;
+            const float c_t = clip(forget_gate * previous[c] + input_gate * candidate);
+            next[c] = c_t;
             const float tanh_next = sigmoid(2.0f * c_t) * 2.0f - 1.0f;
-            tanh_cell[at + c] = tanh_next;
-            cell_output[at + c] = output_gate * tanh_next;
+            tanh_row[c] = tanh_next;
+            output[c] = output_gate * tanh_next;
         }
-    }
+    });
 }
 
 // Training's step, backward: from dL/dm_t (grad_m) and the cell gradient carried from step t+1
@@ -222,32 +231,31 @@ void train_backward(const float* __restrict grad_m, float* __restrict cell_grad,
                     const float* __restrict cell_prev, const float* __restrict cell_next,
                     const float* __restrict tanh_cell, float* __restrict gate_grads, int64_t rows, int64_t cell_dim,
                     float cell_clip, int threads) {
-    const int64_t blocks = (cell_dim + kBlock - 1) / kBlock;
-    const int64_t items = rows * blocks;
-    const int use = items * kBlock >= 16384 ? threads : 1;
-#pragma omp parallel for num_threads(use) schedule(static)
-    for (int64_t item = 0; item < items; ++item) {
-        const int64_t row = item / blocks;
-        const int64_t first = (item % blocks) * kBlock;
-        const int64_t last = first + kBlock < cell_dim ? first + kBlock : cell_dim;
+    for_each_block(rows, cell_dim, threads, [&](int64_t row, int64_t first, int64_t last) {
+        // the row's pointers restrict-qualified here (a lambda's captures are not): the loop vectorizes
         const float* __restrict act = acts + row * 4 * cell_dim;
         float* __restrict grads = gate_grads + row * 4 * cell_dim;
-        const int64_t at = row * cell_dim;
+        const float* __restrict dm_row = grad_m + row * cell_dim;
+        float* __restrict carried = cell_grad + row * cell_dim;
+        const float* __restrict previous = cell_prev + row * cell_dim;
+        const float* __restrict next = cell_next + row * cell_dim;
+        const float* __restrict tanh_row = tanh_cell + row * cell_dim;
+        const float limit = cell_clip;
 #pragma omp simd
         for (int64_t c = first; c < last; ++c) {
             const float input_gate = act[c], forget_gate = act[cell_dim + c];
             const float output_gate = act[2 * cell_dim + c], candidate = act[3 * cell_dim + c];
-            const float tanh_next = tanh_cell[at + c], dm = grad_m[at + c];
-            float dc = cell_grad[at + c] + dm * (output_gate - output_gate * (tanh_next * tanh_next));
-            if (cell_clip > 0.0f)
-                dc = (cell_next[at + c] < cell_clip && cell_next[at + c] > -cell_clip) ? dc : 0.0f;
+            const float tanh_next = tanh_row[c], dm = dm_row[c];
+            float dc = carried[c] + dm * (output_gate - output_gate * (tanh_next * tanh_next));
+            if (limit > 0.0f)
+                dc = (next[c] < limit && next[c] > -limit) ? dc : 0.0f;
             grads[c] = (input_gate - input_gate * input_gate) * candidate * dc;
-            grads[cell_dim + c] = (forget_gate - forget_gate * forget_gate) * cell_prev[at + c] * dc;
+            grads[cell_dim + c] = (forget_gate - forget_gate * forget_gate) * previous[c] * dc;
             grads[2 * cell_dim + c] = (output_gate - output_gate * output_gate) * tanh_next * dm;
             grads[3 * cell_dim + c] = (input_gate - input_gate * (candidate * candidate)) * dc;
-            cell_grad[at + c] = dc * forget_gate;
+            carried[c] = dc * forget_gate;
         }
-    }
+    });
 }
 
 // The training softmax's elementwise work on a block of rows (elmokit.training.softmax, full form):

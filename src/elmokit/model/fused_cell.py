@@ -148,17 +148,10 @@ def train_forward_(gates: torch.Tensor | list[torch.Tensor], acts: torch.Tensor,
                 add.device.type == "cpu" and add.dtype == torch.bfloat16 and add.shape == acts.shape[1:]
                 and add.stride(-1) == 1 for add in addends)))):
         return False
-    library = _library()
-    if library is None:
-        return False
-    rows, cell_dim = cell_prev.shape[1:]
-    threads = torch.get_num_threads()
-    for d, pre in enumerate(directions):
-        add = None if addends is None else addends[d]
-        library.elmokit_lstm_train_forward(pre.data_ptr(), pre.stride(0), _pointer(add), 0 if add is None else
-                                           add.stride(0), *(t[d].data_ptr() for t in buffers), rows, cell_dim,
-                                           float(cell_clip), threads)
-    return True
+    adds = addends or [None] * len(directions)
+    return _each_direction("elmokit_lstm_train_forward", cell_prev, cell_clip, lambda d: (
+        directions[d].data_ptr(), directions[d].stride(0), _pointer(adds[d]),
+        0 if adds[d] is None else adds[d].stride(0), *(t[d].data_ptr() for t in buffers)))
 
 
 def train_backward_(grad_m: torch.Tensor, cell_grad: torch.Tensor, acts: torch.Tensor, cell_prev: torch.Tensor,
@@ -174,14 +167,20 @@ def train_backward_(grad_m: torch.Tensor, cell_grad: torch.Tensor, acts: torch.T
     buffers = (grad_m, cell_grad, acts, cell_prev, cell_next, tanh_cell, gate_grads.flatten(-2))
     if not _train_buffers(cell_prev, buffers, (1, 1, 4, 1, 1, 1, 4)):
         return False
+    return _each_direction("elmokit_lstm_train_backward", cell_prev, cell_clip,
+                           lambda d: tuple(t[d].data_ptr() for t in buffers))
+
+
+def _each_direction(function: str, cell_prev: torch.Tensor, cell_clip: float, pointers) -> bool:
+    """The library's training `function` on each direction d of cell_prev (D, R, C), with the
+    pointers(d) its buffers give; False where the library does not run here."""
     library = _library()
     if library is None:
         return False
     rows, cell_dim = cell_prev.shape[1:]
     threads = torch.get_num_threads()
     for d in range(len(cell_prev)):
-        library.elmokit_lstm_train_backward(*(t[d].data_ptr() for t in buffers), rows, cell_dim, float(cell_clip),
-                                            threads)
+        getattr(library, function)(*pointers(d), rows, cell_dim, float(cell_clip), threads)
     return True
 
 
@@ -200,7 +199,8 @@ def softmax_rows_(logits: torch.Tensor, bias: torch.Tensor | None, targets: torc
             and bias_grad.shape == logits.shape[1:] and bias_grad.is_contiguous()
             and (bias is None or (_on_cpu_float32(bias) and bias.shape == logits.shape[1:] and bias.is_contiguous()))
             and targets.dtype == torch.int64 and targets.device.type == "cpu" and targets.shape == logits.shape[:1]
-            and targets.is_contiguous() and len(logits) and 0 <= int(targets.min()) <= int(targets.max()) < logits.shape[1]):
+            and targets.is_contiguous() and len(logits)
+            and 0 <= int(targets.min()) <= int(targets.max()) < logits.shape[1]):
         return None
     library = _library()
     if library is None:
@@ -471,7 +471,8 @@ def _train_problem(library: ctypes.CDLL) -> str:
                                             previous[d].data_ptr(), cell_next[d].data_ptr(), tanh_cell[d].data_ptr(),
                                             gate_grads[d].data_ptr(), rows, cell_dim, clip, 1)
     for name, found, expected in (("activated gates", acts, expected_acts.detach()),
-                                  ("cell", cell_next, expected_cell.detach()), ("output", output, expected_output.detach()),
+                                  ("cell", cell_next, expected_cell.detach()),
+                                  ("output", output, expected_output.detach()),
                                   ("gates' gradient", gate_grads.flatten(-2), expected_gates_grad),
                                   ("cell's gradient", carried, expected_cell_grad)):
         worst = (found.double() - expected).abs().max().item()

@@ -96,7 +96,8 @@ def has_fused_kernel(optimizer: str, device: torch.device) -> bool:
 
 def build_optimizer(config: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     """Adagrad (bilm-tf's) or Adam, as torch's fused kernel where the parameters' device has one
-    (one pass over all parameters instead of a dozen elementwise ops each), else torch's foreach kernels (`has_fused_kernel`)."""
+    (one pass over all parameters instead of a dozen elementwise ops each), else torch's foreach
+    kernels (`has_fused_kernel`)."""
     parameters = list(model.parameters())
     fused = all(has_fused_kernel(config.optimizer, p.device) for p in parameters)
     if config.optimizer == "adagrad":

@@ -176,10 +176,10 @@ class GatherRows(torch.autograd.Function):
 
     autograd's gradient of `weight[rows]` is a fresh zero-filled (V, P) tensor with the rows'
     gradients scattered in: for a 100k-word softmax a new 51 MB allocation every step, whose page
-    faults cost far more than a zero-fill of memory already mapped. With `sparse` and a dense `.grad` already on the weight (the trainer keeps this
-    one between steps, zeroed), the gradient is returned sparse (COO, each row's gradient at
-    its row) and autograd adds it in place into that `.grad`, which stays dense; otherwise it is
-    the dense gradient of plain indexing. The weight's `.grad` holds the same values either way.
+    faults cost far more than a zero-fill of memory already mapped. With `sparse` and a dense
+    `.grad` already on the weight (the trainer keeps this one between steps, zeroed), the gradient
+    is returned sparse (COO, each row's gradient at its row) and autograd adds it in place into
+    that `.grad`, which stays dense; otherwise it is the dense gradient of plain indexing. The weight's `.grad` holds the same values either way.
 
     apply(weight (V, P), rows (R,) long, sparse bool) -> (R, P)
     """
@@ -228,8 +228,9 @@ def full_softmax_nll(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     vocabulary a slice at a time, with a running maximum and a sum rescaled when the maximum grows
     (the online log-sum-exp), in blocks of SCORING_ROWS rows: on the CPU each slice's logits
     (SCORING_LOGITS floats) stay in cache for the passes over them, where the whole (N, V) logits
-    of a 100k softmax are written to memory and read back four times; elsewhere a block's logits are one slice. The target's
-    logit is its own dot product (its sums in another order than the product's: ~1e-7 apart)."""
+    of a 100k softmax are written to memory and read back four times; elsewhere a block's logits
+    are one slice. The target's logit is its own dot product (its sums in another order than the
+    product's: ~1e-7 apart)."""
     if len(targets) and not 0 <= int(targets.min()) <= int(targets.max()) < weight.shape[0]:
         raise IndexError(f"targets must be word ids in 0..{weight.shape[0] - 1} (the softmax's rows), got "
                          f"{int(targets.min())}..{int(targets.max())}")
