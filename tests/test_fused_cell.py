@@ -171,13 +171,15 @@ def test_a_pass_that_computes_something_else_is_refused(tmp_path, monkeypatch):
         assert not fused_cell.available()
 
 
-@pytest.mark.parametrize("clip, lstm_bf16", [(0.0, False), (0.05, False), (0.05, True)])
-def test_training_steps_give_the_eager_cells_values_and_gradients(clip, lstm_bf16, monkeypatch):
+@pytest.mark.parametrize("clip, lstm_bf16, batched", [(0.0, False, None), (0.05, False, None), (0.05, True, None),
+                                                     (0.05, True, False), (0.0, False, True)])
+def test_training_steps_give_the_eager_cells_values_and_gradients(clip, lstm_bf16, batched, monkeypatch):
     """The training recurrence (forward and backward through time) with the compiled passes against
     the same recurrence with the eager cell, float32 (or its products in bfloat16, `--lstm-bf16`:
-    the recurrent product added to G_t inside the pass), from a carried state, clipped (0.05 binds
-    often with these weights) or not: outputs, final state and every gradient within float32
-    rounding; the compiled passes really ran (counted)."""
+    the bias, G_t and the recurrent product added inside the pass, m_t and the gates' gradients
+    written in bfloat16 by it), both directions' products batched or a direction at a time, from a
+    carried state, clipped (0.05 binds often with these weights) or not: outputs, final state and
+    every gradient within float32 rounding; the compiled passes really ran (counted)."""
     from tests.test_lm import recurrence_case
     from elmokit.training.recurrence import RecurrenceOptions, forward_streams
 
@@ -202,7 +204,7 @@ def test_training_steps_give_the_eager_cells_values_and_gradients(clip, lstm_bf1
     for cell in ("compiled", "eager"):
         if cell == "eager":
             monkeypatch.setitem(fused_cell._STATE, "library", None)
-        layers, final = forward_streams(lstm, inputs, state, RecurrenceOptions(lstm_bf16=lstm_bf16))
+        layers, final = forward_streams(lstm, inputs, state, RecurrenceOptions(batched=batched, lstm_bf16=lstm_bf16))
         loss = sum((layer * weight.float()).sum() for layer, weight in zip(layers, weights))
         loss = loss + final.hidden.square().sum() + final.cell.sin().sum()
         results.append((layers, final, torch.autograd.grad(loss, [inputs, *lstm.parameters()])))
@@ -231,11 +233,26 @@ def test_training_buffers_it_does_not_take_are_refused_untouched():
         assert not fused_cell.train_forward_(gates, given["acts"], given["cell_prev"], given["cell_next"],
                                              given["tanh_cell"], given["output"], 0.0), list(wrong)
         assert all(not t.any() for name, t in given.items() if name != "cell_prev")
+    low = [gate.to(torch.bfloat16) for gate in gates]  # bfloat16 products: the bias and the addends go with them
+    bias = torch.randn(n_dirs, 4 * cell_dim)
+    for wrong in (dict(addends=None), dict(bias=None), dict(bias=bias[:, :-1]), dict(gates=list(gates)),
+                  dict(addends=[gate.float() for gate in low])):
+        given = dict(gates=low, addends=low, bias=bias) | wrong
+        outputs = torch.zeros_like(output)
+        assert not fused_cell.train_forward_(given["gates"], acts, cell_prev, cell_next, tanh_cell, outputs, 0.0,
+                                             given["addends"], given["bias"]), list(wrong)
+        assert not outputs.any()
     grad_m, cell_grad = torch.randn(n_dirs, rows, cell_dim), torch.randn(n_dirs, rows, cell_dim)
     kept = cell_grad.clone()
+    grad_gates, bias_grad = torch.zeros(n_dirs, rows, 4, cell_dim), torch.zeros(n_dirs, 4 * cell_dim)
     transposed = torch.zeros(n_dirs, rows, cell_dim, 4).transpose(2, 3)  # (D, R, 4, C), not rows of 4C
-    assert not fused_cell.train_backward_(grad_m, cell_grad, acts, cell_prev, cell_next, tanh_cell, transposed, 0.0)
-    assert torch.equal(cell_grad, kept) and not transposed.any()
+    for wrong in (dict(gate_grads=transposed), dict(bias_grad=bias_grad[:, 1:]),
+                  dict(grad_m=[grad_m[0], grad_m[1].to(torch.bfloat16)]),  # one dtype for both directions
+                  dict(gate_grads=grad_gates.double())):
+        given = dict(grad_m=grad_m, gate_grads=grad_gates, bias_grad=bias_grad) | wrong
+        assert not fused_cell.train_backward_(given["grad_m"], cell_grad, acts, cell_prev, cell_next, tanh_cell,
+                                              given["gate_grads"], 0.0, given["bias_grad"]), list(wrong)
+        assert torch.equal(cell_grad, kept) and not given["gate_grads"].any() and not bias_grad.any()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -1,7 +1,8 @@
-"""`elmo train --lstm-bf16` on the CPU: the recurrence's products in bfloat16 through oneDNN a
-direction at a time (`DirectionProducts(torch.bfloat16)`), the state, gates and sums float32, the
-weights' master copy float32; a few training steps track float32's losses, and the option is
-saved with the run and taken up again by `--resume`."""
+"""`elmo train --lstm-bf16` on the CPU: the recurrence's products in bfloat16, both directions in
+one batched product (`BatchedProducts(torch.bfloat16)`, oneDNN's bfloat16 kernel; a direction at a
+time with `batched=False`), the state, gates and sums float32, the weights' master copy float32; a
+few training steps track float32's losses, and the option is saved with the run and taken up again
+by `--resume`."""
 
 from __future__ import annotations
 
@@ -18,12 +19,15 @@ from elmokit.training.recurrence import BatchedProducts, DirectionProducts, Recu
 from tests.test_train import corpus, losses  # noqa: F401 - the tiny corpus fixture and its metrics reader
 
 
-def test_the_cpu_runs_bf16_products_a_direction_at_a_time_through_onednn():
+def test_the_cpu_runs_bf16_products_batched_and_float32_a_direction_at_a_time():
     options = RecurrenceOptions(lstm_bf16=True)
     products = options.products(torch.device("cpu"))
-    assert isinstance(products, DirectionProducts) and products.dtype == torch.bfloat16
-    assert isinstance(options.products(torch.device("meta")), BatchedProducts)  # off the CPU: one batched product
-    assert RecurrenceOptions().products(torch.device("cpu")).dtype is None  # the default stays float32
+    assert isinstance(products, BatchedProducts) and products.dtype == torch.bfloat16
+    assert isinstance(options.products(torch.device("meta")), BatchedProducts)  # off the CPU too
+    low = RecurrenceOptions(lstm_bf16=True, batched=False).products(torch.device("cpu"))
+    assert isinstance(low, DirectionProducts) and low.dtype == torch.bfloat16
+    default = RecurrenceOptions().products(torch.device("cpu"))
+    assert isinstance(default, DirectionProducts) and default.dtype is None  # the default stays float32
 
 
 @pytest.mark.parametrize("batched", [False, True])

@@ -180,33 +180,49 @@ void int8_cell(const void* input, const float* input_row_scale, const float* inp
                 cell_state, output, output_bf16, rows, cell_dim, cell_clip, threads);
 }
 
+// Training's forward pass reads a step's pre-activations (i, f, o, j) as one float32 sum (the
+// products in float32, G_t + h_{t-1} W_rec^T: SummedGates) or, with bfloat16 products, as its three
+// terms, bias + G_t + the recurrent product, added in float32 in that order (Bfloat16Terms).
+struct SummedGates {
+    const float* data;
+    int64_t row_stride;
+    float operator()(int64_t row, int64_t column) const { return data[row * row_stride + column]; }
+};
+
+struct Bfloat16Terms {
+    const float* bias;
+    const uint16_t* inputs;
+    int64_t input_stride;
+    const uint16_t* recurrent;
+    int64_t recurrent_stride;
+    float operator()(int64_t row, int64_t column) const {
+        return (bias[column] + bf16_to_float(inputs[row * input_stride + column]))
+               + bf16_to_float(recurrent[row * recurrent_stride + column]);
+    }
+};
+
 // Training's step, forward: from the pre-activations (i, f, o, j) of a step (the candidate not
-// doubled; with kAddend the sum of G_t, float32, and the recurrent product, bfloat16), the
-// activated gates (σ(i), σ(f), σ(o), tanh j), c_t, tanh(c_t) and m_t, each written for the backward
-// pass (elmokit.training.recurrence.forward_cell's buffers), in float32.
-template <bool kAddend>
-void train_forward(const float* __restrict gates, int64_t gate_stride, const uint16_t* __restrict addend,
-                   int64_t addend_stride, float* __restrict acts,
-                   const float* __restrict cell_prev, float* __restrict cell_next, float* __restrict tanh_cell,
-                   float* __restrict cell_output, int64_t rows, int64_t cell_dim, float cell_clip, int threads) {
+// doubled), the activated gates (σ(i), σ(f), σ(o), tanh j), c_t and tanh(c_t) in float32, and m_t in
+// float32 or bfloat16 (then only the projection's operand), each written for the backward pass
+// (elmokit.training.recurrence.forward_cell's buffers).
+template <typename Gates, typename Output>
+void train_forward(const Gates gates, float* __restrict acts, const float* __restrict cell_prev,
+                   float* __restrict cell_next, float* __restrict tanh_cell, Output* __restrict cell_output,
+                   int64_t rows, int64_t cell_dim, float cell_clip, int threads) {
     const Clip clip(cell_clip);
     for_each_block(rows, cell_dim, threads, [&](int64_t row, int64_t first, int64_t last) {
-        const float* __restrict pre = gates + row * gate_stride;
-        const uint16_t* __restrict add = kAddend ? addend + row * addend_stride : nullptr;
-        const auto gate = [&](int64_t column) {  // G_t + the recurrent product (bfloat16), summed in float32
-            return kAddend ? pre[column] + bf16_to_float(add[column]) : pre[column];
-        };
+        const Gates gate = gates;  // its pointers in registers: the stores below cannot change them
         float* __restrict act = acts + row * 4 * cell_dim;
         const float* __restrict previous = cell_prev + row * cell_dim;  // restrict here: see train_backward
         float* __restrict next = cell_next + row * cell_dim;
         float* __restrict tanh_row = tanh_cell + row * cell_dim;
-        float* __restrict output = cell_output + row * cell_dim;
+        Output* __restrict output = cell_output + row * cell_dim;
 #pragma omp simd
         for (int64_t c = first; c < last; ++c) {
-            const float input_gate = sigmoid(gate(c));
-            const float forget_gate = sigmoid(gate(cell_dim + c));
-            const float output_gate = sigmoid(gate(2 * cell_dim + c));
-            const float candidate = sigmoid(2.0f * gate(3 * cell_dim + c)) * 2.0f - 1.0f;
+            const float input_gate = sigmoid(gate(row, c));
+            const float forget_gate = sigmoid(gate(row, cell_dim + c));
+            const float output_gate = sigmoid(gate(row, 2 * cell_dim + c));
+            const float candidate = sigmoid(2.0f * gate(row, 3 * cell_dim + c)) * 2.0f - 1.0f;
             act[c] = input_gate;
             act[cell_dim + c] = forget_gate;
             act[2 * cell_dim + c] = output_gate;
@@ -215,47 +231,91 @@ void train_forward(const float* __restrict gates, int64_t gate_stride, const uin
             next[c] = c_t;
             const float tanh_next = sigmoid(2.0f * c_t) * 2.0f - 1.0f;
             tanh_row[c] = tanh_next;
-            output[c] = output_gate * tanh_next;
+            store(output, c, output_gate * tanh_next);
         }
     });
 }
 
-// Training's step, backward: from dL/dm_t (grad_m) and the cell gradient carried from step t+1
-// (cell_grad), the gradients of the four pre-activations (gate_grads (rows, 4, C)) and dL/dc_{t-1}
-// (written over cell_grad), with the forward pass's acts, c_{t-1}, c_t (where it was clipped, the
-// gradient stops, as torch.clamp's) and tanh(c_t):
+template <typename Gates>
+void train_forward_to(const Gates gates, float* acts, const float* cell_prev, float* cell_next, float* tanh_cell,
+                      void* cell_output, int output_bf16, int64_t rows, int64_t cell_dim, float cell_clip,
+                      int threads) {
+    if (output_bf16)
+        train_forward(gates, acts, cell_prev, cell_next, tanh_cell, static_cast<uint16_t*>(cell_output), rows,
+                      cell_dim, cell_clip, threads);
+    else
+        train_forward(gates, acts, cell_prev, cell_next, tanh_cell, static_cast<float*>(cell_output), rows,
+                      cell_dim, cell_clip, threads);
+}
+
+constexpr int64_t kColumns = 64;  // columns of one work item of the backward pass
+
+// Training's step, backward: from dL/dm_t (grad_m, float32 or the bfloat16 product) and the cell
+// gradient carried from step t+1 (cell_grad), the gradients of the four pre-activations (gate_grads
+// (rows, 4, C), float32 or bfloat16: the next products' operand), their sum over the rows added
+// into bias_grad (4 C, float32, from the float32 gradients), and dL/dc_{t-1} (written over
+// cell_grad), with the forward pass's acts, c_{t-1}, c_t (where it was clipped, the gradient
+// stops, as torch.clamp's) and tanh(c_t):
 //     dc = (cell_grad + grad_m o (1 - tanh(c_t)^2)) [|c_t| < clip]
 //     di = dc (i - i^2) j   df = dc (f - f^2) c_{t-1}   do = grad_m (o - o^2) tanh(c_t)   dj = dc i (1 - j^2)
 //     dc_{t-1} = dc f
-void train_backward(const float* __restrict grad_m, float* __restrict cell_grad, const float* __restrict acts,
-                    const float* __restrict cell_prev, const float* __restrict cell_next,
-                    const float* __restrict tanh_cell, float* __restrict gate_grads, int64_t rows, int64_t cell_dim,
-                    float cell_clip, int threads) {
-    for_each_block(rows, cell_dim, threads, [&](int64_t row, int64_t first, int64_t last) {
-        // the row's pointers restrict-qualified here (a lambda's captures are not): the loop vectorizes
-        const float* __restrict act = acts + row * 4 * cell_dim;
-        float* __restrict grads = gate_grads + row * 4 * cell_dim;
-        const float* __restrict dm_row = grad_m + row * cell_dim;
-        float* __restrict carried = cell_grad + row * cell_dim;
-        const float* __restrict previous = cell_prev + row * cell_dim;
-        const float* __restrict next = cell_next + row * cell_dim;
-        const float* __restrict tanh_row = tanh_cell + row * cell_dim;
-        const float limit = cell_clip;
+// The threads take blocks of kColumns columns, each over every row: the bias' sums need no merging.
+template <typename GradM, typename GateGrad>
+void train_backward(const GradM* grad_m, float* cell_grad, const float* acts, const float* cell_prev,
+                    const float* cell_next, const float* tanh_cell, GateGrad* gate_grads, float* bias_grad,
+                    int64_t rows, int64_t cell_dim, float cell_clip, int threads) {
+    const int64_t blocks = (cell_dim + kColumns - 1) / kColumns;
+    const int use = rows * cell_dim >= 16384 ? threads : 1;
+#pragma omp parallel for num_threads(use) schedule(static)
+    for (int64_t block = 0; block < blocks; ++block) {
+        const int64_t first = block * kColumns, last = first + kColumns < cell_dim ? first + kColumns : cell_dim;
+        float* __restrict bias = bias_grad;
+        for (int64_t row = 0; row < rows; ++row) {
+            // the row's pointers restrict-qualified (a lambda's captures are not): the loop vectorizes
+            const float* __restrict act = acts + row * 4 * cell_dim;
+            GateGrad* __restrict grads = gate_grads + row * 4 * cell_dim;
+            const GradM* __restrict dm_row = grad_m + row * cell_dim;
+            float* __restrict carried = cell_grad + row * cell_dim;
+            const float* __restrict previous = cell_prev + row * cell_dim;
+            const float* __restrict next = cell_next + row * cell_dim;
+            const float* __restrict tanh_row = tanh_cell + row * cell_dim;
+            const float limit = cell_clip;
 #pragma omp simd
-        for (int64_t c = first; c < last; ++c) {
-            const float input_gate = act[c], forget_gate = act[cell_dim + c];
-            const float output_gate = act[2 * cell_dim + c], candidate = act[3 * cell_dim + c];
-            const float tanh_next = tanh_row[c], dm = dm_row[c];
-            float dc = carried[c] + dm * (output_gate - output_gate * (tanh_next * tanh_next));
-            if (limit > 0.0f)
-                dc = (next[c] < limit && next[c] > -limit) ? dc : 0.0f;
-            grads[c] = (input_gate - input_gate * input_gate) * candidate * dc;
-            grads[cell_dim + c] = (forget_gate - forget_gate * forget_gate) * previous[c] * dc;
-            grads[2 * cell_dim + c] = (output_gate - output_gate * output_gate) * tanh_next * dm;
-            grads[3 * cell_dim + c] = (input_gate - input_gate * (candidate * candidate)) * dc;
-            carried[c] = dc * forget_gate;
+            for (int64_t c = first; c < last; ++c) {
+                const float input_gate = act[c], forget_gate = act[cell_dim + c];
+                const float output_gate = act[2 * cell_dim + c], candidate = act[3 * cell_dim + c];
+                const float tanh_next = tanh_row[c], dm = to_float(dm_row[c]);
+                float dc = carried[c] + dm * (output_gate - output_gate * (tanh_next * tanh_next));
+                if (limit > 0.0f)
+                    dc = (next[c] < limit && next[c] > -limit) ? dc : 0.0f;
+                const float input_grad = (input_gate - input_gate * input_gate) * candidate * dc;
+                const float forget_grad = (forget_gate - forget_gate * forget_gate) * previous[c] * dc;
+                const float output_grad = (output_gate - output_gate * output_gate) * tanh_next * dm;
+                const float candidate_grad = (input_gate - input_gate * (candidate * candidate)) * dc;
+                store(grads, c, input_grad);
+                store(grads, cell_dim + c, forget_grad);
+                store(grads, 2 * cell_dim + c, output_grad);
+                store(grads, 3 * cell_dim + c, candidate_grad);
+                bias[c] += input_grad;
+                bias[cell_dim + c] += forget_grad;
+                bias[2 * cell_dim + c] += output_grad;
+                bias[3 * cell_dim + c] += candidate_grad;
+                carried[c] = dc * forget_gate;
+            }
         }
-    });
+    }
+}
+
+template <typename GradM>
+void train_backward_to(const GradM* grad_m, float* cell_grad, const float* acts, const float* cell_prev,
+                       const float* cell_next, const float* tanh_cell, void* gate_grads, int grads_bf16,
+                       float* bias_grad, int64_t rows, int64_t cell_dim, float cell_clip, int threads) {
+    if (grads_bf16)
+        train_backward(grad_m, cell_grad, acts, cell_prev, cell_next, tanh_cell, static_cast<uint16_t*>(gate_grads),
+                       bias_grad, rows, cell_dim, cell_clip, threads);
+    else
+        train_backward(grad_m, cell_grad, acts, cell_prev, cell_next, tanh_cell, static_cast<float*>(gate_grads),
+                       bias_grad, rows, cell_dim, cell_clip, threads);
 }
 
 // The training softmax's elementwise work on a block of rows (elmokit.training.softmax, full form):
@@ -312,7 +372,7 @@ void softmax_rows(const In* logits, const float* bias, const int64_t* targets, O
 
 extern "C" {
 
-int elmokit_fused_cell_version() { return 4; }
+int elmokit_fused_cell_version() { return 5; }
 
 // gates (rows, 4 cell_dim) with `row_stride` elements between rows, float32 (gates_bf16 0) or bfloat16.
 void elmokit_lstm_cell(const void* gates, int gates_bf16, int64_t row_stride, float* cell_state,
@@ -339,25 +399,36 @@ void elmokit_lstm_cell_int8(const void* input, const float* input_row_scale, con
                          recurrent_weight_scale, cell_state, output, output_bf16, rows, cell_dim, cell_clip, threads);
 }
 
-// Training (elmokit.training.recurrence), float32: one direction's step, each tensor (rows, .) contiguous
-// but the gates, whose rows are `gate_stride` apart.
-// `addend` (null: none) a bfloat16 product (rows, 4 cell_dim), rows `addend_stride` apart, added to the gates.
-void elmokit_lstm_train_forward(const float* gates, int64_t gate_stride, const uint16_t* addend, int64_t addend_stride,
-                                float* acts, const float* cell_prev, float* cell_next, float* tanh_cell,
-                                float* cell_output, int64_t rows, int64_t cell_dim, float cell_clip, int threads) {
-    if (addend)
-        train_forward<true>(gates, gate_stride, addend, addend_stride, acts, cell_prev, cell_next, tanh_cell,
-                            cell_output, rows, cell_dim, cell_clip, threads);
+// Training (elmokit.training.recurrence): one direction's step, each tensor (rows, .) contiguous but
+// the gates and the recurrent product, whose rows are their stride apart. gates_bf16 0: gates the
+// float32 pre-activations (bias and recurrent unused); 1: the bfloat16 G_t, added to the float32 bias
+// (4 cell_dim) and then to the bfloat16 `recurrent` product. m_t into cell_output, float32 or bfloat16.
+void elmokit_lstm_train_forward(const void* gates, int gates_bf16, int64_t gate_stride, const float* bias,
+                                const uint16_t* recurrent, int64_t recurrent_stride, float* acts,
+                                const float* cell_prev, float* cell_next, float* tanh_cell, void* cell_output,
+                                int output_bf16, int64_t rows, int64_t cell_dim, float cell_clip, int threads) {
+    if (gates_bf16)
+        train_forward_to(Bfloat16Terms{bias, static_cast<const uint16_t*>(gates), gate_stride, recurrent,
+                                       recurrent_stride},
+                         acts, cell_prev, cell_next, tanh_cell, cell_output, output_bf16, rows, cell_dim, cell_clip,
+                         threads);
     else
-        train_forward<false>(gates, gate_stride, addend, addend_stride, acts, cell_prev, cell_next, tanh_cell,
-                             cell_output, rows, cell_dim, cell_clip, threads);
+        train_forward_to(SummedGates{static_cast<const float*>(gates), gate_stride}, acts, cell_prev, cell_next,
+                         tanh_cell, cell_output, output_bf16, rows, cell_dim, cell_clip, threads);
 }
 
-void elmokit_lstm_train_backward(const float* grad_m, float* cell_grad, const float* acts, const float* cell_prev,
-                                 const float* cell_next, const float* tanh_cell, float* gate_grads, int64_t rows,
-                                 int64_t cell_dim, float cell_clip, int threads) {
-    train_backward(grad_m, cell_grad, acts, cell_prev, cell_next, tanh_cell, gate_grads, rows, cell_dim, cell_clip,
-                   threads);
+// grad_m float32 or bfloat16 (grad_m_bf16), gate_grads float32 or bfloat16 (grads_bf16); bias_grad
+// (4 cell_dim) float32, added into.
+void elmokit_lstm_train_backward(const void* grad_m, int grad_m_bf16, float* cell_grad, const float* acts,
+                                 const float* cell_prev, const float* cell_next, const float* tanh_cell,
+                                 void* gate_grads, int grads_bf16, float* bias_grad, int64_t rows, int64_t cell_dim,
+                                 float cell_clip, int threads) {
+    if (grad_m_bf16)
+        train_backward_to(static_cast<const uint16_t*>(grad_m), cell_grad, acts, cell_prev, cell_next, tanh_cell,
+                          gate_grads, grads_bf16, bias_grad, rows, cell_dim, cell_clip, threads);
+    else
+        train_backward_to(static_cast<const float*>(grad_m), cell_grad, acts, cell_prev, cell_next, tanh_cell,
+                          gate_grads, grads_bf16, bias_grad, rows, cell_dim, cell_clip, threads);
 }
 
 // The training softmax's rows: logits (rows, width) float32 (logits_bf16 0: the gradient written over

@@ -65,7 +65,7 @@ from elmokit.cachedir import cache_dir
 SWITCH = "ELMOKIT_FUSED_CELL"  # "0" turns the compiled pass off
 SOURCE = "csrc/lstm_cell.cpp"  # in the package
 FLAGS = ("-std=c++17", "-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
-VERSION = 4  # elmokit_fused_cell_version() of the source this module calls
+VERSION = 5  # elmokit_fused_cell_version() of the source this module calls
 CHECK_TOLERANCE = 1e-5  # of the self-check against the eager cell (values of order 1)
 
 _LOCK = threading.Lock()
@@ -133,42 +133,60 @@ def cell_int8_(input_product: tuple[torch.Tensor, torch.Tensor, torch.Tensor | N
 
 def train_forward_(gates: torch.Tensor | list[torch.Tensor], acts: torch.Tensor, cell_prev: torch.Tensor,
                    cell_next: torch.Tensor, tanh_cell: torch.Tensor, cell_output: torch.Tensor,
-                   cell_clip: float, addends: list[torch.Tensor] | None = None) -> bool:
+                   cell_clip: float, addends: list[torch.Tensor] | torch.Tensor | None = None,
+                   bias: torch.Tensor | None = None) -> bool:
     """Training's step forward, both directions: gates (D, R, 4C) or D x (R, 4C), the pre-activations
-    (i, f, o, j), each row contiguous (with `addends`, D x (R, 4C) bfloat16 products added to them in
-    float32 as they are read) -> acts (D, R, 4C) (σ(i), σ(f), σ(o), tanh(j)), cell_next
-    clip(f c_{t-1} + i j), tanh_cell and cell_output o tanh(c_t) (each (D, R, C)), from cell_prev
-    (D, R, C); float32 on the CPU, each direction's (R, .) contiguous. False (nothing written) where
-    the pass does not run here or does not take these tensors."""
+    (i, f, o, j) in float32, or with bfloat16 products their three terms: `bias` (D, 4C) float32 +
+    gates, bfloat16 + `addends`, bfloat16 ((D, R, 4C) or D x (R, 4C)), added in float32 in that order as
+    they are read; each row contiguous -> acts (D, R, 4C) (σ(i), σ(f), σ(o), tanh(j)), cell_next
+    clip(f c_{t-1} + i j), tanh_cell (each (D, R, C), float32) and cell_output o tanh(c_t) (D, R, C)
+    float32 or bfloat16, from cell_prev (D, R, C); on the CPU, each direction's (R, .) contiguous.
+    False (nothing written) where the pass does not run here or does not take these tensors."""
     directions = list(gates.unbind(0)) if isinstance(gates, torch.Tensor) else list(gates)
-    buffers = (acts, cell_prev, cell_next, tanh_cell, cell_output)
-    if not (_train_buffers(cell_prev, buffers, (4, 1, 1, 1, 1)) and len(directions) == len(cell_prev)
-            and all(_on_cpu_float32(pre) and pre.shape == acts.shape[1:] and pre.stride(-1) == 1 for pre in directions)
-            and (addends is None or (len(addends) == len(directions) and all(
-                add.device.type == "cpu" and add.dtype == torch.bfloat16 and add.shape == acts.shape[1:]
-                and add.stride(-1) == 1 for add in addends)))):
+    if isinstance(addends, torch.Tensor):
+        addends = list(addends.unbind(0))
+    terms = addends is not None or bias is not None  # bfloat16 products and the float32 bias, summed here
+    gate_dtype = torch.bfloat16 if terms else torch.float32
+    if not (_train_buffers(cell_prev, (acts, cell_prev, cell_next, tanh_cell), (4, 1, 1, 1))
+            and _train_buffers(cell_prev, (cell_output,), (1,), _OUTPUT_KINDS) and len(directions) == len(cell_prev)
+            and all(_rows_of(pre, acts.shape[1:], gate_dtype) for pre in directions)
+            and (not terms or (addends is not None and bias is not None and len(addends) == len(directions)
+                               and all(_rows_of(add, acts.shape[1:], torch.bfloat16) for add in addends)
+                               and _on_cpu_float32(bias) and bias.shape == (len(directions), acts.shape[-1])
+                               and bias.stride(-1) == 1))):
         return False
     adds = addends or [None] * len(directions)
     return _each_direction("elmokit_lstm_train_forward", cell_prev, cell_clip, lambda d: (
-        directions[d].data_ptr(), directions[d].stride(0), _pointer(adds[d]),
-        0 if adds[d] is None else adds[d].stride(0), *(t[d].data_ptr() for t in buffers)))
+        directions[d].data_ptr(), int(terms), directions[d].stride(0), None if bias is None else bias[d].data_ptr(),
+        _pointer(adds[d]), 0 if adds[d] is None else adds[d].stride(0), acts[d].data_ptr(), cell_prev[d].data_ptr(),
+        cell_next[d].data_ptr(), tanh_cell[d].data_ptr(), cell_output[d].data_ptr(), _OUTPUT_KINDS[cell_output.dtype]))
 
 
-def train_backward_(grad_m: torch.Tensor, cell_grad: torch.Tensor, acts: torch.Tensor, cell_prev: torch.Tensor,
-                    cell_next: torch.Tensor, tanh_cell: torch.Tensor, gate_grads: torch.Tensor,
-                    cell_clip: float) -> bool:
-    """Training's step backward, both directions: from grad_m dL/dm_t and cell_grad, the cell's
-    gradient from step t+1 (each (D, R, C)), and the forward pass's acts, c_{t-1}, c_t and tanh(c_t)
-    of the step: the gates' gradients into gate_grads (D, R, 4, C) (i, f, o, j) and dL/dc_{t-1} over
-    cell_grad. float32 on the CPU, each direction's (R, .) contiguous; False (nothing written) where
-    the pass does not run here or does not take these tensors."""
+def train_backward_(grad_m: torch.Tensor | list[torch.Tensor], cell_grad: torch.Tensor, acts: torch.Tensor,
+                    cell_prev: torch.Tensor, cell_next: torch.Tensor, tanh_cell: torch.Tensor,
+                    gate_grads: torch.Tensor, cell_clip: float, bias_grad: torch.Tensor) -> bool:
+    """Training's step backward, both directions: from grad_m dL/dm_t ((D, R, C) or D x (R, C),
+    float32 or bfloat16: the products as they come) and cell_grad, the cell's gradient from step t+1
+    (D, R, C), and the forward pass's acts, c_{t-1}, c_t and tanh(c_t) of the step: the gates'
+    gradients into gate_grads (D, R, 4, C) (i, f, o, j), float32 or bfloat16 (the next products'
+    operand), their float32 sum over the R rows added into bias_grad (D, 4C), and dL/dc_{t-1} over
+    cell_grad. On the CPU, each direction's (R, .) contiguous; False (nothing written) where the
+    pass does not run here or does not take these tensors."""
     if not (gate_grads.dim() == 4 and gate_grads.shape[2] == 4 and gate_grads.stride(2) == gate_grads.shape[3]):
         return False  # (D, R, 4, C) whose (4, C) are one row of 4C: a view of it is written, never a copy
-    buffers = (grad_m, cell_grad, acts, cell_prev, cell_next, tanh_cell, gate_grads.flatten(-2))
-    if not _train_buffers(cell_prev, buffers, (1, 1, 4, 1, 1, 1, 4)):
+    parts = list(grad_m.unbind(0)) if isinstance(grad_m, torch.Tensor) else list(grad_m)
+    buffers = (cell_grad, acts, cell_prev, cell_next, tanh_cell)
+    if not (_train_buffers(cell_prev, buffers, (1, 4, 1, 1, 1))
+            and _train_buffers(cell_prev, (gate_grads.flatten(-2),), (4,), _OUTPUT_KINDS)
+            and len(parts) == len(cell_prev) and len({part.dtype for part in parts}) == 1
+            and all(_rows_of(part, cell_prev.shape[1:], parts[0].dtype) and part.is_contiguous() for part in parts)
+            and _on_cpu_float32(bias_grad) and bias_grad.shape == (len(parts), acts.shape[-1])
+            and bias_grad.is_contiguous()):
         return False
-    return _each_direction("elmokit_lstm_train_backward", cell_prev, cell_clip,
-                           lambda d: tuple(t[d].data_ptr() for t in buffers))
+    flat_grads = gate_grads.flatten(-2)
+    return _each_direction("elmokit_lstm_train_backward", cell_prev, cell_clip, lambda d: (
+        parts[d].data_ptr(), _GATE_KINDS[parts[d].dtype], *(t[d].data_ptr() for t in buffers),
+        flat_grads[d].data_ptr(), _OUTPUT_KINDS[flat_grads.dtype], bias_grad[d].data_ptr()))
 
 
 def _each_direction(function: str, cell_prev: torch.Tensor, cell_clip: float, pointers) -> bool:
@@ -216,14 +234,21 @@ def _on_cpu_float32(tensor: torch.Tensor) -> bool:
     return tensor.device.type == "cpu" and tensor.dtype == torch.float32
 
 
-def _train_buffers(cell_prev: torch.Tensor, buffers: tuple[torch.Tensor, ...], widths: tuple[int, ...]) -> bool:
-    """Whether training's buffers are what its passes take: float32 on the CPU, each of shape
+def _train_buffers(cell_prev: torch.Tensor, buffers: tuple[torch.Tensor, ...], widths: tuple[int, ...],
+                   dtypes=(torch.float32,)) -> bool:
+    """Whether training's buffers are what its passes take: on the CPU, of `dtypes`, each of shape
     (D, R, width x C) for cell_prev's (D, R, C), each direction's (R, .) contiguous."""
     if cell_prev.dim() != 3:
         return False
     n_dirs, rows, cell_dim = cell_prev.shape
-    return all(_on_cpu_float32(t) and t.shape == (n_dirs, rows, width * cell_dim)
+    return all(t.device.type == "cpu" and t.dtype in dtypes and t.shape == (n_dirs, rows, width * cell_dim)
                and all(t[d].is_contiguous() for d in range(n_dirs)) for t, width in zip(buffers, widths, strict=True))
+
+
+def _rows_of(tensor: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> bool:
+    """Whether a direction's (R, width) operand is on the CPU, of this shape and dtype, each row contiguous."""
+    return (tensor.device.type == "cpu" and tensor.dtype == dtype and tensor.shape == shape
+            and tensor.stride(-1) == 1)
 
 
 _GATE_KINDS = {torch.float32: 0, torch.bfloat16: 1}
@@ -366,10 +391,11 @@ def _declare(library: ctypes.CDLL) -> None:
     library.elmokit_lstm_cell.restype = None
     library.elmokit_lstm_cell_int8.argtypes = [pointer] * 9 + [number, size, size, ctypes.c_float, number]
     library.elmokit_lstm_cell_int8.restype = None
-    library.elmokit_lstm_train_forward.argtypes = [pointer, size, pointer, size] + [pointer] * 5 + [size, size,
-                                                                                                ctypes.c_float, number]
+    library.elmokit_lstm_train_forward.argtypes = [pointer, number, size, pointer, pointer, size] + [pointer] * 5 + [
+        number, size, size, ctypes.c_float, number]
     library.elmokit_lstm_train_forward.restype = None
-    library.elmokit_lstm_train_backward.argtypes = [pointer] * 7 + [size, size, ctypes.c_float, number]
+    library.elmokit_lstm_train_backward.argtypes = [pointer, number] + [pointer] * 6 + [number, pointer, size, size,
+                                                                                     ctypes.c_float, number]
     library.elmokit_lstm_train_backward.restype = None
     library.elmokit_softmax_rows.argtypes = [pointer, number] + [pointer] * 5 + [size, size, number]
     library.elmokit_softmax_rows.restype = None
@@ -446,37 +472,52 @@ def _softmax_problem(library: ctypes.CDLL) -> str:
 
 def _train_problem(library: ctypes.CDLL) -> str:
     """'' where training's two passes give, on random inputs, the values and the gradients that
-    autograd finds through `elmokit.model.cell`'s step in float64; else what differs."""
+    autograd finds through `elmokit.model.cell`'s step in float64 (the first direction all float32,
+    the second as `--lstm-bf16` runs it: bfloat16 products in, m_t and the gates' gradients out in
+    bfloat16); else what differs."""
     from elmokit.model import cell as lstm_cell
 
     generator = torch.Generator(device="cpu").manual_seed(1)
     n_dirs, rows, cell_dim, clip = 2, 3, 40, 1.5
     pre, previous, grad_m, grad_cell = (torch.randn(n_dirs, rows, width * cell_dim, generator=generator) * 2
                                         for width in (4, 1, 1, 1))
+    bias = torch.randn(4 * cell_dim, generator=generator)
+    inputs, addend = pre[1].to(torch.bfloat16), (pre[1] / 3).to(torch.bfloat16)  # bias + two bfloat16 products
+    pre[1] = (bias + inputs.float()) + addend.float()
+    low_grad_m = grad_m[1].to(torch.bfloat16)
+    grad_m[1] = low_grad_m.float()
     with torch.inference_mode(False), torch.enable_grad():  # its first call may come under either
         gates, cell_prev = pre.double().requires_grad_(), previous.double().requires_grad_()
         expected_acts = lstm_cell.activate_gates(gates)
         expected_cell, expected_output = lstm_cell.cell_step(expected_acts, cell_prev, clip)
         expected_gates_grad, expected_cell_grad = torch.autograd.grad(
             (expected_cell, expected_output), (gates, cell_prev), (grad_cell.double(), grad_m.double()))
-    acts, cell_next, tanh_cell, output = (torch.empty(n_dirs, rows, width * cell_dim) for width in (4, 1, 1, 1))
-    gate_grads, carried = torch.empty(n_dirs, rows, 4, cell_dim), grad_cell.clone()
-    addend = pre[1].to(torch.bfloat16)  # the second direction's gates as G_t + a bfloat16 product
-    parts = [(pre[0], None), (pre[1] - addend.float(), addend)]
-    for d, (part, add) in enumerate(parts):
-        library.elmokit_lstm_train_forward(part.data_ptr(), 4 * cell_dim, _pointer(add), 4 * cell_dim,
-                                           acts[d].data_ptr(), previous[d].data_ptr(), cell_next[d].data_ptr(),
-                                           tanh_cell[d].data_ptr(), output[d].data_ptr(), rows, cell_dim, clip, 1)
-        library.elmokit_lstm_train_backward(grad_m[d].data_ptr(), carried[d].data_ptr(), acts[d].data_ptr(),
+    acts, cell_next, tanh_cell = (torch.empty(n_dirs, rows, width * cell_dim) for width in (4, 1, 1))
+    outputs = [torch.empty(rows, cell_dim), torch.empty(rows, cell_dim, dtype=torch.bfloat16)]
+    gate_grads = [torch.empty(rows, 4 * cell_dim), torch.empty(rows, 4 * cell_dim, dtype=torch.bfloat16)]
+    carried, bias_grad = grad_cell.clone(), torch.ones(n_dirs, 4 * cell_dim)
+    given = [(pre[0], 0, None, None, grad_m[0]), (inputs, 1, bias, addend, low_grad_m)]
+    for d, (gate_terms, low, gate_bias, add, dm) in enumerate(given):
+        library.elmokit_lstm_train_forward(gate_terms.data_ptr(), low, 4 * cell_dim, _pointer(gate_bias), _pointer(add),
+                                           4 * cell_dim, acts[d].data_ptr(), previous[d].data_ptr(),
+                                           cell_next[d].data_ptr(), tanh_cell[d].data_ptr(), outputs[d].data_ptr(),
+                                           low, rows, cell_dim, clip, 1)
+        library.elmokit_lstm_train_backward(dm.data_ptr(), low, carried[d].data_ptr(), acts[d].data_ptr(),
                                             previous[d].data_ptr(), cell_next[d].data_ptr(), tanh_cell[d].data_ptr(),
-                                            gate_grads[d].data_ptr(), rows, cell_dim, clip, 1)
-    for name, found, expected in (("activated gates", acts, expected_acts.detach()),
-                                  ("cell", cell_next, expected_cell.detach()),
-                                  ("output", output, expected_output.detach()),
-                                  ("gates' gradient", gate_grads.flatten(-2), expected_gates_grad),
-                                  ("cell's gradient", carried, expected_cell_grad)):
-        worst = (found.double() - expected).abs().max().item()
-        if not worst <= CHECK_TOLERANCE:
+                                            gate_grads[d].data_ptr(), low, bias_grad[d].data_ptr(), rows, cell_dim,
+                                            clip, 1)
+    rounded = 1e-2  # one bfloat16 rounding of values below 2
+    for name, found, expected, tolerance in (
+            ("activated gates", acts, expected_acts, CHECK_TOLERANCE),
+            ("cell", cell_next, expected_cell, CHECK_TOLERANCE),
+            ("output", outputs[0], expected_output[0], CHECK_TOLERANCE),
+            ("bfloat16 output", outputs[1], expected_output[1], rounded),
+            ("gates' gradient", gate_grads[0], expected_gates_grad[0], CHECK_TOLERANCE),
+            ("bfloat16 gates' gradient", gate_grads[1], expected_gates_grad[1], rounded * 4),
+            ("bias' gradient", bias_grad - 1, expected_gates_grad.sum(dim=1), CHECK_TOLERANCE * rows),
+            ("cell's gradient", carried, expected_cell_grad, CHECK_TOLERANCE)):
+        worst = (found.double() - expected.detach()).abs().max().item()
+        if not worst <= tolerance:
             return f"training's step: its {name} off by {worst:.2e}"
     return ""
 

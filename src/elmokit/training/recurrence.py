@@ -1,3 +1,6 @@
+# Why this file is long: the recurrence's forward and backward pass through time, written out, with
+# the two ways its products run (a direction at a time, both directions batched) and the eager
+# cell the compiled passes stand in for, which the backward pass mirrors line by line.
 """How training runs the biLM's recurrence: one LSTM layer of both directions, forward and
 backward through time written out by hand (one `torch.autograd.Function`).
 
@@ -16,23 +19,27 @@ gradient is one product over all U steps at the end:
 
     dW_in = dG^T X      dW_rec = dG^T H_{t-1}      db = sum dG      dW_proj = dH^T M      dX = dG W_in
 
-On the CPU every product goes through `elmokit.kernels` (oneDNN's kernels, faster than MKL's there:
-bench/results/train.md, "The kernels of the step"), one direction at a time (oneDNN has no batched
-product: `DirectionProducts`), while each elementwise operation of a step covers both directions
-(a leading D axis). The forward pass's recurrent product has its weight reordered once a pass
-(`PackedLinear`, G_t added in the same call); the other per-step products take their weights as
-they are (reordering a transposed weight costs several of the 20 steps' products it would speed
-up: the same page). Off the CPU both directions run in one batched product (`BatchedProducts`),
-on a CUDA GPU optionally replayed from CUDA graphs (`cuda_graph`, `elmokit.training.cuda_graphs`);
-on every device the products' operands optionally in bfloat16 (`lstm_bf16`): `RecurrenceOptions`. The products are the only
-difference: the steps, the elementwise work and the gradients are one code for every device.
+On the CPU every float32 product goes through `elmokit.kernels` (oneDNN's kernels, faster than
+MKL's there: bench/results/train.md, "The kernels of the step"), one direction at a time (torch's
+float32 batched product is MKL's: `DirectionProducts`), while each elementwise operation of a step
+covers both directions (a leading D axis). The forward pass's recurrent product has its weight
+reordered once a pass (`PackedLinear`, G_t added in the same call); the other per-step products
+take their weights as they are (reordering a transposed weight costs several of the 20 steps'
+products it would speed up: the same page). Off the CPU, and on it with bfloat16 operands
+(`lstm_bf16`; oneDNN's batched bfloat16 product beats its per-direction ones there:
+bench/results/train-lstm-bf16.md), both directions run in one batched product (`BatchedProducts`),
+on a CUDA GPU optionally replayed from CUDA graphs (`cuda_graph`, `elmokit.training.cuda_graphs`):
+`RecurrenceOptions`. The products are the only difference: the steps, the elementwise work and
+the gradients are one code for every device.
 The forward pass is `elmokit.model.cell`'s (gates in its order (i, f, o, j), the forget-gate
 offset already in `bias`, its `cell_step` and `clip_`, its `run_layers` for dropout and the
 residual), on the CPU every tanh as 2 σ(2x) - 1 as in inference (`forward_cell`); the backward pass is their
 derivative written out (tests/test_lm.py checks it against autograd through the step loop of
 `elmokit.model.lstm`, which runs the same functions with torch.tanh: a few float32 ulps apart).
 Clipping follows `torch.clamp`: the gradient passes where the value was not clipped. On the CPU a step's
-elementwise work is one compiled pass each way (`elmokit.model.fused_cell`), the functions below elsewhere.
+elementwise work is one compiled pass each way (`elmokit.model.fused_cell`), the functions below elsewhere;
+the backward pass sums the bias' gradient as it goes, and with bfloat16 products writes the gates'
+gradients in bfloat16, the operand of every product that reads them.
 
 Shape notation: D 2 directions, U steps, B rows, P projection dim, C cell dim.
 """
@@ -42,6 +49,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -74,7 +82,8 @@ class LstmLayerFunction(torch.autograd.Function):
         cells = inputs.new_empty(n_dirs, n_steps + 1, n_rows, cell_dim)  # c_0 .. c_U
         cells[:, 0] = cell
         tanh_cells = inputs.new_empty(n_dirs, n_steps, n_rows, cell_dim)
-        cell_outputs = inputs.new_empty(n_dirs, n_steps, n_rows, cell_dim)  # m_t
+        # m_t, kept only as the projection's operand (and its weight gradient's): in the products' dtype
+        cell_outputs = inputs.new_empty(n_dirs, n_steps, n_rows, cell_dim, dtype=products.operand_dtype(inputs.dtype))
         hiddens = inputs.new_empty(n_dirs, n_steps + 1, n_rows, dim)  # h_0 .. h_U
         hiddens[:, 0] = hidden
         recurrent = products.recurrent(weights[1], n_rows)  # G_t + h_{t-1} W_rec^T
@@ -82,13 +91,11 @@ class LstmLayerFunction(torch.autograd.Function):
         step_acts, step_cells, step_tanh_cells = acts.unbind(1), cells.unbind(1), tanh_cells.unbind(1)
         step_outputs, step_hiddens = cell_outputs.unbind(1), hiddens.unbind(1)
         for step in range(n_steps):
-            gates, addends = recurrent(step_inputs[step], step_hiddens[step])
+            terms = recurrent(step_inputs[step], step_hiddens[step])
             buffers = (step_acts[step], step_cells[step], step_cells[step + 1], step_tanh_cells[step],
                        step_outputs[step])
-            if not fused_cell.train_forward_(gates, *buffers, cell_clip, addends):  # the compiled pass, where it runs
-                if addends is not None:
-                    gates = [torch.add(gate, addend) for gate, addend in zip(gates, addends)]  # float32 + bfloat16
-                forward_cell(gates, *buffers, cell_clip)
+            if not fused_cell.train_forward_(terms.gates, *buffers, cell_clip, terms.addends, terms.bias):
+                forward_cell(terms.summed(), *buffers, cell_clip)  # the eager cell, where the compiled pass does not run
             lstm_cell.clip_(products.project(step_outputs[step], weights[2], step_hiddens[step + 1]),
                             proj_clip)  # h_t (D, B, P)
         ctx.save_for_backward(flat_inputs, *weights, acts, cells, tanh_cells, cell_outputs, hiddens)
@@ -101,48 +108,73 @@ class LstmLayerFunction(torch.autograd.Function):
             ctx.saved_tensors
         (cell_clip, proj_clip), products = ctx.clips, ctx.products
         n_dirs, n_steps, n_rows, cell_dim = tanh_cells.shape
-        dim = hiddens.shape[-1]
+        dim, dtype = hiddens.shape[-1], hiddens.dtype
         forget_gate = acts[..., cell_dim:2 * cell_dim]  # (D, U, B, C)
         fused = acts.device.type == "cpu" and acts.dtype == torch.float32 and fused_cell.available()
-        if not fused:  # the eager cell's factors, all steps at once (the compiled pass makes its own)
+        if fused:  # the compiled pass writes the gates' gradients as the products read them, and sums the bias'
+            grad_gates = acts.new_empty(n_dirs, n_steps, n_rows, 4, cell_dim, dtype=products.operand_dtype(dtype))
+            grad_bias = acts.new_zeros(n_dirs, 4 * cell_dim)
+        else:  # the eager cell's factors, all steps at once (the compiled pass makes its own)
             factors, through_tanh = gate_factors(acts, cells, tanh_cells)
             cell_mask = (cells[:, 1:].abs() < cell_clip).to(cells.dtype) if cell_clip else None
-        hidden_mask = (hiddens[:, 1:].abs() < proj_clip).to(hiddens.dtype) if proj_clip else None
+            grad_gates = acts.new_empty(n_dirs, n_steps, n_rows, 4, cell_dim)
+            grad_m = cells.new_empty(n_dirs, n_rows, cell_dim)
+        hidden_mask = (hiddens[:, 1:].abs() < proj_clip).to(dtype) if proj_clip else None
         if grad_outputs is None:
             grad_outputs = hiddens.new_zeros(n_dirs, n_steps, n_rows, dim)
-        grad_gates = acts.new_empty(n_dirs, n_steps, n_rows, 4, cell_dim)
         grad_hiddens = hiddens.new_empty(n_dirs, n_steps, n_rows, dim)  # dL/d(projection before its clip)
         recurrent_grad = grad_hidden if grad_hidden is not None else hiddens.new_zeros(n_dirs, n_rows, dim)
         cell_grad = grad_cell.clone(memory_format=torch.contiguous_format) if grad_cell is not None else \
             cells.new_zeros(n_dirs, n_rows, cell_dim)  # the fused pass writes dL/dc_{t-1} over it
-        grad_m = cells.new_empty(n_dirs, n_rows, cell_dim)
         for step in reversed(range(n_steps)):  # both directions in every elementwise operation
             grad_h = torch.add(grad_outputs[:, step], recurrent_grad, out=grad_hiddens[:, step])  # (D, B, P)
             if hidden_mask is not None:
                 grad_h.mul_(hidden_mask[:, step])
-            products.times(grad_h, projection, out=grad_m)  # grad_h W_proj (D, B, C)
             step_grads = grad_gates[:, step]  # (D, B, 4, C)
-            if not (fused and fused_cell.train_backward_(grad_m, cell_grad, acts[:, step], cells[:, step],
-                                                         cells[:, step + 1], tanh_cells[:, step], step_grads,
-                                                         cell_clip)):
-                if fused:  # cannot happen: the buffers are this function's own
+            if fused:  # grad_h W_proj as each direction's product comes, float32 or bfloat16
+                if not fused_cell.train_backward_(products.times_each(grad_h, projection), cell_grad, acts[:, step],
+                                                  cells[:, step], cells[:, step + 1], tanh_cells[:, step], step_grads,
+                                                  cell_clip, grad_bias):  # cannot happen: the buffers are its own
                     raise RuntimeError("the LSTM cell's compiled backward pass refused its forward pass's buffers")
+            else:
+                products.times(grad_h, projection, out=grad_m)  # grad_h W_proj (D, B, C)
                 cell_grad = backward_cell(grad_m, cell_grad, through_tanh[:, step], factors[:, step],
                                           forget_gate[:, step], None if cell_mask is None else cell_mask[:, step],
                                           step_grads)
             recurrent_grad = products.times(step_grads.view(n_dirs, n_rows, 4 * cell_dim),
-                                            recurrent_weight)  # (D, B, P): grad_g W_rec
+                                            recurrent_weight).to(dtype)  # (D, B, P): grad_g W_rec
         flat_gates = grad_gates.view(n_dirs, n_steps * n_rows, 4 * cell_dim)  # (D, U*B, 4C)
         flat_grad_hiddens = grad_hiddens.view(n_dirs, n_steps * n_rows, dim)
         flat_outputs = cell_outputs.view(n_dirs, n_steps * n_rows, cell_dim)
-        grad_inputs = products.matmul(flat_gates, input_weight).view(n_dirs, n_steps, n_rows, dim)  # (D, U, B, P)
-        grad_input_weight = products.matmul(flat_gates.mT, flat_inputs)  # (D, 4C, P)
+        grad_inputs = products.matmul(flat_gates, input_weight).to(dtype).view(n_dirs, n_steps, n_rows, dim)
+        grad_input_weight = products.matmul(flat_gates.mT, flat_inputs).to(dtype)  # (D, 4C, P)
         grad_recurrent_weight = products.matmul(  # (D, 4C, P): against h_{t-1}
-            flat_gates.mT, hiddens[:, :-1].reshape(n_dirs, n_steps * n_rows, dim))
-        grad_bias = flat_gates.sum(dim=1, keepdim=True)  # (D, 1, 4C)
-        grad_projection = products.matmul(flat_grad_hiddens.mT, flat_outputs)  # (D, P, C)
+            flat_gates.mT, hiddens[:, :-1].reshape(n_dirs, n_steps * n_rows, dim)).to(dtype)
+        grad_bias = grad_bias.unsqueeze(1) if fused else flat_gates.sum(dim=1, keepdim=True)  # (D, 1, 4C)
+        grad_projection = products.matmul(flat_grad_hiddens.mT, flat_outputs).to(dtype)  # (D, P, C)
         return (grad_inputs, recurrent_grad, cell_grad, grad_input_weight,
                 grad_recurrent_weight, grad_bias, grad_projection, None, None, None)
+
+
+class GateTerms(NamedTuple):
+    """A step's gate pre-activations (i, f, o, j) as the products give them: `gates` the whole float32
+    sum G_t + h_{t-1} W_rec^T ((D, B, 4C), or a list of each direction's (B, 4C)); or, with bfloat16
+    products, three terms added in float32 in this order: `bias` (D, 4C) + `gates` (the input
+    products X_t W_in^T, bfloat16, (D, B, 4C) or D x (B, 4C)) + `addends` (the recurrent products,
+    the same), which the compiled pass adds as it reads them."""
+
+    gates: list[torch.Tensor] | torch.Tensor
+    addends: list[torch.Tensor] | torch.Tensor | None = None
+    bias: torch.Tensor | None = None
+
+    def summed(self) -> list[torch.Tensor] | torch.Tensor:
+        """The float32 pre-activations (new tensors where there are terms)."""
+        if self.bias is None:
+            return self.gates
+        if isinstance(self.gates, torch.Tensor):
+            return torch.add(self.bias.unsqueeze(1), self.gates).add_(self.addends)
+        return [torch.add(self.bias[d], gate).add_(addend)
+                for d, (gate, addend) in enumerate(zip(self.gates, self.addends, strict=True))]
 
 
 class DirectionProducts:
@@ -152,8 +184,9 @@ class DirectionProducts:
     --lstm-bf16` on the CPU) every product's operands rounded to bfloat16 (the weights once a pass,
     from their float32 master copy) and run by oneDNN's bfloat16 kernels (AVX512-BF16, AMX), its
     result widened to float32 before anything is added to it: as `BatchedProducts`', the gates, the
-    cell and recurrent state and every sum over steps stay float32 (so G_t is added after the
-    recurrent product instead of inside it, which would round it to bfloat16)."""
+    cell and recurrent state and every sum over steps stay float32 (so the bias, G_t and the
+    recurrent product are added in float32 by the cell: `GateTerms`). A tensor kept only as a
+    product's operand (m_t; with the compiled passes the gates' gradients) is kept in its dtype."""
 
     def __init__(self, dtype: torch.dtype | None = None):
         self.dtype = dtype  # None: float32, the inputs' own
@@ -161,30 +194,34 @@ class DirectionProducts:
     def _operand(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor if self.dtype is None else tensor.to(self.dtype)
 
+    def operand_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype a tensor used only as the products' operand is kept in, for state in `dtype`."""
+        return self.dtype or dtype
+
     def weights(self, *weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return tuple(map(self._operand, weights))
 
     def gate_inputs(self, flat_inputs: torch.Tensor, input_weight: torch.Tensor, bias: torch.Tensor,
-                    n_steps: int, n_rows: int) -> list[list[torch.Tensor]]:
-        """(D, U*B, P) -> X W_in^T + b, for each of the U steps a list of D (B, 4C) (each direction's
-        product stays its own tensor: no copy into one)."""
+                    n_steps: int, n_rows: int) -> list[GateTerms]:
+        """(D, U*B, P) -> X W_in^T + b, for each of the U steps the `GateTerms` of D (B, 4C) (each
+        direction's product stays its own tensor: no copy into one); with `dtype` the products
+        without the bias, which the cell adds in float32."""
         low = self._operand(flat_inputs)
-        if self.dtype is None:
-            sums = [linear(low[d], input_weight[d], bias[d, 0]) for d in range(len(low))]
-        else:
-            sums = [torch.add(bias[d, 0], linear(low[d], input_weight[d])) for d in range(len(low))]  # float32
-        return [list(steps) for steps in zip(*(s.view(n_steps, n_rows, s.shape[-1]).unbind(0) for s in sums))]
+        products = [linear(low[d], input_weight[d], None if self.dtype else bias[d, 0]) for d in range(len(low))]
+        steps = zip(*(product.view(n_steps, n_rows, product.shape[-1]).unbind(0) for product in products))
+        return [GateTerms(list(step), bias=bias[:, 0] if self.dtype else None) for step in steps]
 
     def recurrent(self, recurrent_weight: torch.Tensor, n_rows: int) -> Callable:
-        """(G_t (D, B, 4C), h_{t-1} (D, B, P)) -> (G_t + h_{t-1} W_rec^T as a list of D (B, 4C), None);
-        with `dtype`, (G_t, the products h_{t-1} W_rec^T in it), for the cell to add in float32."""
+        """(the `GateTerms` of G_t, h_{t-1} (D, B, P)) -> GateTerms of G_t + h_{t-1} W_rec^T: the
+        float32 sums, or with `dtype` the products h_{t-1} W_rec^T as its addends."""
         packed = [PackedLinear(recurrent_weight[d], n_rows) for d in range(len(recurrent_weight))]
         if self.dtype is None:
-            return lambda acts, hidden: ([packed[d].add(acts[d], hidden[d]) for d in range(len(packed))], None)
+            return lambda terms, hidden: GateTerms([packed[d].add(terms.gates[d], hidden[d])
+                                                    for d in range(len(packed))])
 
-        def low(acts: torch.Tensor, hidden: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        def low(terms: GateTerms, hidden: torch.Tensor) -> GateTerms:
             operand = hidden.to(self.dtype)
-            return list(acts), [packed[d](operand[d]) for d in range(len(packed))]
+            return terms._replace(addends=[packed[d](operand[d]) for d in range(len(packed))])
         return low
 
     def project(self, cell_output: torch.Tensor, projection: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -192,10 +229,14 @@ class DirectionProducts:
         low = self._operand(cell_output)
         return torch.stack([linear(low[d], projection[d]) for d in range(len(projection))], out=out)
 
+    def times_each(self, grad: torch.Tensor, weight: torch.Tensor) -> list[torch.Tensor]:
+        """grad (D, B, out) x weight (D, out, in) -> each direction's (B, in) in the products' dtype."""
+        low = self._operand(grad)
+        return [linear(low[d], weight[d].mT) for d in range(len(weight))]
+
     def times(self, grad: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """grad (D, B, out) x weight (D, out, in) -> (D, B, in): a gradient through a product."""
-        low = self._operand(grad)
-        products = [linear(low[d], weight[d].mT) for d in range(len(weight))]
+        products = self.times_each(grad, weight)
         return torch.stack(products, out=out) if out is not None else torch.stack(products).to(grad.dtype)
 
     def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -205,43 +246,58 @@ class DirectionProducts:
 
 
 class BatchedProducts:
-    """Both directions in one batched product (`torch.bmm`; cuBLAS on a GPU), what runs off the
-    CPU: one kernel a product instead of one a direction. With `dtype` bfloat16 the products'
-    operands are rounded to bfloat16 (the weights once a pass) and their results widened to
-    float32 before anything is added to them: the gates, the cell state, the recurrent state and
-    every sum over steps stay float32 (`elmo train --lstm-bf16`)."""
+    """Both directions in one batched product (`torch.bmm`): what runs off the CPU (cuBLAS on a GPU),
+    one kernel a product instead of one a direction, and on the CPU with bfloat16 operands (oneDNN's
+    batched bfloat16 product there beats two of its per-direction ones at every product of a
+    training step: bench/results/train-lstm-bf16.md). With `dtype` bfloat16 the products' operands
+    are rounded to bfloat16 (the weights once a pass) and summed in float32 inside the kernel, their
+    results bfloat16: the bias, G_t and the recurrent product are added in float32 by the cell
+    (`GateTerms`), and the gates, the cell and recurrent state and every sum over steps stay
+    float32 (`elmo train --lstm-bf16`); a tensor kept only as a product's operand (m_t; with the
+    compiled passes the gates' gradients) is kept in bfloat16."""
 
     def __init__(self, dtype: torch.dtype | None = None):
         self.dtype = dtype  # None: the inputs' own
+
+    def operand_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype a tensor used only as the products' operand is kept in, for state in `dtype`."""
+        return self.dtype or dtype
 
     def weights(self, *weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return weights if self.dtype is None else tuple(weight.to(self.dtype) for weight in weights)
 
     def _bmm(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """(D, m, k) x (D, k, n) in the products' dtype, the result in a's (into `out` when given)."""
-        if self.dtype is None or self.dtype == a.dtype:
+        """(D, m, k) x (D, k, n) in the products' dtype: the result in it, or written into `out` (any dtype)."""
+        if self.dtype is not None:
+            a, b = a.to(self.dtype), b.to(self.dtype)
+        if out is None or out.dtype == a.dtype:
             return torch.bmm(a, b, out=out)
-        product = torch.bmm(a.to(self.dtype), b.to(self.dtype))
-        return product.to(a.dtype) if out is None else out.copy_(product)
+        return out.copy_(torch.bmm(a, b))
 
     def gate_inputs(self, flat_inputs: torch.Tensor, input_weight: torch.Tensor, bias: torch.Tensor,
-                    n_steps: int, n_rows: int) -> tuple[torch.Tensor, ...]:
-        """(D, U*B, P) -> X W_in^T + b, for each of the U steps a (D, B, 4C) view."""
+                    n_steps: int, n_rows: int) -> list[GateTerms]:
+        """(D, U*B, P) -> X W_in^T + b, for each of the U steps the `GateTerms` of a (D, B, 4C) view;
+        with `dtype` the products without the bias, which the cell adds in float32."""
         if self.dtype is None:
             sums = torch.baddbmm(bias, flat_inputs, input_weight.mT)
         else:
-            sums = torch.add(bias, torch.bmm(flat_inputs.to(self.dtype), input_weight.mT))  # summed in float32
-        return sums.view(len(sums), n_steps, n_rows, sums.shape[-1]).unbind(1)
+            sums = torch.bmm(flat_inputs.to(self.dtype), input_weight.mT)
+        steps = sums.view(len(sums), n_steps, n_rows, sums.shape[-1]).unbind(1)
+        return [GateTerms(step, bias=None if self.dtype is None else bias[:, 0]) for step in steps]
 
     def recurrent(self, recurrent_weight: torch.Tensor, n_rows: int) -> Callable:
-        """(G_t (D, B, 4C), h_{t-1} (D, B, P)) -> (G_t + h_{t-1} W_rec^T (D, B, 4C), None)."""
+        """(the `GateTerms` of G_t, h_{t-1} (D, B, P)) -> those of G_t + h_{t-1} W_rec^T (D, B, 4C):
+        the float32 sums, or with `dtype` the products h_{t-1} W_rec^T as their addends."""
         transposed = recurrent_weight.mT  # (D, P, 4C)
         if self.dtype is None:
-            return lambda acts, hidden: (torch.baddbmm(acts, hidden, transposed), None)
-        return lambda acts, hidden: (torch.add(acts, torch.bmm(hidden.to(self.dtype), transposed)), None)
+            return lambda terms, hidden: GateTerms(torch.baddbmm(terms.gates, hidden, transposed))
+        return lambda terms, hidden: terms._replace(addends=torch.bmm(hidden.to(self.dtype), transposed))
 
     def project(self, cell_output: torch.Tensor, projection: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return self._bmm(cell_output, projection.mT, out=out)
+
+    def times_each(self, grad: torch.Tensor, weight: torch.Tensor) -> list[torch.Tensor]:
+        return list(self._bmm(grad, weight).unbind(0))
 
     def times(self, grad: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         return self._bmm(grad, weight, out=out)
@@ -331,10 +387,10 @@ class RecurrenceOptions:
     """How training runs the recurrence (`TrainConfig`'s `lstm_bf16` and `cuda_graph`; the
     defaults compute what they always did).
 
-    batched: both directions in one product (`BatchedProducts`); None: off the CPU only (oneDNN's
-        per-direction products are the faster ones there).
-    lstm_bf16: the recurrence's products' operands in bfloat16 (oneDNN's kernels a direction at a
-        time on the CPU, one batched product elsewhere), its state and sums in float32.
+    batched: both directions in one product (`BatchedProducts`); None: off the CPU, and on it for
+        bfloat16 products (in float32 oneDNN's per-direction products are the faster ones there,
+        in bfloat16 its batched one).
+    lstm_bf16: the recurrence's products' operands in bfloat16, its state and sums in float32.
     cuda_graph: on a CUDA GPU, each layer's forward and backward replayed from CUDA graphs
         (`elmokit.training.cuda_graphs`): the same `LstmLayerFunction`, captured once a shape.
     """
@@ -344,7 +400,7 @@ class RecurrenceOptions:
     cuda_graph: bool = False
 
     def products(self, device: torch.device) -> DirectionProducts | BatchedProducts:
-        batched = device.type != "cpu" if self.batched is None else self.batched
+        batched = (device.type != "cpu" or self.lstm_bf16) if self.batched is None else self.batched
         return (BatchedProducts if batched else DirectionProducts)(torch.bfloat16 if self.lstm_bf16 else None)
 
 
