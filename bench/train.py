@@ -58,7 +58,7 @@ from elmokit.model.config import ElmoConfig, LSTMConfig
 from elmokit.training.data import LMBatcher
 from elmokit.training.lm import LanguageModel
 from elmokit.training.recurrence import RecurrenceOptions
-from train_kernels import heap_rows, maxpool_rows, product_rows  # bench/train_kernels.py
+from train_kernels import direction_rows, heap_rows, maxpool_rows, product_rows  # bench/train_kernels.py
 from elmokit.model.encoder import TokenEncoder
 from elmokit.training.vocab import Vocabulary, make_vocab
 
@@ -240,6 +240,8 @@ def main() -> None:
     profile = profile_steps(SHAPES[args.shapes[0]], vocab, args) if args.profile_steps else {}
     kernel_rows = {"products": product_rows(config.lstm.cell_dim, config.lstm.projection_dim, len(vocab),
                                             args.batch_size, args.unroll_steps),  # last: they disturbed the
+                   "directions": direction_rows(config.lstm.cell_dim, config.lstm.projection_dim, args.batch_size,
+                                                args.unroll_steps),
                    "maxpool": maxpool_rows(), "heap": heap}  # steps measured after them (the softmax's products)
     write_table(rows, args, kernels, load_before, os.getloadavg()[0], profile, kernel_rows)
 
@@ -419,6 +421,17 @@ def kernel_lines(args, kernel_rows: dict) -> list[str]:
              "training step takes:", "", "| part | product | path | µs | GFLOP/s |", "|---|---|---|---:|---:|"]
     lines += [f"| {r['part']} | {r['shape']} | {r['path']} | {r['us']:,.0f} | "
               f"{'' if math.isnan(r['gflops']) else format(r['gflops'], '.0f')} |" for r in kernel_rows["products"]]
+    lines += ["", "Each product of the recurrence for both directions, a direction at a time through oneDNN (two "
+              "calls; the float32 recurrent weight reordered, as the step runs it) against one batched product "
+              "(torch.bmm: MKL's in float32, oneDNN's in bfloat16), median after warm-up; *elmokit* marks what "
+              "`elmokit.training.recurrence` runs for each dtype:", "",
+              "| dtype | product | a direction at a time, µs | batched, µs | batched / a direction at a time |",
+              "|---|---|---:|---:|---:|"]
+    for r in kernel_rows["directions"]:
+        batched_runs = r["dtype"] == "bfloat16"  # RecurrenceOptions: batched on the CPU for bfloat16 products
+        mark = lambda text, chosen: f"**{text}** (elmokit)" if chosen else text  # noqa: E731
+        lines.append(f"| {r['dtype']} | {r['product']} | {mark(format(r['each_us'], ',.0f'), not batched_runs)} | "
+                     f"{mark(format(r['batched_us'], ',.0f'), batched_runs)} | {r['batched_us'] / r['each_us']:.2f} |")
     lines += ["", "The char CNN's max-pool with the window of each max, (64 tokens, 46 windows, 128 filters), "
               "median of 100:", "", "| path | µs |", "|---|---:|"]
     lines += [f"| {r['path']} | {r['us']:.0f} |" for r in kernel_rows["maxpool"]]

@@ -4,6 +4,10 @@
                   product (MKL on the CPU) against oneDNN as elmokit.kernels runs it (and, for
                   `kernels.matmul`, the orientation it does not choose; for the recurrent
                   product, with its weight reordered, and what the reorder costs once)
+    directions    each product of the recurrence for both directions, float32 and bfloat16: a
+                  direction at a time through oneDNN (two calls) against one batched product
+                  (torch.bmm: MKL's in float32, oneDNN's in bfloat16), what decides which
+                  `elmokit.training.recurrence` runs for each dtype
     max-pool      torch.max(dim=1) with indices against `max_over_windows` on the char CNN's
                   window products (64 tokens, 46 windows, 128 filters)
     heap          minor page faults and time of elmokit steps before and after
@@ -91,6 +95,66 @@ def product_rows(cell_dim: int, projection_dim: int, vocab_size: int, rows: int,
         2.0 * positions * projection_dim * vocab_size, matmul_paths(probabilities.mT, layer_input))
     add("softmax, hidden gradient", f"({positions}, {vocab_size}) x ({vocab_size}, {projection_dim})",
         2.0 * positions * projection_dim * vocab_size, matmul_paths(probabilities, weight))
+    return measured
+
+
+def direction_rows(cell_dim: int, projection_dim: int, rows: int, steps: int) -> list[dict]:
+    """(dtype, product, microseconds a direction at a time, batched) for each product of the
+    recurrence, both directions (D = 2), each direction's weight as the training step holds it."""
+    torch.manual_seed(0)
+    n_dirs, positions, gates_dim = 2, rows * steps, 4 * cell_dim
+    linear = kernels._onednn_linear
+    measured = []
+    for dtype in (torch.float32, torch.bfloat16):
+        def tensor(*shape):
+            return torch.randn(n_dirs, *shape).to(dtype)
+
+        hidden, step_grads, cell_output, grad_hidden = (tensor(rows, projection_dim), tensor(rows, gates_dim),
+                                                        tensor(rows, cell_dim), tensor(rows, projection_dim))
+        layer_input, grad_gates = tensor(positions, projection_dim), tensor(positions, gates_dim)
+        outputs, grad_hiddens = tensor(positions, cell_dim), tensor(positions, projection_dim)
+        weight, projection = tensor(gates_dim, projection_dim), tensor(projection_dim, cell_dim)  # (4C, P), (P, C)
+        packed = [kernels._onednn_reorder(weight[d], rows) for d in range(n_dirs)] if dtype == torch.float32 else None
+        cases = [  # (product, flops, a direction at a time, batched)
+            (f"step, recurrent: ({rows}, {projection_dim}) x ({projection_dim}, {gates_dim})",
+             rows * projection_dim * gates_dim,
+             lambda: [linear(hidden[d], weight[d], None) if packed is None else kernels._onednn_linear(
+                 hidden[d], packed[d], None) for d in range(n_dirs)],
+             lambda: torch.bmm(hidden, weight.mT)),
+            (f"step, projection: ({rows}, {cell_dim}) x ({cell_dim}, {projection_dim})",
+             rows * cell_dim * projection_dim,
+             lambda: [linear(cell_output[d], projection[d], None) for d in range(n_dirs)],
+             lambda: torch.bmm(cell_output, projection.mT)),
+            (f"step, backward through the projection: ({rows}, {projection_dim}) x ({projection_dim}, {cell_dim})",
+             rows * cell_dim * projection_dim,
+             lambda: [linear(grad_hidden[d], projection[d].mT, None) for d in range(n_dirs)],
+             lambda: torch.bmm(grad_hidden, projection)),
+            (f"step, backward through W_rec: ({rows}, {gates_dim}) x ({gates_dim}, {projection_dim})",
+             rows * gates_dim * projection_dim,
+             lambda: [linear(step_grads[d], weight[d].mT, None) for d in range(n_dirs)],
+             lambda: torch.bmm(step_grads, weight)),
+            (f"all steps, gate inputs: ({positions}, {projection_dim}) x ({projection_dim}, {gates_dim})",
+             positions * projection_dim * gates_dim,
+             lambda: [linear(layer_input[d], weight[d], None) for d in range(n_dirs)],
+             lambda: torch.bmm(layer_input, weight.mT)),
+            (f"all steps, input gradient: ({positions}, {gates_dim}) x ({gates_dim}, {projection_dim})",
+             positions * gates_dim * projection_dim,
+             lambda: [kernels.matmul(grad_gates[d], weight[d]) for d in range(n_dirs)],
+             lambda: torch.bmm(grad_gates, weight)),
+            (f"all steps, weight gradient: ({gates_dim}, {positions}) x ({positions}, {projection_dim})",
+             positions * gates_dim * projection_dim,
+             lambda: [kernels.matmul(grad_gates[d].mT, layer_input[d]) for d in range(n_dirs)],
+             lambda: torch.bmm(grad_gates.mT, layer_input)),
+            (f"all steps, projection gradient: ({projection_dim}, {positions}) x ({positions}, {cell_dim})",
+             positions * projection_dim * cell_dim,
+             lambda: [kernels.matmul(grad_hiddens[d].mT, outputs[d]) for d in range(n_dirs)],
+             lambda: torch.bmm(grad_hiddens.mT, outputs)),
+        ]
+        for product, flops, each, batched in cases:
+            repeats = 200 if product.startswith("step") else 30
+            measured.append({"dtype": str(dtype).removeprefix("torch."), "product": product,
+                             "flops": 2.0 * n_dirs * flops, "each_us": median_us(each, repeats, 20),
+                             "batched_us": median_us(batched, repeats, 20)})
     return measured
 
 
