@@ -42,7 +42,9 @@ from machine import page_header  # noqa: E402  bench/machine.py: the machine and
 
 PTB = Path(os.environ.get("PTB_DATA", REPO.parent / "shared" / "data" / "ptb"))
 REFERENCE, OTHER = "float32, seed 0", "float32, seed 1"
-RUNS = {REFERENCE: ("f32-seed0", 0, []), OTHER: ("f32-seed1", 1, [])}  # name: (folder, seed, flags); main adds BF16
+FLOAT32 = ["--no-lstm-bf16", "--no-softmax-bf16"]  # float32 products (bfloat16 are the default on some CPUs)
+RUNS = {REFERENCE: ("f32-seed0", 0, FLOAT32), OTHER: ("f32-seed1", 1, FLOAT32)}  # name: (folder, seed, flags);
+# main adds BF16
 BF16 = ""  # the bfloat16 run's name: "<flags>, seed 0"
 
 
@@ -159,7 +161,8 @@ def main() -> None:
     BF16 = f"{args.flags}, seed 0"
     folder = "bf16-seed0" if args.flags == "--lstm-bf16" else "bf16-" + "-".join(
         flag.removeprefix("--").removesuffix("-bf16") for flag in args.flags.split()) + "-seed0"
-    RUNS[BF16] = (folder, 0, args.flags.split())
+    RUNS[BF16] = (folder, 0, [flag if flag in flags else flag.replace("--", "--no-", 1)  # the other one float32
+                              for flag in ("--lstm-bf16", "--softmax-bf16")])
     args.work.mkdir(parents=True, exist_ok=True)
     if not args.report:
         if not (args.work / "vocab.txt").is_file():

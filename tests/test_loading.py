@@ -202,3 +202,17 @@ def test_a_server_that_stalls_times_out(cache, tmp_path, monkeypatch):
             load_model("small")
         assert time.monotonic() - started < 3.5
     assert cache_entries() == []
+
+
+def test_paths_under_home_given_with_a_tilde_load_as_a_shell_reads_them(tiny_model, model_dir, tmp_path,
+                                                                         monkeypatch):
+    """`~/...` for a native folder, and for an options file with its weight file: the files under
+    $HOME, as for a TF-Hub module; a saved pipeline keeps the absolute path."""
+    from elmokit.sources.loading import saved_reference
+
+    save_original(tiny_model, tmp_path / "options.json", tmp_path / "weights.hdf5")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    expected = tiny_model.state_dict()
+    for loaded in (load_model(f"~/{model_dir.name}"), load_model("~/options.json", "~/weights.hdf5")):
+        assert all(torch.equal(loaded.state_dict()[name], tensor) for name, tensor in expected.items())
+    assert saved_reference(f"~/{model_dir.name}") == str(model_dir.resolve())

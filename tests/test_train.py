@@ -45,7 +45,8 @@ def corpus(tmp_path_factory) -> dict[str, Path]:
             "vocab": str(root / "vocab.txt"), "model": str(root / "model.json"), "batch_size": 4,
             "unroll_steps": 5, "epochs": 2, "log_every": 1, "checkpoint_every": 3, "eval_every": 20,
             "softmax": "sampled", "n_samples": 10, "dropout": 0.1, "threads": 1, "progress": False,
-            "device": "cpu"}
+            "device": "cpu", "lstm_bf16": False, "softmax_bf16": False}  # float32 on every CPU: the numbers
+    # these tests compare (1 process against 2, a resume against a run) do not depend on which CPU runs them
     (root / "train.json").write_text(json.dumps(base), encoding="utf-8")
     return {"root": root, "train_json": root / "train.json", "vocab": root / "vocab.txt",
             "valid": root / "valid.txt"}
@@ -714,3 +715,34 @@ def test_a_start_or_resume_removes_what_killed_writes_of_the_run_left(corpus, tm
     killed_writes("checkpoint.pt", "train_config.json", "best/model.safetensors", "best/README.md")
     assert main(["train", "--resume", "--output-dir", str(run), "--max-tokens", "100"]) == 0
     assert sorted(run.rglob("*.tmp")) == sorted(kept)
+
+
+def test_a_run_started_with_relative_paths_resumes_from_another_folder(corpus, tmp_path, monkeypatch):
+    """--train, --valid, --vocab and --model given relative to the folder the run starts in: its
+    train_config.json holds them absolute, so --resume from another folder reads the same files,
+    and a run saved with relative paths (before they were made absolute) resumes from its own
+    folder with no change of settings recorded."""
+    root = corpus["root"]
+    monkeypatch.chdir(root)
+    run = tmp_path / "run"
+    args = ["train", "--train", "train.txt", "--valid", "valid.txt", "--vocab", "vocab.txt", "--model", "model.json",
+            "--batch-size", "4", "--unroll-steps", "5", "--max-tokens", "60", "--log-every", "1",
+            "--checkpoint-every", "1", "--eval-every", "100", "--softmax", "full", "--threads", "1", "--no-progress",
+            "--device", "cpu", "--no-lstm-bf16", "--no-softmax-bf16", "--output-dir", str(run)]
+    assert main(args) == 0
+    saved = json.loads((run / "train_config.json").read_text())
+    assert [Path(saved["vocab"]), Path(saved["model"]), *map(Path, saved["train_files"] + saved["valid_files"])] == [
+        Path.cwd() / name for name in ("vocab.txt", "model.json", "train.txt", "valid.txt")]
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--resume", "--output-dir", str(run), "--max-tokens", "120"]) == 0
+    assert last_step(run) == 6  # 120 tokens, 20 a step
+    monkeypatch.chdir(root)  # a run saved with the relative paths, resumed where it started
+    saved |= {"vocab": "vocab.txt", "model": "model.json", "train_files": ["train.txt"]}
+    (run / "train_config.json").write_text(json.dumps(saved))
+    checkpoint = torch.load(run / "checkpoint.pt", weights_only=True)
+    checkpoint["train_config"] |= {"vocab": "vocab.txt", "model": "model.json", "train_files": ["train.txt"]}
+    torch.save(checkpoint, run / "checkpoint.pt")
+    assert main(["train", "--resume", "--output-dir", str(run), "--max-tokens", "160"]) == 0
+    assert last_step(run) == 8
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all(set(record["resumed_with"]) == {"max_tokens"} for record in records if "resumed_with" in record)

@@ -135,10 +135,53 @@ def test_bf16_products_on_a_cpu_without_native_bfloat16_are_warned_about(monkeyp
     monkeypatch.setattr(kernels, "bf16_native", lambda: True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        build.configure_device(TrainConfig(**{option: True}), model, torch.device("cpu"))  # no warning
+        build.configure_device(TrainConfig(**{"lstm_bf16": False, "softmax_bf16": False, option: True}), model,
+                               torch.device("cpu"))  # no warning
     assert model.recurrence.lstm_bf16 == (option == "lstm_bf16")
     assert model.softmax_dtype == (torch.bfloat16 if option == "softmax_bf16" else None)
     monkeypatch.setattr(kernels, "bf16_native", lambda: False)
     flag = "--" + option.replace("_", "-")
     with pytest.warns(UserWarning, match=f"slower than float32 on this CPU.*without {flag}"):
         build.configure_device(TrainConfig(**{option: True}), model, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_new_run_takes_bf16_products_where_the_cpu_has_native_bfloat16_and_a_resume_keeps_its_own(
+        corpus, tmp_path, monkeypatch, native):  # noqa: F811
+    """Left unset, --lstm-bf16 and --softmax-bf16 are on where the CPU has native bfloat16 products
+    (AVX512-BF16 or AMX: faster than float32 there), off elsewhere, and the run's train_config.json
+    records what it chose; a resume keeps that on another CPU, and a run saved before these
+    options existed resumes in float32, as it ran; an explicit flag wins."""
+    base = json.loads(corpus["train_json"].read_text())
+    del base["lstm_bf16"], base["softmax_bf16"]  # the fixture pins float32
+    config = tmp_path / "train.json"
+    config.write_text(json.dumps(base))
+    monkeypatch.setattr(kernels, "bf16_native", lambda: native)
+    run = tmp_path / "run"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # bfloat16 products without native ones here
+        assert main(["train", "--config", str(config), "--max-tokens", "40", "--output-dir", str(run)]) == 0
+    saved = json.loads((run / "train_config.json").read_text())
+    assert saved["lstm_bf16"] is native and saved["softmax_bf16"] is native
+    monkeypatch.setattr(kernels, "bf16_native", lambda: not native)  # resumed on another CPU
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["train", "--resume", "--output-dir", str(run), "--max-tokens", "80"]) == 0
+    saved = json.loads((run / "train_config.json").read_text())
+    assert saved["lstm_bf16"] is native and saved["softmax_bf16"] is native
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all(set(record["resumed_with"]) == {"max_tokens"} for record in records if "resumed_with" in record)
+    for options in (saved, checkpoint := torch.load(run / "checkpoint.pt", weights_only=True)["train_config"]):
+        del options["lstm_bf16"], options["softmax_bf16"]  # a run from before these options: float32
+    (run / "train_config.json").write_text(json.dumps(saved))
+    whole = torch.load(run / "checkpoint.pt", weights_only=True)
+    torch.save(whole | {"train_config": checkpoint}, run / "checkpoint.pt")
+    monkeypatch.setattr(kernels, "bf16_native", lambda: True)
+    assert main(["train", "--resume", "--output-dir", str(run), "--max-tokens", "120"]) == 0
+    saved = json.loads((run / "train_config.json").read_text())
+    assert saved["lstm_bf16"] is False and saved["softmax_bf16"] is False
+    monkeypatch.setattr(kernels, "bf16_native", lambda: not native)
+    assert main(["train", "--config", str(config), "--max-tokens", "40", "--no-softmax-bf16",
+                 "--output-dir", str(tmp_path / "explicit")]) == 0
+    saved = json.loads((tmp_path / "explicit" / "train_config.json").read_text())
+    assert saved["lstm_bf16"] is (not native) and saved["softmax_bf16"] is False

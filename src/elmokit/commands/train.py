@@ -45,7 +45,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     for spec in dataclasses.fields(TrainConfig):
         flags = [*ALIASES.get(spec.name, []), f"--{spec.name.replace('_', '-')}"]
         help_text = f"{spec.metadata['help']} (default: {_default(spec)!r})"
-        if spec.type in ("bool", bool):
+        if spec.type in ("bool", "bool | None", bool):
             parser.add_argument(*flags, dest=spec.name, action=argparse.BooleanOptionalAction,
                                 default=argparse.SUPPRESS, help=help_text)
         elif spec.type.startswith("list"):

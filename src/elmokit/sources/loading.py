@@ -50,7 +50,7 @@ def load_model(model: str | Path | None = None, weight_file: str | Path | None =
     if module is not None:
         with tfhub.named_as_given(model, module):
             return tfhub.load_tfhub_module(module)
-    path = Path(model)
+    path = Path(model).expanduser()  # "~/models/x" as a shell would read it (a name or URL has no "~")
     if not is_url(str(model)) and path.is_dir():
         if not (path / WEIGHTS_NAME).is_file():  # not native: perhaps an ELMoForManyLangs folder
             from elmokit.model import manylangs
@@ -93,9 +93,9 @@ def saved_reference(reference: str | Path | None) -> str | None:
     if reference is None:
         return None
     text = str(reference)
-    if text == BUILTIN_MODEL or is_url(text) or not Path(text).exists():  # as load_model reads them
+    if text == BUILTIN_MODEL or is_url(text) or not Path(text).expanduser().exists():  # as load_model reads them
         return text
-    return str(Path(text).resolve())
+    return str(Path(text).expanduser().resolve())
 
 
 def weight_file_cap(config: ElmoConfig) -> int:
@@ -117,4 +117,4 @@ def resolve_file(reference: str | Path, check: Callable[[Path], object] | None =
     if is_url(str(reference)):
         return fetch(str(reference), check, expected=expected_file(str(reference)), max_bytes=max_bytes,
                      repair=repair)
-    return Path(reference)
+    return Path(reference).expanduser()

@@ -3,6 +3,7 @@ original model), the optimizer, and the windows of the training and validation d
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,27 @@ def build_optimizer(config: TrainConfig, model: torch.nn.Module) -> torch.optim.
     return torch.optim.Adam(parameters, lr=config.lr, fused=fused)
 
 
+BF16_PRODUCTS = ("lstm_bf16", "softmax_bf16")  # the options whose default the run decides (`products_precision`)
+
+
+def products_precision(config: TrainConfig, device: torch.device, resumed: dict | None = None) -> TrainConfig:
+    """`config` with `lstm_bf16` and `softmax_bf16` decided where they were left unset (None): a new
+    run takes bfloat16 products on a CPU with native bfloat16 products (AVX512-BF16 or AMX: faster
+    than float32 there, its loss curve within float32's own run-to-run noise:
+    bench/results/train-lstm-bf16.md, train-bf16-both-curve.md) and float32 elsewhere (a GPU, a CPU
+    without them, where bfloat16 is emulated and slower); a resumed run what it ran with (`resumed`,
+    its checkpoint's options: float32 where they predate the option)."""
+    unset = [name for name in BF16_PRODUCTS if getattr(config, name) is None]
+    if not unset:
+        return config
+    if resumed is not None:
+        return dataclasses.replace(config, **{name: bool(resumed.get(name) or False) for name in unset})
+    from elmokit.kernels import bf16_native
+
+    native = device.type == "cpu" and bf16_native()
+    return dataclasses.replace(config, **{name: native for name in unset})
+
+
 def configure_device(config: TrainConfig, model: LanguageModel, device: torch.device) -> None:
     """The run's device options: how the LSTM's products run (`RecurrenceOptions`: both
     directions batched off the CPU, `lstm_bf16`, `cuda_graph` on a CUDA GPU), the training
@@ -113,6 +135,7 @@ def configure_device(config: TrainConfig, model: LanguageModel, device: torch.de
     whether float32 products may use TF32 (`tf32`; off by default, so that a GPU computes what the
     CPU does: torch's matmuls default to full float32, its cuDNN convolutions to TF32). The
     CUDA-only options are ignored elsewhere, with a warning."""
+    config = products_precision(config, device)  # a run's config comes decided; one made here may leave them unset
     cuda = device.type == "cuda"
     model.recurrence = RecurrenceOptions(lstm_bf16=config.lstm_bf16, cuda_graph=config.cuda_graph and cuda)
     model.softmax_dtype = torch.bfloat16 if config.softmax_bf16 else None
@@ -123,7 +146,7 @@ def configure_device(config: TrainConfig, model: LanguageModel, device: torch.de
         asked = " and ".join(name for name in ("tf32", "cuda_graph") if getattr(config, name))
         warnings.warn(f"{asked} apply to a CUDA GPU only; the run is on {device}, where they change nothing",
                       stacklevel=2)
-    asked = [name for name in ("lstm_bf16", "softmax_bf16") if getattr(config, name)]
+    asked = [name for name in BF16_PRODUCTS if getattr(config, name)]
     if asked and device.type == "cpu":
         from elmokit.kernels import bf16_native
 

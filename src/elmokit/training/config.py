@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ _TYPES = {  # a field's declared type -> (does a value have it, how messages nam
     "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
     "float": (lambda v: isinstance(v, float) and math.isfinite(v), "a finite number"),
     "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "bool | None": (lambda v: v is None or isinstance(v, bool), "true, false or null (the default: decided by the run)"),
     "str": (lambda v: isinstance(v, str), "a string"),
     "list[str]": (lambda v: isinstance(v, list) and all(isinstance(item, str) for item in v), "a list of strings"),
 }
@@ -76,14 +77,16 @@ class TrainConfig:
     n_samples: int = _field(8192, "negatives of the sampled softmax (full softmax if >= the vocabulary)")
     bf16: bool = _field(False, "bfloat16 autocast of the token encoder's highway and projection (the char CNN, "
                                "the LSTM and the softmax stay float32)")
-    lstm_bf16: bool = _field(False, "the LSTM's products in bfloat16 (oneDNN's kernels on a CPU with AVX512-BF16 "
-                                    "or AMX; one batched product on a GPU), its cell and recurrent state, gates, "
-                                    "sums and master weights in float32")
-    softmax_bf16: bool = _field(False, "the training softmax's products in bfloat16 (the logits, the hidden states' "
-                                       "and the weight's gradients, operands and results rounded to bfloat16, "
-                                       "summed in float32 inside oneDNN's kernels on a CPU with AVX512-BF16 or "
-                                       "AMX); the bias, the softmax and the loss in float32; evaluation stays "
-                                       "float32")
+    lstm_bf16: bool | None = _field(None, "the LSTM's products in bfloat16 (oneDNN's kernels on a CPU with "
+                                          "AVX512-BF16 or AMX; one batched product on a GPU), its cell and recurrent "
+                                          "state, gates, sums and master weights in float32. Unset: on where the run's "
+                                          "CPU has native bfloat16 products (AVX512-BF16 or AMX), float32 elsewhere "
+                                          "(a GPU, a CPU without them); the run records what it chose")
+    softmax_bf16: bool | None = _field(None, "the training softmax's products in bfloat16 (the logits, the hidden "
+                                             "states' and the weight's gradients, operands and results rounded to "
+                                             "bfloat16, summed in float32 inside oneDNN's kernels on a CPU with "
+                                             "AVX512-BF16 or AMX); the bias, the softmax and the loss in float32; "
+                                             "evaluation stays float32. Unset: as lstm_bf16's")
     tf32: bool = _field(False, "CUDA only: float32 products on TF32 tensor cores (torch.backends "
                                "allow_tf32; faster, ~1e-3 relative error a product); ignored on the CPU")
     cuda_graph: bool = _field(False, "CUDA only: replay each LSTM layer's forward and backward from CUDA graphs "
@@ -154,6 +157,22 @@ class TrainConfig:
             has_type, type_name = _TYPES[spec.type]
             if not has_type(value):
                 raise ConfigError(f"{spec.name} must be {type_name}, got {json.dumps(value, default=repr)}")
+
+    def with_absolute_paths(self) -> "TrainConfig":
+        """This config with its files as absolute paths (a relative one read from the working folder
+        now), so that the run's saved train_config.json names the same files when it is resumed
+        from another folder; a name in their place (a preset, the built-in model, a published one)
+        stays as given. The run's folder stays as given (`--resume` names it)."""
+        def absolute(path: str) -> str:
+            return str(Path(path).expanduser().absolute()) if path else path
+
+        def absolute_if_present(path: str) -> str:
+            return absolute(path) if path and Path(path).expanduser().exists() else path
+
+        return replace(self, vocab=absolute(self.vocab), train_files=[absolute(p) for p in self.train_files],
+                       valid_files=[absolute(p) for p in self.valid_files], model=absolute_if_present(self.model),
+                       init_from=absolute_if_present(self.init_from),
+                       init_from_original=[absolute_if_present(p) for p in self.init_from_original])
 
     def check_paths(self) -> None:
         """Raise a clear error for a missing output dir, vocabulary or corpus, or a corpus

@@ -36,8 +36,8 @@ from torch.nn.parallel import DistributedDataParallel
 from elmokit.training import checkpoint as ckpt
 from elmokit.model.config import ConfigError, ElmoConfig
 from elmokit.model.weights import CONFIG_NAME
-from elmokit.training.build import (build_model, build_optimizer, configure_device, padding_batch, train_batches,
-                                    valid_batches)
+from elmokit.training.build import (build_model, build_optimizer, configure_device, padding_batch,
+                                    products_precision, train_batches, valid_batches)
 from elmokit.training.data import LMBatch
 from elmokit.extras import MissingExtraError
 from elmokit.training.lm import LanguageModel
@@ -195,6 +195,7 @@ def train(config: TrainConfig, resume: bool | str = False) -> Progress:
     `resume="auto"` continues the run if its directory holds a checkpoint and starts it otherwise
     (`elmo train --auto-resume`: the one command line of a job that torchrun restarts)."""
     run = start_run(config, resume)
+    config = run.config  # as the run decided it (absolute paths, its products' precision)
     shown = config.progress and run.dist_.is_main
     bar = progress_bar(total=training_total(config) if shown else None, initial=run.progress.tokens, unit="tokens",
                        unit_scale=True, desc="training", enabled=shown)
@@ -223,6 +224,7 @@ def start_run(config: TrainConfig, resume: bool | str) -> Run:
     `resume="auto"`: the one or the other as rank 0 finds a checkpoint there or not."""
     from elmokit.training.vocab import Vocabulary
 
+    config = config.with_absolute_paths()  # its saved train_config.json names the same files from any folder
     config.check_paths()
     dist_ = setup_distributed(config)
     out_dir = Path(config.output_dir)
@@ -234,6 +236,8 @@ def start_run(config: TrainConfig, resume: bool | str) -> Run:
     if checkpoint is None and found:
         raise ConfigError(f"{out_dir} already holds a run ({ckpt.CHECKPOINT_NAME}); "
                           "continue it with --resume or choose another --output-dir")
+    config = products_precision(config, dist_.device,  # bfloat16 products by default where faster; saved as chosen
+                                None if checkpoint is None else checkpoint.get("train_config") or {})
     if config.bf16 and dist_.is_main:
         check_bf16(dist_.device)
     torch.manual_seed(config.seed)  # the same initial weights on every rank
@@ -480,15 +484,28 @@ def _changed_settings(saved: dict | None, config: TrainConfig) -> dict[str, list
     if saved is None:  # checkpoints from before the config was stored in them
         return {}
     changed = {}
-    defaults = asdict(TrainConfig())  # a field newer than the checkpoint ran with its default
+    defaults = asdict(products_precision(TrainConfig(), torch.device("cpu"), {}))  # a field newer than the
+    # checkpoint ran with its default (float32 products, for the options whose default a new run decides)
     for name, value in asdict(config).items():
         old = saved.get(name, defaults[name])
         if name in RUNTIME_FIELDS or old == value:
             continue
-        if name == "output_dir" and Path(old).resolve() == Path(value).resolve():
+        if name in PATH_FIELDS and _same_paths(old, value):  # the same files, spelt another way
             continue
         changed[name] = [old, value]
     return changed
+
+
+PATH_FIELDS = ("output_dir", "vocab", "train_files", "valid_files", "model", "init_from", "init_from_original")
+
+
+def _same_paths(old: Any, new: Any) -> bool:
+    """Whether two values of a path option name the same files (a relative one read from the working
+    folder, as when the run started: a run saved before paths were made absolute)."""
+    olds, news = (value if isinstance(value, list) else [value] for value in (old, new))
+    return len(olds) == len(news) and all(
+        isinstance(a, str) and isinstance(b, str) and Path(a).expanduser().absolute() == Path(b).expanduser().absolute()
+        for a, b in zip(olds, news))
 
 
 def _log(out_dir: Path, dist_: Dist, record: dict[str, Any], bar) -> None:
