@@ -292,6 +292,19 @@ def test_a_mix_of_another_layer_count_is_refused_naming_it(tmp_path):
     assert module_mix(folder) == ([0.0, 0.0, 0.0], pytest.approx(MIX_SCALING))
 
 
+@pytest.mark.parametrize("kept", ["aggregation/weights", "aggregation/scaling"])
+def test_half_a_mix_is_refused_naming_what_is_missing(tmp_path, kept):
+    """A module with one of aggregation/weights and aggregation/scaling: refused (its `elmo`
+    output would be another mix without a word), the other named."""
+    tensors = {name: value for name, value in fixture_tensors().items()
+               if not name.startswith("aggregation/") or name == kept}
+    folder = module_copy(tmp_path)
+    write_bundle(folder / VARIABLES, tensors)
+    missing = ({"aggregation/weights", "aggregation/scaling"} - {kept}).pop()
+    with pytest.raises(WeightFileError, match=rf"{re.escape(str(folder))}: the module has {kept} but no {missing}"):
+        hub.Module(str(folder))
+
+
 def test_absurd_sizes_are_refused_before_allocating(tmp_path):
     """An entry declaring 262 x 10^9 floats in a 420 KB data file: refused, nothing allocated."""
     tensors = fixture_tensors()

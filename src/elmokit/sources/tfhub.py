@@ -238,10 +238,15 @@ def load_tfhub_module(folder: str | Path) -> BiLM:
 
 def module_mix(folder: str | Path) -> tuple[list[float], float] | None:
     """The module's `elmo` mix, (`aggregation/weights` before their softmax, `aggregation/scaling`),
-    or None if it has none."""
+    or None if it has none; WeightFileError for one without the other."""
     folder = Path(folder)
     entries, names = _variables(folder)
-    if not {"aggregation/weights", "aggregation/scaling"} <= set(entries):
+    present = [name for name in ("aggregation/weights", "aggregation/scaling") if name in entries]
+    if len(present) == 1:  # half a mix: its `elmo` output would silently be another one
+        missing = ({"aggregation/weights", "aggregation/scaling"} - set(present)).pop()
+        raise WeightFileError(f"{folder}: the module has {present[0]} but no {missing}: its `elmo` output's mix "
+                              f"is incomplete (a TF-Hub ELMo module holds both)")
+    if not present:
         return None
     arrays = read_tensors(folder / VARIABLES, entries, ["aggregation/weights", "aggregation/scaling"])
     weights, scaling = arrays["aggregation/weights"].reshape(-1), arrays["aggregation/scaling"].reshape(-1)
