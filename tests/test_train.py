@@ -362,7 +362,8 @@ def test_config_file_overrides_and_errors(corpus, tmp_path):
     args = build_parser().parse_args(["train", "--config", str(corpus["train_json"]), "--lr", "0.05",
                                       "--batch-size", "8", "--no-bf16", "--valid", "a.txt", "b.txt"])
     config = config_from_args(args)
-    assert (config.lr, config.batch_size, config.bf16, config.valid_files) == (0.05, 8, False, ["a.txt", "b.txt"])
+    assert (config.lr, config.batch_size, config.bf16, config.valid_files) == (
+        0.05, 8, False, [str(Path.cwd() / "a.txt"), str(Path.cwd() / "b.txt")])  # read from this folder
     assert config.unroll_steps == 5  # from the file
     (tmp_path / "bad.json").write_text(json.dumps({"learning_rate": 1}))
     with pytest.raises(ConfigError, match="learning_rate"):
@@ -720,7 +721,8 @@ def test_a_start_or_resume_removes_what_killed_writes_of_the_run_left(corpus, tm
 def test_a_run_started_with_relative_paths_resumes_from_another_folder(corpus, tmp_path, monkeypatch):
     """--train, --valid, --vocab and --model given relative to the folder the run starts in: its
     train_config.json holds them absolute, so --resume from another folder reads the same files,
-    and a run saved with relative paths (before they were made absolute) resumes from its own
+    also when that resume names them again spelt another way (`..`); and a run saved with relative
+    paths (before they were made absolute: its options and its data position) resumes from its own
     folder with no change of settings recorded."""
     root = corpus["root"]
     monkeypatch.chdir(root)
@@ -733,16 +735,64 @@ def test_a_run_started_with_relative_paths_resumes_from_another_folder(corpus, t
     saved = json.loads((run / "train_config.json").read_text())
     assert [Path(saved["vocab"]), Path(saved["model"]), *map(Path, saved["train_files"] + saved["valid_files"])] == [
         Path.cwd() / name for name in ("vocab.txt", "model.json", "train.txt", "valid.txt")]
-    monkeypatch.chdir(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
     assert main(["train", "--resume", "--output-dir", str(run), "--max-tokens", "120"]) == 0
     assert last_step(run) == 6  # 120 tokens, 20 a step
-    monkeypatch.chdir(root)  # a run saved with the relative paths, resumed where it started
-    saved |= {"vocab": "vocab.txt", "model": "model.json", "train_files": ["train.txt"]}
-    (run / "train_config.json").write_text(json.dumps(saved))
+    spelt = os.path.relpath(root, elsewhere)  # ../../corpus0 or the like
+    assert main(["train", "--resume", "--output-dir", os.path.relpath(run), "--max-tokens", "140",
+                 "--vocab", f"{spelt}/vocab.txt", "--model", f"{spelt}/../{root.name}/model.json",
+                 "--train", f"{spelt}/train.txt"]) == 0
+    assert last_step(run) == 7
+    monkeypatch.chdir(root)  # a run saved with relative paths, resumed where it started
+    relative = {"vocab": "vocab.txt", "model": "model.json", "train_files": ["train.txt"],
+                "output_dir": os.path.relpath(run)}
+    (run / "train_config.json").write_text(json.dumps(saved | relative))
     checkpoint = torch.load(run / "checkpoint.pt", weights_only=True)
-    checkpoint["train_config"] |= {"vocab": "vocab.txt", "model": "model.json", "train_files": ["train.txt"]}
+    checkpoint["train_config"] |= relative
+    for rank in checkpoint["ranks"]:  # the data position names the files as the run gave them
+        rank["data"]["config"]["files"] = ["train.txt"]
     torch.save(checkpoint, run / "checkpoint.pt")
     assert main(["train", "--resume", "--output-dir", str(run), "--max-tokens", "160"]) == 0
     assert last_step(run) == 8
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert all(set(record["resumed_with"]) == {"max_tokens"} for record in records if "resumed_with" in record)
+
+
+def test_absolute_paths_keep_names_and_escape_the_folder_in_globs(tmp_path, monkeypatch):
+    """What a run saves: a preset, the built-in model and URLs stay names even where a folder of
+    that name exists; a working folder whose name holds glob characters is escaped, so a file in
+    it still matches."""
+    from elmokit.training.config import TrainConfig
+    from elmokit.textfiles import expand_paths
+
+    folder = tmp_path / "exp[1]*"
+    (folder / "small").mkdir(parents=True)
+    (folder / "gutenberg-en").mkdir()
+    (folder / "train.txt").write_text("a b\n")
+    monkeypatch.chdir(folder)
+    config = TrainConfig(model="small", init_from="gutenberg-en", train_files=["train.txt", "t*.txt"],
+                         vocab="~/vocab.txt", output_dir="../run").with_absolute_paths()
+    assert (config.model, config.init_from) == ("small", "gutenberg-en")
+    original = TrainConfig(init_from_original=["https://example.org/o.json", "w.hdf5"]).with_absolute_paths()
+    assert original.init_from_original == ["https://example.org/o.json", str(folder / "w.hdf5")]
+    assert config.vocab == str(Path.home() / "vocab.txt") and config.output_dir == str(tmp_path / "run")
+    assert expand_paths(config.train_files) == [folder / "train.txt"]
+    assert TrainConfig(model="model.json").with_absolute_paths().model == str(folder / "model.json")
+
+
+def test_the_python_api_saves_a_runs_files_absolute_too(corpus, tmp_path, monkeypatch):
+    """`elmokit.training.loop.train(TrainConfig(...))` with relative paths, as `elmo train`: the
+    saved train_config.json names the files absolute."""
+    from elmokit.training.config import TrainConfig
+    from elmokit.training.loop import train
+
+    monkeypatch.chdir(corpus["root"])
+    base = json.loads(corpus["train_json"].read_text())
+    config = TrainConfig(**base | {"train_files": ["train.txt"], "valid_files": [], "vocab": "vocab.txt",
+                                   "model": "model.json", "max_tokens": 20, "output_dir": str(tmp_path / "run")})
+    train(config)
+    saved = json.loads((tmp_path / "run" / "train_config.json").read_text())
+    assert (saved["train_files"], saved["vocab"], saved["model"]) == (
+        [str(corpus["root"] / "train.txt")], str(corpus["root"] / "vocab.txt"), str(corpus["root"] / "model.json"))

@@ -49,6 +49,14 @@ def expand_paths(patterns: Iterable[str | Path]) -> list[Path]:
     return list(dict.fromkeys(paths))
 
 
+def same_files(a: Iterable[str | Path], b: Iterable[str | Path]) -> bool:
+    """Whether two lists of paths name the same files in the same order, however spelt (relative to
+    the working folder, `~`, `..`, symbolic links)."""
+    def real(paths: Iterable[str | Path]) -> list[str]:
+        return [os.path.realpath(os.path.expanduser(str(path))) for path in paths]
+    return real(a) == real(b)
+
+
 def not_a_regular_file(path: Path) -> str:
     """The message for a pipe, socket or device given as an input file: elmokit reads its inputs
     more than once (a scan before writing anything, a resume, an epoch), which a pipe cannot do."""

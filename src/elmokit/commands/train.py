@@ -44,7 +44,8 @@ def register(subcommands: argparse._SubParsersAction) -> None:
                         help="start over: remove the run already in --output-dir (checkpoint, metrics, best/)")
     for spec in dataclasses.fields(TrainConfig):
         flags = [*ALIASES.get(spec.name, []), f"--{spec.name.replace('_', '-')}"]
-        help_text = f"{spec.metadata['help']} (default: {_default(spec)!r})"
+        default = _default(spec)
+        help_text = f"{spec.metadata['help']} (default: {'decided by the run' if default is None else repr(default)})"
         if spec.type in ("bool", "bool | None", bool):
             parser.add_argument(*flags, dest=spec.name, action=argparse.BooleanOptionalAction,
                                 default=argparse.SUPPRESS, help=help_text)
@@ -80,9 +81,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
     base_values = read_json(base) if base is not None and Path(base).is_file() else {}  # errors name the file
     if "device" not in overrides and not (isinstance(base_values, dict) and "device" in base_values):
         overrides["device"] = default_device()  # the commands' one default (ELMOKIT_DEVICE, else auto)
-    if base is not None:
-        return TrainConfig.load(base, **overrides)
-    return TrainConfig(**overrides)
+    config = TrainConfig.load(base, **overrides) if base is not None else TrainConfig(**overrides)
+    return config.with_absolute_paths()  # relative paths read from this folder, `~` expanded
 
 
 def resuming(args: argparse.Namespace, output_dir: str | None) -> bool:

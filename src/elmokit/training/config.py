@@ -6,8 +6,10 @@ help texts), and the run saves it as `train_config.json` beside its checkpoint.
 
 from __future__ import annotations
 
+import glob
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -77,8 +79,8 @@ class TrainConfig:
     n_samples: int = _field(8192, "negatives of the sampled softmax (full softmax if >= the vocabulary)")
     bf16: bool = _field(False, "bfloat16 autocast of the token encoder's highway and projection (the char CNN, "
                                "the LSTM and the softmax stay float32)")
-    lstm_bf16: bool | None = _field(None, "the LSTM's products in bfloat16 (oneDNN's kernels on a CPU with "
-                                          "AVX512-BF16 or AMX; one batched product on a GPU), its cell and recurrent "
+    lstm_bf16: bool | None = _field(None, "the LSTM's products in bfloat16 (both directions in one batched "
+                                          "product: oneDNN's on a CPU with AVX512-BF16 or AMX), its cell and recurrent "
                                           "state, gates, sums and master weights in float32. Unset: on where the run's "
                                           "CPU has native bfloat16 products (AVX512-BF16 or AMX), float32 elsewhere "
                                           "(a GPU, a CPU without them); the run records what it chose")
@@ -160,19 +162,30 @@ class TrainConfig:
 
     def with_absolute_paths(self) -> "TrainConfig":
         """This config with its files as absolute paths (a relative one read from the working folder
-        now), so that the run's saved train_config.json names the same files when it is resumed
-        from another folder; a name in their place (a preset, the built-in model, a published one)
-        stays as given. The run's folder stays as given (`--resume` names it)."""
+        now, `..` and `~` resolved), so that the run's saved train_config.json names the same files
+        when it is resumed from another folder; a glob keeps its own pattern after the working
+        folder's name (that one escaped). A name stays a name: a preset `model` (not a .json file),
+        the built-in model or a URL as `init_from`, URLs in `init_from_original`."""
+        from elmokit.model.builtin import BUILTIN_MODEL
+        from elmokit.sources.download import is_url
+
         def absolute(path: str) -> str:
-            return str(Path(path).expanduser().absolute()) if path else path
+            return os.path.abspath(os.path.expanduser(path)) if path else path
 
-        def absolute_if_present(path: str) -> str:
-            return absolute(path) if path and Path(path).expanduser().exists() else path
+        def absolute_pattern(pattern: str) -> str:  # read as a glob (`expand_paths`): the folder's name escaped
+            expanded = os.path.expanduser(pattern)
+            return os.path.normpath(expanded if os.path.isabs(expanded) else
+                                    os.path.join(glob.escape(os.getcwd()), expanded))
 
-        return replace(self, vocab=absolute(self.vocab), train_files=[absolute(p) for p in self.train_files],
-                       valid_files=[absolute(p) for p in self.valid_files], model=absolute_if_present(self.model),
-                       init_from=absolute_if_present(self.init_from),
-                       init_from_original=[absolute_if_present(p) for p in self.init_from_original])
+        def absolute_unless_named(path: str) -> str:
+            return path if path == BUILTIN_MODEL or is_url(path) else absolute(path)
+
+        return replace(self, output_dir=absolute(self.output_dir), vocab=absolute(self.vocab),
+                       train_files=[absolute_pattern(p) for p in self.train_files],
+                       valid_files=[absolute_pattern(p) for p in self.valid_files],
+                       model=absolute(self.model) if self.model.endswith(".json") else self.model,
+                       init_from=absolute_unless_named(self.init_from),
+                       init_from_original=[absolute_unless_named(p) for p in self.init_from_original])
 
     def check_paths(self) -> None:
         """Raise a clear error for a missing output dir, vocabulary or corpus, or a corpus

@@ -60,7 +60,7 @@ import numpy as np
 import torch
 
 from elmokit.model.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS, tokens_to_char_ids
-from elmokit.textfiles import CorpusError, expand_paths, locate_decode_error, open_text
+from elmokit.textfiles import CorpusError, expand_paths, locate_decode_error, open_text, same_files
 from elmokit.training.vocab import Vocabulary
 
 STATE_FORMAT = "elmokit.LMBatcher/1"
@@ -399,7 +399,7 @@ class LMBatcher:
             raise ValueError(f"not an LMBatcher state: format {state.get('format')!r}, expected {STATE_FORMAT!r}")
         for key in self._config.keys() | state["config"].keys():  # a key absent on one side: None there
             saved, expected = state["config"].get(key), self._config.get(key)
-            if saved != expected:
+            if saved != expected and not (key == "files" and same_files(saved, expected)):  # however spelt
                 raise ValueError(f"the data state was saved with {key}={saved!r}, this batcher has "
                                  f"{key}={expected!r}; build the LMBatcher with the saved arguments")
         if len(state["rows"]) != self.batch_size:

@@ -46,7 +46,7 @@ from elmokit.training.metrics import MetricsWindow, append_metrics, plot_curves,
 from elmokit.training.config import TrainConfig
 from elmokit.training.processes import Dist, StopSignals, TrainingStopped, check_bf16, seed_everything, setup_distributed
 from elmokit.training.corpus import count_targets
-from elmokit.textfiles import expand_paths
+from elmokit.textfiles import expand_paths, same_files
 from elmokit.progress import progress_bar
 
 log = logging.getLogger(__name__)
@@ -461,7 +461,8 @@ def _file_sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-RUNTIME_FIELDS = ("threads", "progress", "device", "cuda_graph")  # how a run runs, not what it computes
+RUNTIME_FIELDS = ("threads", "progress", "device", "cuda_graph", "output_dir")  # how and where a run runs, not
+# what it computes (its folder is where --resume found it, however spelt)
 FIXED_ON_RESUME = ("model", "init_from", "init_from_original", "optimizer")  # the checkpoint holds what they made
 
 
@@ -496,16 +497,19 @@ def _changed_settings(saved: dict | None, config: TrainConfig) -> dict[str, list
     return changed
 
 
-PATH_FIELDS = ("output_dir", "vocab", "train_files", "valid_files", "model", "init_from", "init_from_original")
+PATH_FIELDS = ("vocab", "train_files", "valid_files", "model", "init_from", "init_from_original")
 
 
 def _same_paths(old: Any, new: Any) -> bool:
-    """Whether two values of a path option name the same files (a relative one read from the working
-    folder, as when the run started: a run saved before paths were made absolute)."""
-    olds, news = (value if isinstance(value, list) else [value] for value in (old, new))
-    return len(olds) == len(news) and all(
-        isinstance(a, str) and isinstance(b, str) and Path(a).expanduser().absolute() == Path(b).expanduser().absolute()
-        for a, b in zip(olds, news))
+    """Whether two values of a path option name the same files however spelt (`..`, `~`, links; a
+    relative one read from the working folder, as when a run saved before its paths were made
+    absolute started; globs by the files they match)."""
+    if isinstance(old, list) and isinstance(new, list):
+        try:
+            return same_files(expand_paths(old), expand_paths(new))
+        except (OSError, ValueError):  # a pattern that matches nothing: compared as written
+            return old == new
+    return isinstance(old, str) and isinstance(new, str) and same_files([old], [new])
 
 
 def _log(out_dir: Path, dist_: Dist, record: dict[str, Any], bar) -> None:

@@ -178,10 +178,11 @@ class GateTerms(NamedTuple):
 
 
 class DirectionProducts:
-    """The CPU's products: through `elmokit.kernels` (oneDNN), a direction at a time (oneDNN has no
-    batched product); the forward pass's recurrent weight reordered once a pass (`PackedLinear`,
-    G_t added in the same call). Every product in float32, or with `dtype` bfloat16 (`elmo train
-    --lstm-bf16` on the CPU) every product's operands rounded to bfloat16 (the weights once a pass,
+    """The CPU's float32 products: through `elmokit.kernels` (oneDNN), a direction at a time (torch's
+    float32 batched product is MKL's, slower); the forward pass's recurrent weight reordered once a
+    pass (`PackedLinear`, G_t added in the same call). Every product in float32, or with `dtype`
+    bfloat16 (`RecurrenceOptions(batched=False, lstm_bf16=True)`; `--lstm-bf16` runs `BatchedProducts`
+    on the CPU, faster there) every product's operands rounded to bfloat16 (the weights once a pass,
     from their float32 master copy) and run by oneDNN's bfloat16 kernels (AVX512-BF16, AMX), its
     result widened to float32 before anything is added to it: as `BatchedProducts`', the gates, the
     cell and recurrent state and every sum over steps stay float32 (so the bias, G_t and the
