@@ -115,46 +115,36 @@ def direction_rows(cell_dim: int, projection_dim: int, rows: int, steps: int) ->
         outputs, grad_hiddens = tensor(positions, cell_dim), tensor(positions, projection_dim)
         weight, projection = tensor(gates_dim, projection_dim), tensor(projection_dim, cell_dim)  # (4C, P), (P, C)
         packed = [kernels._onednn_reorder(weight[d], rows) for d in range(n_dirs)] if dtype == torch.float32 else None
-        cases = [  # (product, flops, a direction at a time, batched)
+        cases = [  # (product, a direction at a time, batched)
             (f"step, recurrent: ({rows}, {projection_dim}) x ({projection_dim}, {gates_dim})",
-             rows * projection_dim * gates_dim,
-             lambda: [linear(hidden[d], weight[d], None) if packed is None else kernels._onednn_linear(
-                 hidden[d], packed[d], None) for d in range(n_dirs)],
+             lambda: [linear(hidden[d], (weight if packed is None else packed)[d], None) for d in range(n_dirs)],
              lambda: torch.bmm(hidden, weight.mT)),
             (f"step, projection: ({rows}, {cell_dim}) x ({cell_dim}, {projection_dim})",
-             rows * cell_dim * projection_dim,
              lambda: [linear(cell_output[d], projection[d], None) for d in range(n_dirs)],
              lambda: torch.bmm(cell_output, projection.mT)),
             (f"step, backward through the projection: ({rows}, {projection_dim}) x ({projection_dim}, {cell_dim})",
-             rows * cell_dim * projection_dim,
              lambda: [linear(grad_hidden[d], projection[d].mT, None) for d in range(n_dirs)],
              lambda: torch.bmm(grad_hidden, projection)),
             (f"step, backward through W_rec: ({rows}, {gates_dim}) x ({gates_dim}, {projection_dim})",
-             rows * gates_dim * projection_dim,
              lambda: [linear(step_grads[d], weight[d].mT, None) for d in range(n_dirs)],
              lambda: torch.bmm(step_grads, weight)),
             (f"all steps, gate inputs: ({positions}, {projection_dim}) x ({projection_dim}, {gates_dim})",
-             positions * projection_dim * gates_dim,
              lambda: [linear(layer_input[d], weight[d], None) for d in range(n_dirs)],
              lambda: torch.bmm(layer_input, weight.mT)),
             (f"all steps, input gradient: ({positions}, {gates_dim}) x ({gates_dim}, {projection_dim})",
-             positions * gates_dim * projection_dim,
              lambda: [kernels.matmul(grad_gates[d], weight[d]) for d in range(n_dirs)],
              lambda: torch.bmm(grad_gates, weight)),
             (f"all steps, weight gradient: ({gates_dim}, {positions}) x ({positions}, {projection_dim})",
-             positions * gates_dim * projection_dim,
              lambda: [kernels.matmul(grad_gates[d].mT, layer_input[d]) for d in range(n_dirs)],
              lambda: torch.bmm(grad_gates.mT, layer_input)),
             (f"all steps, projection gradient: ({projection_dim}, {positions}) x ({positions}, {cell_dim})",
-             positions * projection_dim * cell_dim,
              lambda: [kernels.matmul(grad_hiddens[d].mT, outputs[d]) for d in range(n_dirs)],
              lambda: torch.bmm(grad_hiddens.mT, outputs)),
         ]
-        for product, flops, each, batched in cases:
+        for product, each, batched in cases:
             repeats = 200 if product.startswith("step") else 30
             measured.append({"dtype": str(dtype).removeprefix("torch."), "product": product,
-                             "flops": 2.0 * n_dirs * flops, "each_us": median_us(each, repeats, 20),
-                             "batched_us": median_us(batched, repeats, 20)})
+                             "each_us": median_us(each, repeats, 20), "batched_us": median_us(batched, repeats, 20)})
     return measured
 
 

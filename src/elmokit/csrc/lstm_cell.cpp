@@ -181,14 +181,8 @@ void int8_cell(const void* input, const float* input_row_scale, const float* inp
 }
 
 // Training's forward pass reads a step's pre-activations (i, f, o, j) as one float32 sum (the
-// products in float32, G_t + h_{t-1} W_rec^T: SummedGates) or, with bfloat16 products, as its three
+// products in float32, G_t + h_{t-1} W_rec^T: Float32Gates) or, with bfloat16 products, as its three
 // terms, bias + G_t + the recurrent product, added in float32 in that order (Bfloat16Terms).
-struct SummedGates {
-    const float* data;
-    int64_t row_stride;
-    float operator()(int64_t row, int64_t column) const { return data[row * row_stride + column]; }
-};
-
 struct Bfloat16Terms {
     const float* bias;
     const uint16_t* inputs;
@@ -413,7 +407,7 @@ void elmokit_lstm_train_forward(const void* gates, int gates_bf16, int64_t gate_
                          acts, cell_prev, cell_next, tanh_cell, cell_output, output_bf16, rows, cell_dim, cell_clip,
                          threads);
     else
-        train_forward_to(SummedGates{static_cast<const float*>(gates), gate_stride}, acts, cell_prev, cell_next,
+        train_forward_to(Float32Gates{static_cast<const float*>(gates), gate_stride}, acts, cell_prev, cell_next,
                          tanh_cell, cell_output, output_bf16, rows, cell_dim, cell_clip, threads);
 }
 

@@ -399,7 +399,8 @@ class LMBatcher:
             raise ValueError(f"not an LMBatcher state: format {state.get('format')!r}, expected {STATE_FORMAT!r}")
         for key in self._config.keys() | state["config"].keys():  # a key absent on one side: None there
             saved, expected = state["config"].get(key), self._config.get(key)
-            if saved != expected and not (key == "files" and same_files(saved, expected)):  # however spelt
+            if saved != expected and not (key == "files" and isinstance(saved, list)
+                                          and same_files(saved, expected)):  # the same files however spelt
                 raise ValueError(f"the data state was saved with {key}={saved!r}, this batcher has "
                                  f"{key}={expected!r}; build the LMBatcher with the saved arguments")
         if len(state["rows"]) != self.batch_size:
