@@ -219,12 +219,13 @@ def test_elmo_drops_each_mixed_representation(tiny_model, monkeypatch):
 
 @pytest.mark.parametrize("cell", ["fused", "eager"])
 def test_stream_engine_in_bfloat16_rounds_the_products_and_keeps_the_cell_in_float32(cell, monkeypatch):
-    """Weights in bfloat16: each product (its bias, or the gate inputs it adds, included) rounded
-    once to bfloat16; the gates widened to float32 for the cell; the cell state, the recurrent
-    state and the outputs float32. Written out here per step and direction; the engine agrees to
-    a mean error of eps/16 of the values' mean size (eps = 2^-8, bfloat16's; rounding the gates
-    to bfloat16 too, as without the widening, costs ~eps). With the compiled cell
-    (`fused_cell`, where it runs) and with the eager one."""
+    """Weights in bfloat16: each product (the gate inputs with their bias included) rounded once
+    to bfloat16; a step's gates the float32 sum of its two terms, the gate inputs and the
+    recurrent product (`engine.recurrent_gates`: the sum not rounded); the cell state, the
+    recurrent state and the outputs float32. Written out here per step and direction; the engine
+    agrees to a mean error of eps/16 of the values' mean size (eps = 2^-8, bfloat16's; rounding
+    the gates' sum to bfloat16 too, as one product with its addend does, costs ~eps). With the
+    compiled cell (`fused_cell`, where it runs) and with the eager one."""
     from elmokit.model import fused_cell
 
     if cell == "eager":
@@ -259,7 +260,7 @@ def test_stream_engine_in_bfloat16_rounds_the_products_and_keeps_the_cell_in_flo
                 keep = (~layout.starts[step])[:, None]
                 hidden, cell = hidden * keep, cell * keep
                 gate_inputs = bf16(bf16(inputs[d, step]) @ input_weight.T + bias[d])
-                gates = bf16(gate_inputs + bf16(hidden) @ recurrent_weight.T).float()  # widened
+                gates = (gate_inputs + bf16(bf16(hidden) @ recurrent_weight.T)).float()  # summed, not rounded
                 cell, cell_output = lstm_cell.cell_step(lstm_cell.activate_doubled_gates_(gates), cell, 3.0,
                                                         tanh=lstm_cell.tanh_via_sigmoid)
                 hidden = bf16(bf16(cell_output) @ projection.T).clamp(-3.0, 3.0)

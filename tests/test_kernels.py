@@ -33,8 +33,8 @@ def fresh_kernels(monkeypatch):
 
 
 def _vectors(model, dtype=None) -> list[np.ndarray]:
-    """Every path's products: the token encoder, the streamed LSTM (reordered weights, fused
-    addend) and the padded batch."""
+    """Every path's products: the token encoder, the streamed LSTM (reordered weights) and the
+    padded batch."""
     embedder = ElmoEmbedder(module=copy.deepcopy(model), cache_tokens=False, dtype=dtype)
     return [*embedder.embed_many(SENTENCES, rows=2), *embedder.embed_batch(SENTENCES)]
 
@@ -47,7 +47,7 @@ def _switch_off_warnings(caught) -> list[str]:
 def test_onednn_by_default_and_f_linear_with_elmokit_kernels_torch(tiny_model, monkeypatch):
     onednn = _vectors(tiny_model)
     assert kernels.path_counts["onednn"] > 0 and kernels.path_counts["torch"] == 0
-    assert {kind for kind, _ in kernels._verified} == {"linear", "packed", "packed_add"}
+    assert {kind for kind, _ in kernels._verified} == {"linear", "packed"}
     monkeypatch.setenv(kernels.KERNELS_VARIABLE, "torch")
     kernels.reset()
     plain = _vectors(tiny_model)
@@ -71,7 +71,7 @@ def _raises(op):
 
 @needs_onednn
 @pytest.mark.parametrize("op, breaking", [("_onednn_linear", _wrong), ("_onednn_linear", _raises),
-                                          ("_onednn_add_linear", _wrong), ("_onednn_reorder", _raises)])
+                                          ("_onednn_reorder", _raises)])
 def test_a_changed_private_op_is_caught_with_one_warning(tiny_model, monkeypatch, op, breaking):
     monkeypatch.setenv(kernels.KERNELS_VARIABLE, "torch")
     reference = _vectors(tiny_model)
@@ -90,10 +90,32 @@ def test_a_changed_private_op_is_caught_with_one_warning(tiny_model, monkeypatch
 
 
 @needs_onednn
+@pytest.mark.parametrize("breaking", [_wrong, _raises])
+def test_a_changed_product_with_an_addend_is_caught_too(monkeypatch, breaking):
+    """`PackedLinear.add` (training's recurrent step in float32; the engine's step runs its product
+    alone): its first oneDNN product is checked too; a changed op gives one warning, then addmm's
+    numbers."""
+    generator = torch.Generator().manual_seed(0)
+    weight, x, addend = (torch.randn(*shape, generator=generator) for shape in ((24, 16), (5, 16), (5, 24)))
+    expected = torch.addmm(addend, x, weight.T)
+    torch.testing.assert_close(kernels.PackedLinear(weight, 5).add(addend, x), expected)
+    assert ("packed_add", torch.float32) in kernels._verified
+    kernels.reset()
+    monkeypatch.setattr(kernels, "_onednn_add_linear", breaking(kernels._onednn_add_linear))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = kernels.PackedLinear(weight, 5).add(addend, x)
+        again = kernels.PackedLinear(weight, 5).add(addend, x)
+    assert len(_switch_off_warnings(caught)) == 1 and not kernels.onednn_active()
+    for result in (got, again):
+        torch.testing.assert_close(result, expected)
+
+
+@needs_onednn
 @pytest.mark.skipif(torch.bfloat16 not in kernels._ONEDNN_DTYPES, reason="no oneDNN bfloat16 on this CPU")
 def test_the_bfloat16_products_are_checked_too(tiny_model, monkeypatch):
     good = _vectors(tiny_model, torch.bfloat16)
-    assert kernels._verified == {(kind, torch.bfloat16) for kind in ("linear", "packed", "packed_add")}
+    assert kernels._verified == {(kind, torch.bfloat16) for kind in ("linear", "packed")}
     kernels.reset()
     monkeypatch.setattr(kernels, "_onednn_linear", _wrong(kernels._onednn_linear))
     with warnings.catch_warnings(record=True) as caught:

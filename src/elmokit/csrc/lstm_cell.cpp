@@ -4,10 +4,11 @@
 //     c_t = clip(σ(f) * c_{t-1} + σ(i) * tanh(j), cell_clip)      m_t = σ(o) * tanh(c_t)
 //
 // from the pre-activations (i, f, o, 2j) of one step, the candidate arriving doubled as the engine
-// computes it (tanh(j) = 2 σ(2j) - 1, as `tanh_via_sigmoid`). The gates come in float32, in
-// bfloat16, or as int8 products' int32 sums with their scales (dequantized here, never written
-// as float32); c_t replaces c_{t-1} in place, m_t is written in float32 or bfloat16 (the
-// projection's input). Eager torch makes about a dozen passes over the step's 4C gates for this.
+// computes it (tanh(j) = 2 σ(2j) - 1, as `tanh_via_sigmoid`). The gates come in float32 or in
+// bfloat16, whole or as two terms added here (the recurrent product and the gate inputs), or as
+// int8 products' int32 sums with their scales (dequantized here, never written as float32); c_t
+// replaces c_{t-1} in place, m_t is written in float32 or bfloat16 (the projection's input). Eager
+// torch makes about a dozen passes over the step's 4C gates for this.
 //
 // exp is computed here (range reduction to [-ln2/2, ln2/2] and a degree-6 polynomial: relative
 // error under 2 float32 ulps) so that the compiler vectorizes the loop without -ffast-math.
@@ -72,6 +73,21 @@ struct BFloat16Gates {
     const uint16_t* data;
     int64_t row_stride;
     float operator()(int64_t row, int64_t column) const { return bf16_to_float(data[row * row_stride + column]); }
+};
+
+// The inference engine's pre-activations as two terms: the step's recurrent product and the gate
+// inputs it adds (G_t, the bias in it), each float32 or bfloat16 (T), added in float32 as they are
+// read, so that the product runs alone (with the sum fused into it, oneDNN's product ran markedly
+// slower) and, in bfloat16, the sum is never rounded (elmokit.inference.engine.recurrent_gates).
+template <typename T>
+struct SummedGates {
+    const T* product;
+    int64_t product_stride;
+    const T* addend;
+    int64_t addend_stride;
+    float operator()(int64_t row, int64_t column) const {
+        return to_float(product[row * product_stride + column]) + to_float(addend[row * addend_stride + column]);
+    }
 };
 
 // One int8 product before its remaining scales: int32 sums times the weight's scales per output
@@ -366,12 +382,23 @@ void softmax_rows(const In* logits, const float* bias, const int64_t* targets, O
 
 extern "C" {
 
-int elmokit_fused_cell_version() { return 5; }
+int elmokit_fused_cell_version() { return 6; }
 
-// gates (rows, 4 cell_dim) with `row_stride` elements between rows, float32 (gates_bf16 0) or bfloat16.
-void elmokit_lstm_cell(const void* gates, int gates_bf16, int64_t row_stride, float* cell_state,
-                       void* output, int output_bf16, int64_t rows, int64_t cell_dim, float cell_clip, int threads) {
-    if (gates_bf16)
+// gates (rows, 4 cell_dim) with `row_stride` elements between rows, float32 (gates_bf16 0) or bfloat16;
+// `addend` null, or a second term of the gates' dtype and shape (`addend_stride` between its rows),
+// added to them in float32 (SummedGates).
+void elmokit_lstm_cell(const void* gates, int gates_bf16, int64_t row_stride, const void* addend,
+                       int64_t addend_stride, float* cell_state, void* output, int output_bf16, int64_t rows,
+                       int64_t cell_dim, float cell_clip, int threads) {
+    if (addend && gates_bf16)
+        cell_to(SummedGates<uint16_t>{static_cast<const uint16_t*>(gates), row_stride,
+                                      static_cast<const uint16_t*>(addend), addend_stride},
+                cell_state, output, output_bf16, rows, cell_dim, cell_clip, threads);
+    else if (addend)
+        cell_to(SummedGates<float>{static_cast<const float*>(gates), row_stride, static_cast<const float*>(addend),
+                                   addend_stride},
+                cell_state, output, output_bf16, rows, cell_dim, cell_clip, threads);
+    else if (gates_bf16)
         cell_to(BFloat16Gates{static_cast<const uint16_t*>(gates), row_stride}, cell_state, output,
                 output_bf16, rows, cell_dim, cell_clip, threads);
     else

@@ -63,10 +63,10 @@ def stream_layer(layer: BiLstmLayer, inputs: torch.Tensor, layout: StreamLayout,
     run the same `run_block`, so they give the same numbers up to the order of a product's sums.
 
     Weights in a reduced precision (`BiLM.to(torch.bfloat16)`) with float32 inputs: the
-    products run in the weights' dtype, the gate inputs and the bias are held in it (the sum of
-    the recurrent product and the gate inputs is one fused product, as in float32), and the gates
-    are widened to the inputs' dtype for the cell: the cell state, the recurrent state and the
-    outputs stay in the inputs' dtype."""
+    products run in the weights' dtype, the gate inputs (their bias in them) are held in it, and
+    each step's recurrent product and gate inputs are added in the inputs' dtype for the cell
+    (`recurrent_gates`): the cell state, the recurrent state and the outputs stay in the inputs'
+    dtype."""
     _, n_steps, rows, dim = inputs.shape
     batched = (inputs.device.type != "cpu" if batched is None else batched) and not is_int8(layer)  # int8: the CPU's
     products = layer_products(layer, rows, batched)
@@ -195,9 +195,13 @@ class DirectionStreamProducts(NamedTuple):
         fused = state.cell.device.type == "cpu" and fused_cell.available()  # no build on a GPU's path
         for index, d in enumerate(range(group.start, group.stop)):
             projection_input = state.projection_input[d]
-            if buffers is None:
-                gates = self.recurrent[d].add(gate_inputs[d][offset], hidden[index])  # (R, 4C)
-                fused = fused and fused_cell.cell_(gates, state.cell[d], projection_input, cell_clip)
+            if buffers is None:  # the recurrent product alone, the gate inputs added as the cell reads them
+                product = self.recurrent[d](hidden[index])  # (R, 4C)
+                fused = fused and fused_cell.cell_(product, state.cell[d], projection_input, cell_clip,
+                                                   addend=gate_inputs[d][offset])
+                if not fused:
+                    gates = recurrent_gates(product, gate_inputs[d][offset],
+                                            None if state.wide_gates is None else state.wide_gates[d])
             else:
                 products, scale, weight_scale, bias = gate_inputs[d]
                 if fused:  # the products scaled as the cell reads them: no float32 gates written
@@ -208,8 +212,6 @@ class DirectionStreamProducts(NamedTuple):
                     gates = Int8Linear.finish(products[offset], scale[offset], weight_scale, bias, out=buffers[2][d])
                     gates = self.recurrent[d].add(gates, hidden[index], out=gates, sums=buffers[1])
             if not fused:
-                if state.wide_gates is not None:
-                    gates = state.wide_gates[d].copy_(gates)
                 lstm_cell.cell_step(lstm_cell.activate_doubled_gates_(gates), state.cell[d], cell_clip,
                                     cell_next=state.cell[d], cell_output=state.cell_output[d],
                                     tanh=lstm_cell.tanh_via_sigmoid)
@@ -237,15 +239,27 @@ class BatchedStreamProducts(NamedTuple):
 
     def step(self, gate_inputs: torch.Tensor, offset: int, hidden: torch.Tensor, state: StreamState,
              output: torch.Tensor, cell_clip: float, group: slice) -> None:
-        gates = torch.baddbmm(gate_inputs[:, offset], hidden, self.recurrent_weight)  # (D, R, 4C)
-        if state.wide_gates is not None:
-            gates = state.wide_gates.copy_(gates)
+        gates = recurrent_gates(torch.bmm(hidden, self.recurrent_weight), gate_inputs[:, offset],
+                                state.wide_gates)  # (D, R, 4C)
         lstm_cell.cell_step(lstm_cell.activate_doubled_gates_(gates), state.cell, cell_clip, cell_next=state.cell,
                             cell_output=state.cell_output, tanh=lstm_cell.tanh_via_sigmoid)
         if output.dtype == self.dtype:
             torch.bmm(state.cell_output, self.projection, out=output)  # (D, R, P)
         else:
             output.copy_(torch.bmm(state.cell_output.to(self.dtype), self.projection))
+
+
+def recurrent_gates(product: torch.Tensor, gate_inputs: torch.Tensor, wide: torch.Tensor | None) -> torch.Tensor:
+    """A step's pre-activations (..., R, 4C) from its two terms in the products' dtype: the
+    recurrent product h_{t-1} W_rec^T and the gate inputs x_t W_in^T + b computed for its block.
+    Their sum in the inputs' dtype (float32), not rounded after: into `wide`, the float32 buffer,
+    where the products are narrower (bfloat16: each term a product rounded once), else in place in
+    `product`. The compiled cell adds the same two terms the same way as it reads them
+    (`fused_cell.cell_`'s addend): the recurrent product runs without an addend, which oneDNN's
+    product summed into its output markedly slower (bench/results/embed-fused-cell.md)."""
+    if wide is None:
+        return product.add_(gate_inputs)
+    return wide.copy_(product).add_(gate_inputs)
 
 
 def layer_products(layer: BiLstmLayer, rows: int, batched: bool

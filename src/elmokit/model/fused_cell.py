@@ -3,7 +3,7 @@
 # with the build, cache and self-check that decide whether it runs at all.
 """The LSTM cell's elementwise work in one compiled pass, for the CPU drivers of the recurrence.
 
-    cell_(gates, cell, output, cell_clip)            float32 or bfloat16 gates (i, f, o, 2j)
+    cell_(gates, cell, output, cell_clip, addend)    float32 or bfloat16 gates (i, f, o, 2j), whole or two terms
     cell_int8_(input, recurrent, bias, cell, output, cell_clip)   int8 products' int32 sums and scales
     train_forward_(gates, acts, cell_prev, cell_next, tanh_cell, cell_output, cell_clip)   training's
     train_backward_(grad_m, cell_grad, acts, cell_prev, cell_next, tanh_cell, gate_grads, cell_clip)   step
@@ -65,7 +65,7 @@ from elmokit.cachedir import cache_dir
 SWITCH = "ELMOKIT_FUSED_CELL"  # "0" turns the compiled pass off
 SOURCE = "csrc/lstm_cell.cpp"  # in the package
 FLAGS = ("-std=c++17", "-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
-VERSION = 5  # elmokit_fused_cell_version() of the source this module calls
+VERSION = 6  # elmokit_fused_cell_version() of the source this module calls
 CHECK_TOLERANCE = 1e-5  # of the self-check against the eager cell (values of order 1)
 
 _LOCK = threading.Lock()
@@ -84,21 +84,30 @@ def status() -> tuple[bool, str]:
     return library is not None, str(_STATE.get("reason", ""))
 
 
-def cell_(gates: torch.Tensor, cell: torch.Tensor, output: torch.Tensor, cell_clip: float) -> bool:
+def cell_(gates: torch.Tensor, cell: torch.Tensor, output: torch.Tensor, cell_clip: float,
+          addend: torch.Tensor | None = None) -> bool:
     """One step of the cell from its pre-activations: gates (R, 4C) (i, f, o, 2j), float32 or
-    bfloat16, each row contiguous (rows may be further apart); cell (R, C) float32 contiguous,
-    c_{t-1} in, c_t out; output (R, C) float32 or bfloat16 contiguous, m_t. False (nothing written)
-    where the compiled pass does not run here, or for tensors it does not take (another device,
-    dtype, shape or layout)."""
+    bfloat16, each row contiguous (rows may be further apart), or with `addend` (of the gates' dtype
+    and shape, rows contiguous) their sum, gates + addend in float32 as they are read (the engine's
+    recurrent product and gate inputs: `elmokit.inference.engine.recurrent_gates`); cell (R, C)
+    float32 contiguous, c_{t-1} in, c_t out; output (R, C) float32 or bfloat16 contiguous, m_t.
+    False (nothing written) where the compiled pass does not run here, or for tensors it does not
+    take (another device, dtype, shape or layout)."""
     rows, cell_dim = cell.shape if cell.dim() == 2 else (0, 0)
-    if not (_takes(cell, output) and gates.dtype in _GATE_KINDS and gates.device.type == "cpu"
-            and gates.shape == (rows, 4 * cell_dim) and gates.stride(-1) == 1):
+    if not (_takes(cell, output) and _gate_rows(gates, rows, cell_dim)
+            and (addend is None or (addend.dtype == gates.dtype and _gate_rows(addend, rows, cell_dim)))):
         return False
     library = _library()
     if library is None:
         return False
-    _run(library, gates, cell, output, cell_clip, torch.get_num_threads())
+    _run(library, gates, cell, output, cell_clip, torch.get_num_threads(), addend)
     return True
+
+
+def _gate_rows(gates: torch.Tensor, rows: int, cell_dim: int) -> bool:
+    """Gates `cell_` takes: (rows, 4C) float32 or bfloat16 on the CPU, each row contiguous."""
+    return (gates.dtype in _GATE_KINDS and gates.device.type == "cpu" and gates.shape == (rows, 4 * cell_dim)
+            and gates.stride(-1) == 1)
 
 
 def cell_int8_(input_product: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
@@ -264,11 +273,12 @@ def _takes(cell: torch.Tensor, output: torch.Tensor) -> bool:
 
 
 def _run(library: ctypes.CDLL, gates: torch.Tensor, cell: torch.Tensor, output: torch.Tensor, cell_clip: float,
-         threads: int) -> None:
+         threads: int, addend: torch.Tensor | None = None) -> None:
     """The library's float32 / bfloat16 call, on tensors `cell_` checked."""
     rows, cell_dim = cell.shape
-    library.elmokit_lstm_cell(gates.data_ptr(), _GATE_KINDS[gates.dtype], gates.stride(0), cell.data_ptr(),
-                              output.data_ptr(), _OUTPUT_KINDS[output.dtype], rows, cell_dim, float(cell_clip), threads)
+    library.elmokit_lstm_cell(gates.data_ptr(), _GATE_KINDS[gates.dtype], gates.stride(0), _pointer(addend),
+                              0 if addend is None else addend.stride(0), cell.data_ptr(), output.data_ptr(),
+                              _OUTPUT_KINDS[output.dtype], rows, cell_dim, float(cell_clip), threads)
 
 
 def _run_int8(library: ctypes.CDLL, input_product: tuple, recurrent_product: tuple, bias: torch.Tensor,
@@ -386,7 +396,7 @@ def _cpu_fingerprint() -> bytes:
 
 def _declare(library: ctypes.CDLL) -> None:
     pointer, size, number = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    library.elmokit_lstm_cell.argtypes = [pointer, number, size, pointer, pointer, number, size, size,
+    library.elmokit_lstm_cell.argtypes = [pointer, number, size, pointer, size, pointer, pointer, number, size, size,
                                           ctypes.c_float, number]
     library.elmokit_lstm_cell.restype = None
     library.elmokit_lstm_cell_int8.argtypes = [pointer] * 9 + [number, size, size, ctypes.c_float, number]
@@ -413,11 +423,23 @@ def _self_check(library: ctypes.CDLL) -> str:
         typed = gates.to(gate_dtype)
         expected_cell, expected = lstm_cell.cell_step(lstm_cell.activate_doubled_gates_(typed.to(torch.float32, copy=True)),
                                                       previous.clone(), clip, tanh=lstm_cell.tanh_via_sigmoid)
+        # the same sum as two terms (`cell_`'s addend): the first rounded to the dtype, the rest exact in it
+        first = (gates * 0.75).to(gate_dtype)
+        rest = (typed.to(torch.float32) - first.to(torch.float32)).to(gate_dtype)
+        summed = first.to(torch.float32) + rest.to(torch.float32)
+        summed_cell, summed_expected = lstm_cell.cell_step(lstm_cell.activate_doubled_gates_(summed), previous.clone(),
+                                                           clip, tanh=lstm_cell.tanh_via_sigmoid)
         for output_dtype in _OUTPUT_KINDS:
             cell, output = previous.clone(), torch.empty(rows, cell_dim, dtype=output_dtype)
             _run(library, typed, cell, output, clip, 1)
             problem = _differs(f"{gate_dtype} gates, {output_dtype} output", cell, output, expected_cell,
                                expected.to(output_dtype))
+            if problem:
+                return problem
+            cell, output = previous.clone(), torch.empty(rows, cell_dim, dtype=output_dtype)
+            _run(library, first, cell, output, clip, 1, rest)
+            problem = _differs(f"{gate_dtype} gates in two terms, {output_dtype} output", cell, output, summed_cell,
+                               summed_expected.to(output_dtype))
             if problem:
                 return problem
     sums = [torch.randint(-20000, 20000, (rows, 4 * cell_dim), generator=generator, dtype=torch.int32) for _ in "ab"]
