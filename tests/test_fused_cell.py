@@ -65,6 +65,28 @@ def test_gates_with_a_row_stride_are_read_in_place():
     torch.testing.assert_close(output, eager(gates, previous, 0.0)[1], rtol=0, atol=2e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_two_terms_are_added_in_float32_as_they_are_read(dtype):
+    """The engine's step (`cell_`'s addend): the recurrent product and the gate inputs, each in the
+    products' dtype and with rows apart by their own strides, give the eager cell on their float32
+    sum, not on the sum rounded to their dtype (in bfloat16 that rounding alone is ~100x the
+    tolerance here)."""
+    generator = torch.Generator().manual_seed(3)
+    rows, cell_dim = 6, 300
+    product = (torch.randn(rows, 4 * cell_dim + 9, generator=generator) * 3).to(dtype)[:, :4 * cell_dim]
+    addend = (torch.randn(rows, 4 * cell_dim + 2, generator=generator) * 3).to(dtype)[:, 1:4 * cell_dim + 1]
+    previous = torch.randn(rows, cell_dim, generator=generator) * 2
+    cell, output = previous.clone(), torch.empty(rows, cell_dim)
+    assert fused_cell.cell_(product, cell, output, 3.0, addend=addend)
+    summed = product.float() + addend.float()
+    expected_cell, expected_output = eager(summed, previous, 3.0)
+    torch.testing.assert_close(cell, expected_cell, rtol=0, atol=2e-6)
+    torch.testing.assert_close(output, expected_output, rtol=0, atol=2e-6)
+    if dtype == torch.bfloat16:  # the sum rounded once more (one product with its addend) is told apart
+        rounded_output = eager(summed.to(dtype), previous, 3.0)[1]
+        assert (rounded_output - output).abs().max() > 100 * 2e-6
+
+
 def test_what_it_does_not_take_is_refused_untouched():
     previous = torch.randn(2, 8)
     cell, output = previous.clone(), torch.zeros(2, 8)
@@ -73,6 +95,8 @@ def test_what_it_does_not_take_is_refused_untouched():
     assert not fused_cell.cell_(torch.randn(2, 32), cell.T.contiguous().T, output, 0.0)
     assert not fused_cell.cell_(torch.randn(2, 36), cell, output, 0.0)  # gates of another width: never read past them
     assert not fused_cell.cell_(torch.randn(3, 32), cell, output, 0.0)  # another row count
+    for addend in (torch.randn(2, 32, dtype=torch.bfloat16), torch.randn(2, 36)[:, :28], torch.randn(32, 2).T):
+        assert not fused_cell.cell_(torch.randn(2, 32), cell, output, 0.0, addend=addend)  # dtype, width, layout
     sums, scales, weights = torch.zeros(2, 32, dtype=torch.int32), torch.ones(2, 1), torch.ones(1, 32)
     bias = torch.zeros(32)
     assert not fused_cell.cell_int8_((sums, torch.ones(1, 1), weights), (sums, scales, weights), bias, cell, output, 0.0)
@@ -286,3 +310,32 @@ def test_the_training_softmax_pass_refuses_what_it_does_not_take():
         given = dict(logits=logits, bias=None, targets=targets, grad=logits, bias_grad=bias_grad) | wrong
         assert fused_cell.softmax_rows_(**given) is None, list(wrong)
         assert torch.equal(logits, kept) and not bias_grad.any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_highway_pass_is_the_highway_layer(dtype):
+    """`highway_`: `Highway.gate` on the product widened to float32, and the result again in the
+    product's dtype (rounded once, as torch rounds) for the next product; the encoder's highway
+    under inference (this pass) gives what it gives with gradients on (the eager layers)."""
+    from elmokit.model.encoder import Highway
+
+    generator = torch.Generator().manual_seed(4)
+    x = torch.randn(37, 300, generator=generator)
+    product = (torch.randn(37, 600, generator=generator) * 4).to(dtype)
+    out, operand = fused_cell.highway_(product, x)
+    torch.testing.assert_close(out, Highway.gate(product.float(), x), rtol=0, atol=2e-6)
+    assert operand is out if dtype == torch.float32 else torch.equal(operand, out.to(dtype))
+    highway = Highway(300, 2).to(dtype)
+    with torch.no_grad():
+        fused = highway(x)
+    eager = highway(x).detach()  # gradients on: the eager layers
+    torch.testing.assert_close(fused, eager, rtol=0, atol=1e-5)
+
+
+def test_the_highway_pass_refuses_what_it_does_not_take():
+    x, product = torch.randn(4, 8), torch.randn(4, 16)
+    assert fused_cell.highway_(product, x.double()) is None  # x not float32
+    assert fused_cell.highway_(product[:, :15], x) is None  # not [transform | carry] of x's width
+    assert fused_cell.highway_(torch.randn(16, 4).T, x) is None  # columns not contiguous
+    assert fused_cell.highway_(product.half(), x) is None  # a dtype it has no pass for
+    assert fused_cell.highway_(product, x) is not None  # the control

@@ -378,11 +378,36 @@ void softmax_rows(const In* logits, const float* bias, const int64_t* targets, O
     delete[] partials;
 }
 
+// The token encoder's highway layer after its product (elmokit.model.encoder.Highway.gate):
+//     x <- x + σ(carry) * (relu(transform) - x)
+// from the product [transform | carry] (rows, 2 dim) in float32 or bfloat16 (T) and x (rows, dim)
+// float32, into `out` (float32) and, with kNarrow, also rounded to bfloat16 into `narrow` (the next
+// product's operand, so that no cast follows). Eager torch makes four passes for this, and with
+// bfloat16 products two casts.
+template <typename T, bool kNarrow>
+void highway(const T* product, const float* x, float* out, uint16_t* narrow, int64_t rows, int64_t dim,
+             int threads) {
+    for_each_block(rows, dim, threads, [&](int64_t row, int64_t first, int64_t last) {
+        const T* __restrict terms = product + row * 2 * dim;
+        const float* __restrict previous = x + row * dim;
+        float* __restrict next = out + row * dim;
+        uint16_t* __restrict rounded = kNarrow ? narrow + row * dim : nullptr;
+#pragma omp simd
+        for (int64_t c = first; c < last; ++c) {
+            const float transform = to_float(terms[c]);
+            const float relu = transform < 0.0f ? 0.0f : transform;  // NaN stays NaN, as torch.relu
+            const float value = previous[c] + sigmoid(to_float(terms[dim + c])) * (relu - previous[c]);
+            next[c] = value;
+            if constexpr (kNarrow) rounded[c] = float_to_bf16(value);
+        }
+    });
+}
+
 }  // namespace
 
 extern "C" {
 
-int elmokit_fused_cell_version() { return 6; }
+int elmokit_fused_cell_version() { return 7; }
 
 // gates (rows, 4 cell_dim) with `row_stride` elements between rows, float32 (gates_bf16 0) or bfloat16;
 // `addend` null, or a second term of the gates' dtype and shape (`addend_stride` between its rows),
@@ -418,6 +443,18 @@ void elmokit_lstm_cell_int8(const void* input, const float* input_row_scale, con
     else
         int8_cell<false>(input, input_row_scale, input_weight_scale, bias, recurrent, recurrent_row_scale,
                          recurrent_weight_scale, cell_state, output, output_bf16, rows, cell_dim, cell_clip, threads);
+}
+
+// The highway layer: product (rows, 2 dim) float32 or bfloat16 (product_bf16), x and out (rows, dim)
+// float32, narrow (rows, dim) bfloat16 (bfloat16 products only) or null; all contiguous.
+void elmokit_highway(const void* product, int product_bf16, const float* x, float* out, uint16_t* narrow,
+                     int64_t rows, int64_t dim, int threads) {
+    if (product_bf16 && narrow)
+        highway<uint16_t, true>(static_cast<const uint16_t*>(product), x, out, narrow, rows, dim, threads);
+    else if (product_bf16)
+        highway<uint16_t, false>(static_cast<const uint16_t*>(product), x, out, nullptr, rows, dim, threads);
+    else
+        highway<float, false>(static_cast<const float*>(product), x, out, nullptr, rows, dim, threads);
 }
 
 // Training (elmokit.training.recurrence): one direction's step, each tensor (rows, .) contiguous but

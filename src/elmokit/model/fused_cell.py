@@ -8,6 +8,7 @@
     train_forward_(gates, acts, cell_prev, cell_next, tanh_cell, cell_output, cell_clip)   training's
     train_backward_(grad_m, cell_grad, acts, cell_prev, cell_next, tanh_cell, gate_grads, cell_clip)   step
     softmax_rows_(logits, bias, targets, grad, bias_grad)   the training softmax's rows after its product
+    highway_(product, x)                             the token encoder's highway layer after its product
     available(), status()                            whether it runs here, and if not why
 
 Both compute `elmokit.model.cell`'s step (`activate_doubled_gates_` then `cell_step` with
@@ -65,7 +66,7 @@ from elmokit.cachedir import cache_dir
 SWITCH = "ELMOKIT_FUSED_CELL"  # "0" turns the compiled pass off
 SOURCE = "csrc/lstm_cell.cpp"  # in the package
 FLAGS = ("-std=c++17", "-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
-VERSION = 6  # elmokit_fused_cell_version() of the source this module calls
+VERSION = 7  # elmokit_fused_cell_version() of the source this module calls
 CHECK_TOLERANCE = 1e-5  # of the self-check against the eager cell (values of order 1)
 
 _LOCK = threading.Lock()
@@ -209,6 +210,26 @@ def _each_direction(function: str, cell_prev: torch.Tensor, cell_clip: float, po
     for d in range(len(cell_prev)):
         getattr(library, function)(*pointers(d), rows, cell_dim, float(cell_clip), threads)
     return True
+
+
+def highway_(product: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A highway layer after its product, inference: `elmokit.model.encoder.Highway.gate`'s
+    x + σ(carry) (relu(transform) - x) in one pass, from the product [transform | carry] (N, 2F)
+    float32 or bfloat16 and x (N, F) float32, both contiguous on the CPU. Returns (the new x in
+    float32, the same in the product's dtype: the next product's operand, x itself in float32),
+    or None (nothing computed) where the pass does not run here or does not take these tensors."""
+    if not (x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.is_contiguous()
+            and product.device.type == "cpu" and product.dtype in _GATE_KINDS
+            and product.shape == (x.shape[0], 2 * x.shape[1]) and product.is_contiguous()):
+        return None
+    library = _library()
+    if library is None:
+        return None
+    out = torch.empty_like(x)
+    narrow = None if product.dtype == torch.float32 else torch.empty(x.shape, dtype=product.dtype)
+    library.elmokit_highway(product.data_ptr(), _GATE_KINDS[product.dtype], x.data_ptr(), out.data_ptr(),
+                            _pointer(narrow), x.shape[0], x.shape[1], torch.get_num_threads())
+    return out, out if narrow is None else narrow
 
 
 def softmax_rows_(logits: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, grad: torch.Tensor,
@@ -409,6 +430,8 @@ def _declare(library: ctypes.CDLL) -> None:
     library.elmokit_lstm_train_backward.restype = None
     library.elmokit_softmax_rows.argtypes = [pointer, number] + [pointer] * 5 + [size, size, number]
     library.elmokit_softmax_rows.restype = None
+    library.elmokit_highway.argtypes = [pointer, number, pointer, pointer, pointer, size, size, number]
+    library.elmokit_highway.restype = None
 
 
 def _self_check(library: ctypes.CDLL) -> str:
@@ -461,7 +484,29 @@ def _self_check(library: ctypes.CDLL) -> str:
                                f"{'int32' if integer_recurrent else 'float32'})", cell, output, expected_cell, expected)
             if problem:
                 return problem
-    return _train_problem(library) or _softmax_problem(library)
+    return _train_problem(library) or _softmax_problem(library) or _highway_problem(library)
+
+
+def _highway_problem(library: ctypes.CDLL) -> str:
+    """'' where the highway pass gives `Highway.gate`'s numbers on random products, else what differs."""
+    from elmokit.model.encoder import Highway
+
+    generator = torch.Generator(device="cpu").manual_seed(3)
+    rows, dim = 3, 45
+    x, product = torch.randn(rows, dim, generator=generator), torch.randn(rows, 2 * dim, generator=generator) * 4
+    for dtype in _GATE_KINDS:
+        given = product.to(dtype)
+        expected = Highway.gate(given.to(torch.float32), x)
+        out, narrow = torch.empty_like(x), None if dtype == torch.float32 else torch.empty(rows, dim, dtype=dtype)
+        library.elmokit_highway(given.data_ptr(), _GATE_KINDS[dtype], x.data_ptr(), out.data_ptr(), _pointer(narrow),
+                                rows, dim, 1)
+        worst = (out - expected).abs().max().item()
+        if narrow is not None:  # the same values rounded once: equal, or one bfloat16 step apart
+            worst = max(worst, ((narrow.float() - out).abs() / (out.abs() * 2 ** -8 + 1e-30)).max().item()
+                        * CHECK_TOLERANCE)
+        if not worst <= CHECK_TOLERANCE:
+            return f"the highway layer ({dtype} product): {worst:.3g} off"
+    return ""
 
 
 def _softmax_problem(library: ctypes.CDLL) -> str:

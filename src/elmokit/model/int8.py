@@ -276,11 +276,18 @@ def module_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     float32 sums and result. Not int8: int8 highway products put the built-in model's layers past
     int8's error budget on real text (tests/test_int8.py's budget tests; bench/results/int8_quality.md),
     bfloat16 ones keep them inside it. For inference: no gradient flows through it."""
-    if not narrows(module):
-        return linear(x, module.weight, module.bias)
-    if torch.is_grad_enabled() and x.requires_grad:
+    if narrows(module) and torch.is_grad_enabled() and x.requires_grad:
         raise ValueError("dtype int8's products are for inference only (no gradients): fine-tune in float32")
-    return linear(x, *bf16_copies(module, *[t for t in (module.weight, module.bias) if t is not None]))
+    return linear(x, *module_weights(module))
+
+
+def module_weights(module: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weight and bias `module_linear`'s product runs with: the module's own, or where
+    `quantize_modules` marked it (and the CPU has bfloat16 products) their `bf16_copies`."""
+    if not narrows(module):
+        return module.weight, module.bias
+    weight, *bias = bf16_copies(module, *[t for t in (module.weight, module.bias) if t is not None])
+    return weight, bias[0] if bias else None
 
 
 def quantize_modules(modules, device: torch.device) -> None:
