@@ -339,3 +339,39 @@ def test_the_highway_pass_refuses_what_it_does_not_take():
     assert fused_cell.highway_(torch.randn(16, 4).T, x) is None  # columns not contiguous
     assert fused_cell.highway_(product.half(), x) is None  # a dtype it has no pass for
     assert fused_cell.highway_(product, x) is not None  # the control
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(64, 44, 1024), (3, 1, 700), (5, 9, 32)])
+def test_the_max_over_windows_is_amax(dtype, shape):
+    """`window_max_`: torch's amax over the windows, exactly (a max is one of its values), NaN
+    wherever a window holds one; the char CNN under inference gives its numbers with gradients on."""
+    generator = torch.Generator().manual_seed(5)
+    products = (torch.randn(*shape, generator=generator) * 3).to(dtype)
+    products[0, -1, 3] = float("nan")
+    products[-1, 0, 5] = float("inf")
+    pooled = fused_cell.window_max_(products)
+    assert pooled.dtype == dtype and pooled.shape == (shape[0], shape[2])
+    assert torch.equal(pooled.nan_to_num(-9.0), products.amax(dim=1).nan_to_num(-9.0))
+    assert pooled[0, 3].isnan() and pooled[-1, 5] == float("inf")
+
+
+def test_the_char_cnn_pools_the_same_without_gradients():
+    from elmokit.model.encoder import CharCNN
+
+    torch.manual_seed(0)
+    cnn = CharCNN(16, ((1, 32), (2, 32), (3, 64), (7, 1024)), "relu")
+    ids = torch.randint(1, 261, (70, 50))
+    with torch.no_grad():
+        fused = cnn(ids)
+    eager = cnn(ids).detach()  # gradients on: CharConvMaxPool, torch's amax
+    torch.testing.assert_close(fused, eager, rtol=0, atol=0)
+
+
+def test_the_max_over_windows_refuses_what_it_does_not_take():
+    products = torch.randn(4, 6, 8)
+    assert fused_cell.window_max_(products.double()) is None  # a dtype it has no pass for
+    assert fused_cell.window_max_(products.transpose(0, 1)) is None  # not contiguous
+    assert fused_cell.window_max_(products[:, :0]) is None  # no window: amax raises, the eager path says why
+    assert fused_cell.window_max_(products[0]) is None  # not (n, L, f)
+    assert fused_cell.window_max_(products) is not None  # the control

@@ -403,11 +403,41 @@ void highway(const T* product, const float* x, float* out, uint16_t* narrow, int
     });
 }
 
+// The char CNN's max over windows (elmokit.model.encoder.window_max): (tokens, windows, width) window
+// products, float32 or bfloat16 (T), each token's rows contiguous -> (tokens, width) in T; NaN where
+// any window holds NaN, as torch.amax. One pass over the products, a block of columns at a time in
+// float32 registers (exact: every value is one of the products).
+template <typename T>
+void window_max(const T* products, T* out, int64_t tokens, int64_t windows, int64_t width, int threads) {
+    for_each_block(tokens, width, threads, [&](int64_t token, int64_t first, int64_t last) {
+        const T* __restrict rows = products + token * windows * width;
+        float best[kBlock];
+        int nan[kBlock];
+        const int64_t count = last - first;
+#pragma omp simd
+        for (int64_t c = 0; c < count; ++c) {
+            best[c] = to_float(rows[first + c]);
+            nan[c] = best[c] != best[c];
+        }
+        for (int64_t window = 1; window < windows; ++window) {
+            const T* __restrict row = rows + window * width + first;
+#pragma omp simd
+            for (int64_t c = 0; c < count; ++c) {
+                const float value = to_float(row[c]);
+                best[c] = value > best[c] ? value : best[c];
+                nan[c] |= value != value;
+            }
+        }
+        T* __restrict result = out + token * width + first;
+        for (int64_t c = 0; c < count; ++c) store(result, c, nan[c] ? __builtin_nanf("") : best[c]);
+    });
+}
+
 }  // namespace
 
 extern "C" {
 
-int elmokit_fused_cell_version() { return 7; }
+int elmokit_fused_cell_version() { return 8; }
 
 // gates (rows, 4 cell_dim) with `row_stride` elements between rows, float32 (gates_bf16 0) or bfloat16;
 // `addend` null, or a second term of the gates' dtype and shape (`addend_stride` between its rows),
@@ -455,6 +485,17 @@ void elmokit_highway(const void* product, int product_bf16, const float* x, floa
         highway<uint16_t, false>(static_cast<const uint16_t*>(product), x, out, nullptr, rows, dim, threads);
     else
         highway<float, false>(static_cast<const float*>(product), x, out, nullptr, rows, dim, threads);
+}
+
+// The char CNN's max over windows: products (tokens, windows, width) and out (tokens, width), contiguous, both
+// float32 (bf16 0) or bfloat16.
+void elmokit_window_max(const void* products, int bf16, void* out, int64_t tokens, int64_t windows, int64_t width,
+                        int threads) {
+    if (bf16)
+        window_max(static_cast<const uint16_t*>(products), static_cast<uint16_t*>(out), tokens, windows, width,
+                   threads);
+    else
+        window_max(static_cast<const float*>(products), static_cast<float*>(out), tokens, windows, width, threads);
 }
 
 // Training (elmokit.training.recurrence): one direction's step, each tensor (rows, .) contiguous but

@@ -80,7 +80,11 @@ def window_max(products: torch.Tensor) -> torch.Tensor:
     bfloat16 max over the middle axis is far slower than float32's where f is 32 (the original
     char CNN's two narrowest convolutions), not from 64 filters (bench/results/char-cnn.md); so a
     narrow one is widened first, with the same values (widening is exact, and so is narrowing its
-    max back)."""
+    max back). Without gradients on the CPU, one compiled pass (`fused_cell.window_max_`) instead."""
+    if not torch.is_grad_enabled():
+        pooled = fused_cell.window_max_(products)
+        if pooled is not None:
+            return pooled
     if products.dtype == torch.bfloat16 and products.shape[-1] < NARROW_MAX_FILTERS:
         return products.float().amax(dim=1).to(products.dtype)
     return products.amax(dim=1)

@@ -9,6 +9,7 @@
     train_backward_(grad_m, cell_grad, acts, cell_prev, cell_next, tanh_cell, gate_grads, cell_clip)   step
     softmax_rows_(logits, bias, targets, grad, bias_grad)   the training softmax's rows after its product
     highway_(product, x)                             the token encoder's highway layer after its product
+    window_max_(products)                            the char CNN's max over windows
     available(), status()                            whether it runs here, and if not why
 
 Both compute `elmokit.model.cell`'s step (`activate_doubled_gates_` then `cell_step` with
@@ -66,7 +67,7 @@ from elmokit.cachedir import cache_dir
 SWITCH = "ELMOKIT_FUSED_CELL"  # "0" turns the compiled pass off
 SOURCE = "csrc/lstm_cell.cpp"  # in the package
 FLAGS = ("-std=c++17", "-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
-VERSION = 7  # elmokit_fused_cell_version() of the source this module calls
+VERSION = 8  # elmokit_fused_cell_version() of the source this module calls
 CHECK_TOLERANCE = 1e-5  # of the self-check against the eager cell (values of order 1)
 
 _LOCK = threading.Lock()
@@ -230,6 +231,23 @@ def highway_(product: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torc
     library.elmokit_highway(product.data_ptr(), _GATE_KINDS[product.dtype], x.data_ptr(), out.data_ptr(),
                             _pointer(narrow), x.shape[0], x.shape[1], torch.get_num_threads())
     return out, out if narrow is None else narrow
+
+
+def window_max_(products: torch.Tensor) -> torch.Tensor | None:
+    """The char CNN's max over windows, inference: (n, L, f) window products, float32 or bfloat16,
+    contiguous on the CPU -> (n, f) in their dtype, `products.amax(dim=1)` (NaN propagated) in one
+    pass; None where the pass does not run here or does not take them."""
+    if not (products.device.type == "cpu" and products.dtype in _GATE_KINDS and products.dim() == 3
+            and products.is_contiguous() and products.shape[1] > 0):
+        return None
+    library = _library()
+    if library is None:
+        return None
+    tokens, windows, width = products.shape
+    out = products.new_empty(tokens, width)
+    library.elmokit_window_max(products.data_ptr(), _GATE_KINDS[products.dtype], out.data_ptr(), tokens, windows,
+                               width, torch.get_num_threads())
+    return out
 
 
 def softmax_rows_(logits: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, grad: torch.Tensor,
@@ -432,6 +450,8 @@ def _declare(library: ctypes.CDLL) -> None:
     library.elmokit_softmax_rows.restype = None
     library.elmokit_highway.argtypes = [pointer, number, pointer, pointer, pointer, size, size, number]
     library.elmokit_highway.restype = None
+    library.elmokit_window_max.argtypes = [pointer, number, pointer, size, size, size, number]
+    library.elmokit_window_max.restype = None
 
 
 def _self_check(library: ctypes.CDLL) -> str:
@@ -484,7 +504,22 @@ def _self_check(library: ctypes.CDLL) -> str:
                                f"{'int32' if integer_recurrent else 'float32'})", cell, output, expected_cell, expected)
             if problem:
                 return problem
-    return _train_problem(library) or _softmax_problem(library) or _highway_problem(library)
+    return (_train_problem(library) or _softmax_problem(library) or _highway_problem(library)
+            or _window_max_problem(library))
+
+
+def _window_max_problem(library: ctypes.CDLL) -> str:
+    """'' where the max over windows is torch's amax (NaN included) on random products, else what differs."""
+    generator = torch.Generator(device="cpu").manual_seed(4)
+    products = torch.randn(3, 5, 37, generator=generator)
+    products[1, 2, 4] = float("nan")
+    for dtype in _GATE_KINDS:
+        given = products.to(dtype)
+        out = given.new_empty(3, 37)
+        library.elmokit_window_max(given.data_ptr(), _GATE_KINDS[dtype], out.data_ptr(), 3, 5, 37, 1)
+        if not torch.equal(out.nan_to_num(7.0), given.amax(dim=1).nan_to_num(7.0)):
+            return f"the max over windows ({dtype} products) is not torch's amax"
+    return ""
 
 
 def _highway_problem(library: ctypes.CDLL) -> str:
