@@ -84,10 +84,22 @@ def recurrent_product_gflops(shape: str, rows: int, threads: int, dtype: str, de
     """The ceiling of the LSTM step: GFLOP/s of its two products at `rows` rows alone, (R, P) x
     (P, 4C) and (R, C) x (C, P) for both directions, through the kernels the model uses
     (`elmokit.kernels`) in `dtype`: for int8 the recurrent product in int8 and the projection in
-    bfloat16 (or float32), as `kernels.stream_linear` builds them. The recurrent part of every
+    bfloat16 (or float32), as `kernels.stream_linear` builds them, timed with each int8 kernel and
+    the faster kept (`ELMOKIT_INT8_KERNEL=auto` chooses by one timing a process, which a busy
+    moment can get wrong; the ceiling is the faster kernel's). The recurrent part of every
     position (5PC of the LSTM's 9PC multiply-adds) can run no faster than this."""
     from elmokit import ElmoConfig
-    from elmokit.model.int8 import stream_linear
+    from elmokit.model.int8 import KERNEL_VARIABLE, int8_kernel, stream_linear
+
+    if dtype == "int8" and int8_kernel() == "auto":
+        measured = []
+        for kernel in ("onednn", "int_mm"):
+            os.environ[KERNEL_VARIABLE] = kernel
+            try:
+                measured.append(recurrent_product_gflops(shape, rows, threads, dtype, device, repeats, trials))
+            finally:
+                del os.environ[KERNEL_VARIABLE]
+        return max(measured)
 
     torch.set_num_threads(threads)
     lstm = ElmoConfig.from_name(shape).lstm

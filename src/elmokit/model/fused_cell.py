@@ -23,8 +23,10 @@ backward pass reads (the activated gates, c_t, tanh(c_t), m_t), and backward, th
 gradients and the cell's from dL/dm_t (the derivative of the same formulas, torch.clamp's rule at
 the clip). The same library holds the training softmax's work between its products (each row's
 max, sum, nll and softmax - onehot, the bias gradient summed), `elmokit.training.softmax`'s
-full form. Each returns False (None) where the compiled pass does not run; the caller then runs
-the eager code.
+full form, and for inference the token encoder's work around its products: a highway layer's gate
+(`elmokit.model.encoder.Highway.gate`: four passes and, with bfloat16 products, two casts in eager
+torch) and the char CNN's max over windows (torch's amax over the middle axis is slow in bfloat16).
+Each returns False (None) where the compiled pass does not run; the caller then runs the eager code.
 
 The pass is `csrc/lstm_cell.cpp`, built at its first use with the machine's C++ compiler (`CXX`, else
 g++, c++ or clang++; `-O3 -march=native -fopenmp`: vectorized for this CPU, threads from the
