@@ -92,13 +92,16 @@ def recurrent_product_gflops(shape: str, rows: int, threads: int, dtype: str, de
     from elmokit.model.int8 import KERNEL_VARIABLE, int8_kernel, stream_linear
 
     if dtype == "int8" and int8_kernel() == "auto":
-        measured = []
-        for kernel in ("onednn", "int_mm"):
-            os.environ[KERNEL_VARIABLE] = kernel
-            try:
+        measured, previous = [], os.environ.get(KERNEL_VARIABLE)
+        try:
+            for kernel in ("onednn", "int_mm"):
+                os.environ[KERNEL_VARIABLE] = kernel
                 measured.append(recurrent_product_gflops(shape, rows, threads, dtype, device, repeats, trials))
-            finally:
-                del os.environ[KERNEL_VARIABLE]
+        finally:
+            if previous is None:
+                os.environ.pop(KERNEL_VARIABLE, None)
+            else:
+                os.environ[KERNEL_VARIABLE] = previous
         return max(measured)
 
     torch.set_num_threads(threads)

@@ -314,16 +314,17 @@ def test_the_training_softmax_pass_refuses_what_it_does_not_take():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_highway_pass_is_the_highway_layer(dtype):
-    """`highway_`: `Highway.gate` on the product widened to float32, and the result again in the
+    """`highway_`: `highway_gate` on the product widened to float32, and the result again in the
     product's dtype (rounded once, as torch rounds) for the next product; the encoder's highway
     under inference (this pass) gives what it gives with gradients on (the eager layers)."""
     from elmokit.model.encoder import Highway
+    from elmokit.model.highway import highway_gate
 
     generator = torch.Generator().manual_seed(4)
     x = torch.randn(37, 300, generator=generator)
     product = (torch.randn(37, 600, generator=generator) * 4).to(dtype)
     out, operand = fused_cell.highway_(product, x)
-    torch.testing.assert_close(out, Highway.gate(product.float(), x), rtol=0, atol=2e-6)
+    torch.testing.assert_close(out, highway_gate(product.float(), x), rtol=0, atol=2e-6)
     assert operand is out if dtype == torch.float32 else torch.equal(operand, out.to(dtype))
     highway = Highway(300, 2).to(dtype)
     with torch.no_grad():

@@ -378,7 +378,7 @@ void softmax_rows(const In* logits, const float* bias, const int64_t* targets, O
     delete[] partials;
 }
 
-// The token encoder's highway layer after its product (elmokit.model.encoder.Highway.gate):
+// The token encoder's highway layer after its product (elmokit.model.highway.highway_gate):
 //     x <- x + σ(carry) * (relu(transform) - x)
 // from the product [transform | carry] (rows, 2 dim) in float32 or bfloat16 (T) and x (rows, dim)
 // float32, into `out` (float32) and, with kNarrow, also rounded to bfloat16 into `narrow` (the next

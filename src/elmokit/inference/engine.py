@@ -239,8 +239,11 @@ class BatchedStreamProducts(NamedTuple):
 
     def step(self, gate_inputs: torch.Tensor, offset: int, hidden: torch.Tensor, state: StreamState,
              output: torch.Tensor, cell_clip: float, group: slice) -> None:
-        gates = recurrent_gates(torch.bmm(hidden, self.recurrent_weight), gate_inputs[:, offset],
-                                state.wide_gates)  # (D, R, 4C)
+        if state.wide_gates is None:  # the same float32 sum, in the product (one kernel on a GPU)
+            gates = torch.baddbmm(gate_inputs[:, offset], hidden, self.recurrent_weight)  # (D, R, 4C)
+        else:
+            gates = recurrent_gates(torch.bmm(hidden, self.recurrent_weight), gate_inputs[:, offset],
+                                    state.wide_gates)
         lstm_cell.cell_step(lstm_cell.activate_doubled_gates_(gates), state.cell, cell_clip, cell_next=state.cell,
                             cell_output=state.cell_output, tanh=lstm_cell.tanh_via_sigmoid)
         if output.dtype == self.dtype:
@@ -252,9 +255,9 @@ class BatchedStreamProducts(NamedTuple):
 def recurrent_gates(product: torch.Tensor, gate_inputs: torch.Tensor, wide: torch.Tensor | None) -> torch.Tensor:
     """A step's pre-activations (..., R, 4C) from its two terms in the products' dtype: the
     recurrent product h_{t-1} W_rec^T and the gate inputs x_t W_in^T + b computed for its block.
-    Their sum in the inputs' dtype (float32), not rounded after: into `wide`, the float32 buffer,
-    where the products are narrower (bfloat16: each term a product rounded once), else in place in
-    `product`. The compiled cell adds the same two terms the same way as it reads them
+    Their sum in the inputs' dtype, not rounded after where that is float32 (the embedder's): into
+    `wide`, the float32 buffer, where the products are narrower (bfloat16: each term a product
+    rounded once), else in place in `product` (inputs in bfloat16 too: the sum rounded once more). The compiled cell adds the same two terms the same way as it reads them
     (`fused_cell.cell_`'s addend): the recurrent product runs without an addend, which oneDNN's
     product summed into its output markedly slower (bench/results/embed-fused-cell.md)."""
     if wide is None:

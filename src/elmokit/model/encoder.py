@@ -13,6 +13,7 @@ from torch import nn
 
 from elmokit.devices import without_autocast
 from elmokit.model import fused_cell
+from elmokit.model.highway import highway_gate
 from elmokit.model.int8 import bf16_copies, module_linear, module_weights, narrows
 from elmokit.kernels import linear, matmul
 from elmokit.model.chars import N_CHAR_IDS
@@ -182,9 +183,9 @@ class Highway(nn.Module):
         self.layers = nn.ModuleList(nn.Linear(dim, 2 * dim) for _ in range(n_layers))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() or x.device.type != "cpu" or not fused_cell.available():
+        if torch.is_grad_enabled() or x.device.type != "cpu" or fused_cell.tracing() or not fused_cell.available():
             for layer in self.layers:
-                x = self.gate(module_linear(layer, x), x)
+                x = highway_gate(module_linear(layer, x), x)
             return x
         operand = x  # inference on the CPU: x in the products' dtype, as the compiled pass writes it
         for layer in self.layers:
@@ -192,15 +193,9 @@ class Highway(nn.Module):
             product = linear(operand.to(weight.dtype), weight, bias)  # (N, 2F) in the weights' dtype
             gated = fused_cell.highway_(product, x)  # one pass (elmokit.model.fused_cell), no casts
             if gated is None:  # tensors the pass does not take
-                gated = (self.gate(product.to(x.dtype), x),) * 2
+                gated = (highway_gate(product.to(x.dtype), x),) * 2
             x, operand = gated
         return x
-
-    @staticmethod
-    def gate(product: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """The layer after its product [transform | carry] (N, 2F): x + c (t - x), as 4 passes, not 6."""
-        transform, carry = product.chunk(2, dim=-1)  # (N, F) each
-        return torch.addcmul(x, torch.sigmoid(carry), torch.relu(transform) - x)
 
 
 class TokenEncoder(nn.Module):

@@ -11,6 +11,7 @@
     highway_(product, x)                             the token encoder's highway layer after its product
     window_max_(products)                            the char CNN's max over windows
     available(), status()                            whether it runs here, and if not why
+    tracing()                                        whether torch traces now (the passes then leave it to eager code)
 
 Both compute `elmokit.model.cell`'s step (`activate_doubled_gates_` then `cell_step` with
 `tanh_via_sigmoid`) in one pass over the gates: c_t replaces c_{t-1} in `cell`, m_t = σ(o) tanh(c_t)
@@ -24,9 +25,11 @@ gradients and the cell's from dL/dm_t (the derivative of the same formulas, torc
 the clip). The same library holds the training softmax's work between its products (each row's
 max, sum, nll and softmax - onehot, the bias gradient summed), `elmokit.training.softmax`'s
 full form, and for inference the token encoder's work around its products: a highway layer's gate
-(`elmokit.model.encoder.Highway.gate`: four passes and, with bfloat16 products, two casts in eager
+(`elmokit.model.highway.highway_gate`: four passes and, with bfloat16 products, two casts in eager
 torch) and the char CNN's max over windows (torch's amax over the middle axis is slow in bfloat16).
-Each returns False (None) where the compiled pass does not run; the caller then runs the eager code.
+Each returns False (None) where the compiled pass does not run (also while torch traces: compile,
+export, torch.func); the caller then runs the eager code. One library holds them all: a pass that
+differs from its eager code at the load's self-check switches every pass off, with one warning.
 
 The pass is `csrc/lstm_cell.cpp`, built at its first use with the machine's C++ compiler (`CXX`, else
 g++, c++ or clang++; `-O3 -march=native -fopenmp`: vectorized for this CPU, threads from the
@@ -98,7 +101,7 @@ def cell_(gates: torch.Tensor, cell: torch.Tensor, output: torch.Tensor, cell_cl
     False (nothing written) where the compiled pass does not run here, or for tensors it does not
     take (another device, dtype, shape or layout)."""
     rows, cell_dim = cell.shape if cell.dim() == 2 else (0, 0)
-    if not (_takes(cell, output) and _gate_rows(gates, rows, cell_dim)
+    if tracing() or not (_takes(cell, output) and _gate_rows(gates, rows, cell_dim)
             and (addend is None or (addend.dtype == gates.dtype and _gate_rows(addend, rows, cell_dim)))):
         return False
     library = _library()
@@ -106,6 +109,13 @@ def cell_(gates: torch.Tensor, cell: torch.Tensor, output: torch.Tensor, cell_cl
         return False
     _run(library, gates, cell, output, cell_clip, torch.get_num_threads(), addend)
     return True
+
+
+def tracing() -> bool:
+    """Whether torch is tracing (torch.compile, torch.export and the ONNX export built on it) or a
+    torch.func transform is active: the passes read raw pointers, which only real tensors have, so
+    every one of them leaves such calls to the eager code."""
+    return torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
 
 
 def _gate_rows(gates: torch.Tensor, rows: int, cell_dim: int) -> bool:
@@ -216,12 +226,12 @@ def _each_direction(function: str, cell_prev: torch.Tensor, cell_clip: float, po
 
 
 def highway_(product: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """A highway layer after its product, inference: `elmokit.model.encoder.Highway.gate`'s
+    """A highway layer after its product, inference: `elmokit.model.highway.highway_gate`'s
     x + σ(carry) (relu(transform) - x) in one pass, from the product [transform | carry] (N, 2F)
     float32 or bfloat16 and x (N, F) float32, both contiguous on the CPU. Returns (the new x in
     float32, the same in the product's dtype: the next product's operand, x itself in float32),
     or None (nothing computed) where the pass does not run here or does not take these tensors."""
-    if not (x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.is_contiguous()
+    if tracing() or not (x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.is_contiguous()
             and product.device.type == "cpu" and product.dtype in _GATE_KINDS
             and product.shape == (x.shape[0], 2 * x.shape[1]) and product.is_contiguous()):
         return None
@@ -229,7 +239,7 @@ def highway_(product: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torc
     if library is None:
         return None
     out = torch.empty_like(x)
-    narrow = None if product.dtype == torch.float32 else torch.empty(x.shape, dtype=product.dtype)
+    narrow = None if product.dtype == torch.float32 else x.new_empty(x.shape, dtype=product.dtype)
     library.elmokit_highway(product.data_ptr(), _GATE_KINDS[product.dtype], x.data_ptr(), out.data_ptr(),
                             _pointer(narrow), x.shape[0], x.shape[1], torch.get_num_threads())
     return out, out if narrow is None else narrow
@@ -239,7 +249,7 @@ def window_max_(products: torch.Tensor) -> torch.Tensor | None:
     """The char CNN's max over windows, inference: (n, L, f) window products, float32 or bfloat16,
     contiguous on the CPU -> (n, f) in their dtype, `products.amax(dim=1)` (NaN propagated) in one
     pass; None where the pass does not run here or does not take them."""
-    if not (products.device.type == "cpu" and products.dtype in _GATE_KINDS and products.dim() == 3
+    if tracing() or not (products.device.type == "cpu" and products.dtype in _GATE_KINDS and products.dim() == 3
             and products.is_contiguous() and products.shape[1] > 0):
         return None
     library = _library()
@@ -525,15 +535,15 @@ def _window_max_problem(library: ctypes.CDLL) -> str:
 
 
 def _highway_problem(library: ctypes.CDLL) -> str:
-    """'' where the highway pass gives `Highway.gate`'s numbers on random products, else what differs."""
-    from elmokit.model.encoder import Highway
+    """'' where the highway pass gives `highway_gate`'s numbers on random products, else what differs."""
+    from elmokit.model.highway import highway_gate
 
     generator = torch.Generator(device="cpu").manual_seed(3)
     rows, dim = 3, 45
     x, product = torch.randn(rows, dim, generator=generator), torch.randn(rows, 2 * dim, generator=generator) * 4
     for dtype in _GATE_KINDS:
         given = product.to(dtype)
-        expected = Highway.gate(given.to(torch.float32), x)
+        expected = highway_gate(given.to(torch.float32), x)
         out, narrow = torch.empty_like(x), None if dtype == torch.float32 else torch.empty(rows, dim, dtype=dtype)
         library.elmokit_highway(given.data_ptr(), _GATE_KINDS[dtype], x.data_ptr(), out.data_ptr(), _pointer(narrow),
                                 rows, dim, 1)
