@@ -376,3 +376,11 @@ def test_the_max_over_windows_refuses_what_it_does_not_take():
     assert fused_cell.window_max_(products[:, :0]) is None  # no window: amax raises, the eager path says why
     assert fused_cell.window_max_(products[0]) is None  # not (n, L, f)
     assert fused_cell.window_max_(products) is not None  # the control
+
+
+def test_the_load_checks_on_the_cpu_whatever_the_default_device(monkeypatch):
+    """The self-check hands the library raw pointers: its tensors are made on the CPU also where a
+    caller set another default device (here `meta`, which has no memory at all)."""
+    monkeypatch.setattr(fused_cell, "_STATE", {})
+    with torch.device("meta"):
+        assert fused_cell.available(), fused_cell.status()

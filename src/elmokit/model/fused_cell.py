@@ -358,7 +358,8 @@ def _library() -> ctypes.CDLL | None:
         if "library" not in _STATE:
             library, reason = _load()
             if library is not None:
-                problem = _self_check(library)
+                with torch.device("cpu"):  # the checks' tensors on the CPU, whatever the default device
+                    problem = _self_check(library)
                 if problem:
                     library, reason = None, f"it differs from the eager cell ({problem})"
             if library is None and reason != "off":
