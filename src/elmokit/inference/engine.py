@@ -257,8 +257,9 @@ def recurrent_gates(product: torch.Tensor, gate_inputs: torch.Tensor, wide: torc
     recurrent product h_{t-1} W_rec^T and the gate inputs x_t W_in^T + b computed for its block.
     Their sum in the inputs' dtype, not rounded after where that is float32 (the embedder's): into
     `wide`, the float32 buffer, where the products are narrower (bfloat16: each term a product
-    rounded once), else in place in `product` (inputs in bfloat16 too: the sum rounded once more). The compiled cell adds the same two terms the same way as it reads them
-    (`fused_cell.cell_`'s addend): the recurrent product runs without an addend, which oneDNN's
+    rounded once), else in place in `product` (inputs in bfloat16 too: the sum rounded once more).
+    The compiled cell adds the same two terms the same way as it reads them (`fused_cell.cell_`'s
+    addend): the recurrent product runs without an addend, which oneDNN's
     product summed into its output markedly slower (bench/results/embed-fused-cell.md)."""
     if wide is None:
         return product.add_(gate_inputs)

@@ -183,7 +183,7 @@ class Highway(nn.Module):
         self.layers = nn.ModuleList(nn.Linear(dim, 2 * dim) for _ in range(n_layers))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() or x.device.type != "cpu" or fused_cell.tracing() or not fused_cell.available():
+        if torch.is_grad_enabled() or x.device.type != "cpu" or not fused_cell.available():
             for layer in self.layers:
                 x = highway_gate(module_linear(layer, x), x)
             return x

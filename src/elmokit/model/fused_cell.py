@@ -80,8 +80,9 @@ _STATE: dict[str, object] = {}  # "library": ctypes.CDLL | None, "reason": why n
 
 
 def available() -> bool:
-    """Whether the compiled pass runs in this process (built or loaded at the first call)."""
-    return _library() is not None
+    """Whether the compiled pass runs here now (built or loaded at the first call): not while torch
+    traces (`tracing`), where no library is built, loaded or called."""
+    return not tracing() and _library() is not None
 
 
 def status() -> tuple[bool, str]:
